@@ -1,0 +1,299 @@
+"""Geometry and on-disk layout of stored prefixes (pure functions, no I/O).
+
+Terms (see DESIGN.md, "Geometry and on-disk layout"):
+
+* ``ModelSpec``: layers ``L``, KV heads ``H``, head dim ``d``, dtype.
+* A prefix of ``n`` tokens is ``m = ceil(n / c)`` ContiguousChunks of
+  ``c = chunk_tokens`` tokens; only the last chunk may be shorter.
+* A stored period group is ``p = period_layers`` consecutive layers; the last
+  group has ``L - (G-1)*p`` layers when ``p`` does not divide ``L``.
+* An **extent** is the KV of one chunk for all layers of one group, laid out
+  ``[layer-in-group][K|V][head][token][dim]``.
+
+A **segment** is a run of consecutive chunks written in one data file::
+
+    extents of group 0, chunk 0..k-1   (each padded to ALIGN_BYTES)
+    extents of group 1, chunk 0..k-1
+    ...
+    key summaries  [chunk][layer][head][min|max][dim] float32  (padded)
+    probe keys of group 0  [head][token][dim] in the KV dtype   (padded)
+    probe keys of group 1  ...                                  (optional)
+
+Period-major order puts the chunks of one group next to each other, so chunks
+selected together for a Period are adjacent on disk and coalesce into one
+read.  Every region starts on a 4 KiB boundary, as O_DIRECT and GDS require.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+
+from .errors import InvalidArgument
+
+ALIGN_BYTES = 4096
+
+# itemsize of each supported KV dtype; bfloat16 travels as raw uint16 in numpy.
+DTYPE_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+SUMMARY_DTYPE = np.float32
+
+MAX_LAYERS = 1024
+MAX_KV_HEADS = 1024
+MAX_HEAD_DIM = 4096
+MAX_CHUNK_TOKENS = 65536
+
+
+def align_up(nbytes: int, align: int = ALIGN_BYTES) -> int:
+    return (nbytes + align - 1) // align * align
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_int(field: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(field, f"must be an integer, got {type(value).__name__}")
+    if not lo <= int(value) <= hi:
+        raise InvalidArgument(field, f"must be in [{lo}, {hi}], got {value}")
+    return int(value)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of a model's KV cache."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        _check_int("num_layers", self.num_layers, 1, MAX_LAYERS)
+        _check_int("num_kv_heads", self.num_kv_heads, 1, MAX_KV_HEADS)
+        _check_int("head_dim", self.head_dim, 1, MAX_HEAD_DIM)
+        if self.dtype not in DTYPE_BYTES:
+            raise InvalidArgument("dtype", f"must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def token_layer_bytes(self) -> int:
+        """Bytes of K and V of one token in one layer: ``2*H*d*itemsize``."""
+        return 2 * self.num_kv_heads * self.head_dim * self.itemsize
+
+    def numpy_dtype(self) -> np.dtype:
+        """The numpy dtype that holds this KV dtype bit-exactly."""
+        return np.dtype(np.uint16) if self.dtype == "bfloat16" else np.dtype(self.dtype)
+
+
+@dataclass(frozen=True)
+class StoreGeometry:
+    """How one model's prefixes are cut into chunks and period groups on disk."""
+
+    model: ModelSpec
+    chunk_tokens: int = 16
+    period_layers: int = 8
+    probe_keys: bool = True
+
+    def __post_init__(self) -> None:
+        _check_int("chunk_tokens", self.chunk_tokens, 1, MAX_CHUNK_TOKENS)
+        _check_int("period_layers", self.period_layers, 1, MAX_LAYERS)
+
+    # -- counts -----------------------------------------------------------
+    @property
+    def num_groups(self) -> int:
+        return ceil_div(self.model.num_layers, self.period_layers)
+
+    def group_layers(self, group: int) -> int:
+        """Layers in stored period group ``group`` (the last may be short)."""
+        return min(self.period_layers, self.model.num_layers - group * self.period_layers)
+
+    def group_layer_range(self, group: int) -> range:
+        start = group * self.period_layers
+        return range(start, start + self.group_layers(group))
+
+    def num_chunks(self, num_tokens: int) -> int:
+        return ceil_div(num_tokens, self.chunk_tokens)
+
+    def chunk_token_counts(self, num_tokens: int) -> np.ndarray:
+        """Tokens in each chunk of an ``num_tokens``-token sequence."""
+        m = self.num_chunks(num_tokens)
+        counts = np.full(m, self.chunk_tokens, dtype=np.int64)
+        if m:
+            counts[-1] = num_tokens - (m - 1) * self.chunk_tokens
+        return counts
+
+    # -- sizes ------------------------------------------------------------
+    def extent_bytes(self, group: int, tokens: int) -> int:
+        """Unpadded bytes of one extent of ``tokens`` tokens in ``group``."""
+        return self.group_layers(group) * tokens * self.model.token_layer_bytes
+
+    def extent_shape(self, group: int, tokens: int) -> tuple[int, int, int, int, int]:
+        m = self.model
+        return (self.group_layers(group), 2, m.num_kv_heads, tokens, m.head_dim)
+
+    def summary_chunk_bytes(self) -> int:
+        """Key summary bytes of one chunk: ``[L][H][2][d]`` float32."""
+        m = self.model
+        return m.num_layers * m.num_kv_heads * 2 * m.head_dim * SUMMARY_DTYPE().itemsize
+
+    def probe_bytes(self, tokens: int) -> int:
+        """Probe-key bytes of one group over ``tokens`` tokens: ``[H][tokens][d]``."""
+        m = self.model
+        return m.num_kv_heads * tokens * m.head_dim * m.itemsize
+
+    # -- identity ---------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StoreGeometry":
+        if not isinstance(d, dict) or "model" not in d:
+            raise InvalidArgument("geometry", "must be a mapping with a 'model' entry")
+        model = d["model"]
+        if not isinstance(model, dict):
+            raise InvalidArgument("geometry.model", "must be a mapping")
+        unknown = set(model) - {f.name for f in dataclasses.fields(ModelSpec)}
+        if unknown:
+            raise InvalidArgument("geometry.model", f"unknown fields {sorted(unknown)}")
+        rest = {k: v for k, v in d.items() if k != "model"}
+        unknown = set(rest) - {f.name for f in dataclasses.fields(cls)}
+        if unknown:
+            raise InvalidArgument("geometry", f"unknown fields {sorted(unknown)}")
+        return cls(model=ModelSpec(**model), **rest)
+
+    @cached_property
+    def digest(self) -> bytes:
+        """Stable digest of everything that decides the stored bytes' layout."""
+        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(b"kvstore.geometry.v1\0" + blob).digest()
+
+
+@dataclass(frozen=True)
+class SegmentLayout:
+    """Byte offsets of every region of one segment file (see module doc)."""
+
+    geometry: StoreGeometry
+    num_tokens: int  # tokens of the chunks in this segment
+
+    def __post_init__(self) -> None:
+        _check_int("num_tokens", self.num_tokens, 1, 1 << 40)
+
+    @cached_property
+    def num_chunks(self) -> int:
+        return self.geometry.num_chunks(self.num_tokens)
+
+    @cached_property
+    def chunk_tokens(self) -> np.ndarray:
+        return self.geometry.chunk_token_counts(self.num_tokens)
+
+    @cached_property
+    def token_offsets(self) -> np.ndarray:
+        """First token of each chunk within the segment; ``[num_chunks + 1]``."""
+        return np.concatenate([[0], np.cumsum(self.chunk_tokens)])
+
+    @cached_property
+    def extent_lengths(self) -> np.ndarray:
+        """Unpadded extent bytes; ``[groups, chunks]``."""
+        g = self.geometry
+        per_token = np.array(
+            [g.group_layers(i) * g.model.token_layer_bytes for i in range(g.num_groups)], dtype=np.int64
+        )
+        return per_token[:, None] * self.chunk_tokens[None, :]
+
+    @cached_property
+    def extent_padded(self) -> np.ndarray:
+        """Padded extent bytes (multiples of ALIGN_BYTES); ``[groups, chunks]``."""
+        return (self.extent_lengths + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
+
+    @cached_property
+    def extent_offsets(self) -> np.ndarray:
+        """File offset of each extent, period-major; ``[groups, chunks]``."""
+        flat = self.extent_padded.reshape(-1)
+        starts = np.concatenate([[0], np.cumsum(flat)[:-1]])
+        return starts.reshape(self.extent_padded.shape)
+
+    @cached_property
+    def extents_end(self) -> int:
+        return int(self.extent_padded.sum())
+
+    @cached_property
+    def summaries_offset(self) -> int:
+        return self.extents_end
+
+    @cached_property
+    def summaries_length(self) -> int:
+        return self.num_chunks * self.geometry.summary_chunk_bytes()
+
+    @cached_property
+    def probe_offsets(self) -> list[int]:
+        """File offset of each group's probe-key region (empty when disabled)."""
+        if not self.geometry.probe_keys:
+            return []
+        start = self.summaries_offset + align_up(self.summaries_length)
+        step = align_up(self.probe_length)
+        return [start + i * step for i in range(self.geometry.num_groups)]
+
+    @cached_property
+    def probe_length(self) -> int:
+        return self.geometry.probe_bytes(self.num_tokens)
+
+    @cached_property
+    def total_bytes(self) -> int:
+        end = self.summaries_offset + align_up(self.summaries_length)
+        if self.geometry.probe_keys:
+            end += self.geometry.num_groups * align_up(self.probe_length)
+        return end
+
+    @cached_property
+    def payload_bytes(self) -> int:
+        """Bytes of data (without alignment padding)."""
+        total = int(self.extent_lengths.sum()) + self.summaries_length
+        if self.geometry.probe_keys:
+            total += self.geometry.num_groups * self.probe_length
+        return total
+
+    @property
+    def padding_bytes(self) -> int:
+        return self.total_bytes - self.payload_bytes
+
+
+def split_extents(geometry: StoreGeometry, kv: np.ndarray, first_chunk: int = 0):
+    """Yield ``(group, chunk, extent_array)`` from a full KV array.
+
+    ``kv``: ``[layers, 2, kv_heads, tokens, head_dim]``.  Chunks are numbered
+    from ``first_chunk`` (relative to ``kv``'s token axis, which starts at the
+    first token of that chunk); each extent is a C-contiguous copy.
+    """
+    c = geometry.chunk_tokens
+    n = kv.shape[3]
+    for g in range(geometry.num_groups):
+        layers = geometry.group_layer_range(g)
+        for j in range(geometry.num_chunks(n)):
+            ext = kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c, :]
+            yield g, first_chunk + j, np.ascontiguousarray(ext)
+
+
+def keys_as_float32(keys: np.ndarray, dtype: str) -> np.ndarray:
+    """Widen stored keys (bfloat16 as raw uint16) to float32 for statistics."""
+    if dtype == "bfloat16":
+        return (keys.astype(np.uint32) << 16).view(np.float32)
+    return keys.astype(np.float32, copy=False)
+
+
+def key_summary(extent: np.ndarray, dtype: str) -> np.ndarray:
+    """Channel-wise min/max of an extent's keys.
+
+    ``extent``: ``[layers, 2, heads, tokens, dim]`` -> ``[layers, heads, 2, dim]``
+    (index 0 = min, 1 = max), float32.
+    """
+    keys = keys_as_float32(extent[:, 0], dtype)  # [layers, heads, tokens, dim]
+    return np.stack([keys.min(axis=2), keys.max(axis=2)], axis=2)

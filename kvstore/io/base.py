@@ -1,0 +1,98 @@
+"""The I/O backend interface: positional reads and writes that return futures.
+
+Alignment: with ``direct=True`` every buffer address, file offset and length
+passed to ``pread``/``pwrite`` must be a multiple of ``ALIGN_BYTES`` (4 KiB);
+backends check it and raise ``ValueError`` rather than let the kernel fail
+with EINVAL.  ``aligned_buffer`` returns memory that satisfies it.
+"""
+
+from __future__ import annotations
+
+import abc
+import mmap
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from ..geometry import ALIGN_BYTES
+
+
+class IOFuture(Protocol):
+    """What a backend returns: ``result()`` blocks and returns bytes moved."""
+
+    def result(self, timeout: float | None = None) -> int: ...
+
+    def done(self) -> bool: ...
+
+
+@dataclass
+class FileHandle:
+    path: str
+    writable: bool
+    direct: bool
+    raw: object  # backend-specific (an fd, a kvikio CuFile)
+
+
+def aligned_buffer(nbytes: int) -> memoryview:
+    """Writable, zero-filled, page-aligned host memory of ``nbytes`` bytes."""
+    if nbytes <= 0:
+        return memoryview(bytearray(0))
+    return memoryview(mmap.mmap(-1, nbytes))
+
+
+def buffer_address(buf) -> int:
+    return np.frombuffer(buf, dtype=np.uint8).ctypes.data if len(memoryview(buf)) else 0
+
+
+def check_aligned(buf, offset: int) -> None:
+    """Raise ValueError unless ``buf`` and ``offset`` meet the O_DIRECT rules."""
+    nbytes = memoryview(buf).nbytes
+    if offset % ALIGN_BYTES or nbytes % ALIGN_BYTES or buffer_address(buf) % ALIGN_BYTES:
+        raise ValueError(
+            f"direct I/O needs {ALIGN_BYTES}-byte aligned offset, length and buffer "
+            f"(offset={offset}, length={nbytes}, address%{ALIGN_BYTES}={buffer_address(buf) % ALIGN_BYTES})"
+        )
+
+
+class IOBackend(abc.ABC):
+    """Positional file I/O with a bounded number of requests in flight."""
+
+    name: str
+
+    @abc.abstractmethod
+    def open(self, path: str, *, write: bool = False) -> FileHandle:
+        """Open ``path`` (created if ``write``); direct I/O when configured."""
+
+    @abc.abstractmethod
+    def pread(self, fh: FileHandle, buf, offset: int) -> IOFuture:
+        """Fill all of ``buf`` from ``offset``; a short file raises EOFError."""
+
+    @abc.abstractmethod
+    def pwrite(self, fh: FileHandle, buf, offset: int) -> IOFuture:
+        """Write all of ``buf`` at ``offset``."""
+
+    @abc.abstractmethod
+    def fdatasync(self, fh: FileHandle) -> None:
+        """Make written data durable; raises OSError when the device failed."""
+
+    @abc.abstractmethod
+    def close(self, fh: FileHandle) -> None: ...
+
+    def allocate(self, fh: FileHandle, nbytes: int) -> None:
+        """Reserve ``nbytes`` of space for ``fh`` up front (ENOSPC early)."""
+
+    def shutdown(self) -> None:
+        """Release threads and driver resources."""
+
+    def pread_sync(self, fh: FileHandle, buf, offset: int) -> int:
+        return self.pread(fh, buf, offset).result()
+
+    def pwrite_sync(self, fh: FileHandle, buf, offset: int) -> int:
+        return self.pwrite(fh, buf, offset).result()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

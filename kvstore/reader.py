@@ -1,0 +1,170 @@
+"""Sparse reads of stored extents: plan, coalesce, read, verify, assemble."""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import numpy as np
+import xxhash
+
+from .errors import InvalidArgument
+from .geometry import StoreGeometry
+from .io import IOBackend, aligned_buffer
+from .io.plan import coalesce
+from .records import PrefixView, SegmentInfo
+from .segment_files import SegmentFiles
+
+
+@dataclass
+class ExtentRef:
+    group: int
+    chunk: int  # prefix chunk index
+    segment_id: int
+    offset: int
+    length: int
+    padded: int
+    xxh3: int
+
+
+@dataclass
+class ChecksumMismatch:
+    segment_id: int
+    region: str
+
+
+@dataclass
+class ReadResult:
+    """Extents of ``chunks`` (ascending) x ``groups`` of one prefix.
+
+    ``bytes_read`` counts what came off the disk (padding included);
+    ``bytes_useful`` the extents' own bytes; their ratio is the read
+    amplification.
+    """
+
+    prefix_id: str
+    geometry: StoreGeometry
+    chunks: np.ndarray
+    groups: list[int]
+    chunk_tokens: np.ndarray  # tokens of each selected chunk
+    bytes_read: int = 0
+    bytes_useful: int = 0
+    num_reads: int = 0
+    _views: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def read_amplification(self) -> float:
+        return self.bytes_read / self.bytes_useful if self.bytes_useful else 1.0
+
+    def extent(self, group: int, chunk: int) -> np.ndarray:
+        """``[layers_in_group, 2, kv_heads, tokens, head_dim]`` (numpy KV dtype)."""
+        raw = self._views[(group, chunk)]
+        tokens = int(self.chunk_tokens[np.searchsorted(self.chunks, chunk)])
+        geo = self.geometry
+        return raw.view(geo.model.numpy_dtype()).reshape(geo.extent_shape(group, tokens))
+
+    def group_kv(self, group: int) -> np.ndarray:
+        """The group's selected tokens: ``[layers_in_group, 2, kv_heads, tokens, head_dim]``."""
+        return np.concatenate([self.extent(group, int(j)) for j in self.chunks], axis=3)
+
+    def to_kv(self) -> np.ndarray:
+        """All requested groups' layers: ``[layers, 2, kv_heads, tokens, head_dim]``."""
+        return np.concatenate([self.group_kv(g) for g in self.groups], axis=0)
+
+
+def validate_chunks(chunks, num_chunks: int) -> np.ndarray:
+    try:
+        arr = np.asarray(chunks)
+    except Exception:
+        raise InvalidArgument("chunks", "must be a sequence of integers") from None
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise InvalidArgument("chunks", "must be a one-dimensional sequence of integers")
+    if arr.size == 0:
+        raise InvalidArgument("chunks", "must not be empty")
+    arr = arr.astype(np.int64)
+    bad = arr[(arr < 0) | (arr >= num_chunks)]
+    if bad.size:
+        raise InvalidArgument("chunks", f"index {int(bad[0])} out of range [0, {num_chunks})")
+    srt = np.sort(arr)
+    dup = srt[1:][srt[1:] == srt[:-1]]
+    if dup.size:
+        raise InvalidArgument("chunks", f"duplicate index {int(dup[0])}")
+    return srt
+
+
+def validate_groups(groups, num_groups: int) -> list[int]:
+    if groups is None:
+        return list(range(num_groups))
+    out = []
+    for g in groups:
+        if isinstance(g, bool) or not isinstance(g, (int, np.integer)) or not 0 <= g < num_groups:
+            raise InvalidArgument("groups", f"group {g!r} out of range [0, {num_groups})")
+        if g in out:
+            raise InvalidArgument("groups", f"duplicate group {g}")
+        out.append(int(g))
+    if not out:
+        raise InvalidArgument("groups", "must not be empty")
+    return out
+
+
+def plan_extents(view: PrefixView, segments: dict[int, SegmentInfo], chunks: np.ndarray, groups: list[int]) -> list[ExtentRef]:
+    which, local = view.locate(chunks)
+    refs = []
+    for g in groups:
+        for j, p, loc in zip(chunks.tolist(), which.tolist(), local.tolist()):
+            seg = segments[view.pieces[p].segment_id]
+            lay = seg.layout
+            refs.append(
+                ExtentRef(
+                    group=g,
+                    chunk=j,
+                    segment_id=seg.segment_id,
+                    offset=int(lay.extent_offsets[g, loc]),
+                    length=int(lay.extent_lengths[g, loc]),
+                    padded=int(lay.extent_padded[g, loc]),
+                    xxh3=int(seg.extent_xxh3[g, loc]),
+                )
+            )
+    return refs
+
+
+def execute_reads(
+    refs: list[ExtentRef],
+    files: SegmentFiles,
+    backend: IOBackend,
+    *,
+    coalesce_reads: bool,
+    max_run_bytes: int,
+) -> tuple[dict, int, int, list[ChecksumMismatch]]:
+    """Read ``refs`` (one aligned buffer, one request per run) and verify them.
+
+    Returns ``(views by (group, chunk), bytes_read, num_reads, mismatches)``.
+    """
+    by_segment: dict[int, list[int]] = {}
+    for i, r in enumerate(refs):
+        by_segment.setdefault(r.segment_id, []).append(i)
+    plans = []
+    total = 0
+    for seg_id, idx in by_segment.items():
+        runs = coalesce([(refs[i].offset, refs[i].padded) for i in idx], max_run_bytes=max_run_bytes, enabled=coalesce_reads)
+        for run in runs:
+            plans.append((seg_id, run, [idx[m] for m in run.members], total))
+            total += run.length
+    buf = aligned_buffer(total)
+    arr = np.frombuffer(buf, dtype=np.uint8) if total else np.zeros(0, np.uint8)
+    views: dict = {}
+    mismatches: list[ChecksumMismatch] = []
+    with ExitStack() as stack:
+        handles = {s: stack.enter_context(files.reading(s)) for s in by_segment}
+        futures = [backend.pread(handles[seg_id], buf[base : base + run.length], run.offset) for seg_id, run, _, base in plans]
+        for f in futures:
+            f.result()
+    for seg_id, run, members, base in plans:
+        for i in members:
+            r = refs[i]
+            start = base + (r.offset - run.offset)
+            view = arr[start : start + r.length]
+            if xxhash.xxh3_64_intdigest(view) != r.xxh3:
+                mismatches.append(ChecksumMismatch(seg_id, f"extent[group={r.group},chunk={r.chunk}]"))
+            views[(r.group, r.chunk)] = view
+    return views, total, len(plans), mismatches

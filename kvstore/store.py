@@ -1,0 +1,749 @@
+"""The chunk store: prefixes of KV cache as segment files plus an LMDB index.
+
+Write order (DESIGN.md, "Integrity and failure"): segment data -> fdatasync ->
+directory fsync -> LMDB commit of the manifest -> acknowledge.  A crash at
+any point before the commit leaves only an unreferenced segment file, which
+the startup scan removes; a listed prefix always has all of its bytes.  A
+failed fsync is never retried: the store turns read-only until restarted.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import lmdb
+import numpy as np
+import xxhash
+
+from . import index as ix
+from .config import StoreConfig
+from .errors import Conflict, DataLoss, InvalidArgument, NotFound, ReadOnly, StoreFull, StoreLocked
+from .geometry import SegmentLayout, StoreGeometry, align_up
+from .hashing import chunk_hashes, validate_tokens
+from .io import IOBackend, aligned_buffer, make_backend
+from .reader import ReadResult, execute_reads, plan_extents, validate_chunks, validate_groups
+from .records import Piece, PrefixView, SegmentInfo
+from .segment_files import SegmentFiles, parse_segment_file_name, segment_file_name
+from .writer import SegmentImage
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class LookupResult:
+    matched_chunks: int
+    matched_tokens: int
+    num_chunks: int  # chunks of the queried sequence
+    prefix_id: str | None  # a stored prefix holding the matched chunks
+
+
+@dataclass(frozen=True)
+class PutResult:
+    prefix_id: str
+    num_tokens: int
+    num_chunks: int
+    reused_chunks: int
+    bytes_written: int
+    already_stored: bool
+
+
+class ChunkStore:
+    def __init__(self, config: StoreConfig | None = None, *, backend: IOBackend | None = None):
+        self.config = config = config or StoreConfig()
+        self.data_dir = os.path.abspath(config.data_dir)
+        self.segment_dir = os.path.join(self.data_dir, "segments")
+        os.makedirs(self.segment_dir, mode=0o750, exist_ok=True)
+        self._lock_fd = self._lock_data_dir()
+        self.backend = backend or make_backend(config.backend, queue_depth=config.io_queue_depth, direct=config.direct_io)
+        self.index = ix.Index(
+            os.path.join(self.data_dir, "index"),
+            map_bytes=config.index_map_bytes,
+            max_map_bytes=config.index_max_map_bytes,
+        )
+        self.files = SegmentFiles(self.segment_dir, self.backend)
+        self._state_lock = threading.Lock()
+        self._read_only: str | None = None
+        self._quarantined: dict[int, str] = {}
+        self._views: dict[str, PrefixView] = {}
+        self._segments: dict[int, SegmentInfo] = {}
+        self.counters = {"bytes_read": 0, "bytes_written": 0, "reads": 0, "puts": 0, "deletes": 0}
+        self._next_segment_id = self._startup_scan()
+
+    # ------------------------------------------------------------ lifecycle
+    def _lock_data_dir(self) -> int:
+        fd = os.open(os.path.join(self.data_dir, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLocked(f"{self.data_dir} is in use by another kvstore process") from None
+        return fd
+
+    def close(self) -> None:
+        self.files.close_all()
+        self.index.close()
+        self.backend.shutdown()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> "ChunkStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _startup_scan(self) -> int:
+        """Remove orphaned segment files; quarantine records whose file is gone."""
+        with self.index.read() as txn:
+            records = {int.from_bytes(k, "big"): ix.loads(v) for k, v in txn.cursor(db=self.index.segments)}
+        reclaimed_files = reclaimed_bytes = 0
+        max_id = max(records, default=0)
+        for name in os.listdir(self.segment_dir):
+            seg_id = parse_segment_file_name(name)
+            if seg_id is None:
+                continue
+            max_id = max(max_id, seg_id)
+            if seg_id not in records:
+                path = os.path.join(self.segment_dir, name)
+                reclaimed_bytes += os.stat(path).st_blocks * 512
+                os.unlink(path)
+                reclaimed_files += 1
+        for seg_id, rec in records.items():
+            if rec.get("quarantined"):
+                self._quarantined[seg_id] = rec["quarantined"]
+                continue
+            path = self.files.path(seg_id)
+            try:
+                size = os.stat(path).st_size
+            except FileNotFoundError:
+                self._quarantine(seg_id, "segment file missing")
+                continue
+            if size < rec["total_bytes"]:
+                self._quarantine(seg_id, f"segment file truncated ({size} < {rec['total_bytes']} bytes)")
+        if reclaimed_files:
+            self._fsync_dir()
+        log.info(
+            "opened %s: %d segments, reclaimed %d orphaned files (%d bytes), %d quarantined",
+            self.data_dir,
+            len(records),
+            reclaimed_files,
+            reclaimed_bytes,
+            len(self._quarantined),
+        )
+        self.last_scan = {"segments": len(records), "reclaimed_files": reclaimed_files, "reclaimed_bytes": reclaimed_bytes}
+        return max_id + 1
+
+    def _fsync_dir(self) -> None:
+        fd = os.open(self.segment_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ------------------------------------------------------------ state
+    @property
+    def read_only(self) -> str | None:
+        """Why the store refuses writes, or None."""
+        return self._read_only
+
+    def _check_writable(self) -> None:
+        if self._read_only:
+            raise ReadOnly(f"store is read-only: {self._read_only}; restart after checking the device")
+
+    def _turn_read_only(self, reason: str) -> None:
+        with self._state_lock:
+            if not self._read_only:
+                self._read_only = reason
+                log.critical("store turned read-only: %s", reason)
+
+    def _count(self, **deltas: int) -> None:
+        with self._state_lock:
+            for k, v in deltas.items():
+                self.counters[k] += v
+
+    def _quarantine(self, segment_id: int, reason: str) -> None:
+        with self._state_lock:
+            if segment_id in self._quarantined:
+                return
+            self._quarantined[segment_id] = reason
+        log.error("segment %d quarantined: %s", segment_id, reason)
+        if self._read_only:
+            return
+
+        def mark(txn):
+            raw = txn.get(ix.seg_key(segment_id), db=self.index.segments)
+            if raw is not None:
+                rec = ix.loads(raw)
+                rec["quarantined"] = reason
+                txn.put(ix.seg_key(segment_id), ix.dumps(rec), db=self.index.segments)
+
+        try:
+            self.index.write(mark)
+        except (lmdb.Error, StoreFull) as exc:  # quarantine still holds in memory
+            log.error("could not persist quarantine of segment %d: %s", segment_id, exc)
+
+    # ------------------------------------------------------------ records
+    def _view(self, prefix_id: str) -> PrefixView:
+        view = self._views.get(prefix_id)
+        if view is not None:
+            return view
+        key = _prefix_key(prefix_id)
+        with self.index.read() as txn:
+            raw = txn.get(key, db=self.index.manifests)
+        if raw is None:
+            raise NotFound(f"prefix {prefix_id} is not stored")
+        view = self._views[prefix_id] = PrefixView.from_manifest(ix.loads(raw))
+        return view
+
+    def _segment(self, segment_id: int) -> SegmentInfo:
+        info = self._segments.get(segment_id)
+        if info is None:
+            with self.index.read() as txn:
+                raw = txn.get(ix.seg_key(segment_id), db=self.index.segments)
+            if raw is None:
+                raise NotFound(f"segment {segment_id} is not stored")
+            info = self._segments[segment_id] = SegmentInfo.from_record(ix.loads(raw))
+        return info
+
+    def _prefix_quarantine(self, view: PrefixView) -> str | None:
+        for seg_id in view.segment_ids:
+            if seg_id in self._quarantined:
+                return f"segment {seg_id}: {self._quarantined[seg_id]}"
+        return None
+
+    def resolve(self, prefix: str) -> str:
+        """Full prefix id from a unique leading part of it (at least 8 hex digits)."""
+        prefix = prefix.lower()
+        if len(prefix) == 64:
+            return prefix
+        if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
+            raise InvalidArgument("prefix_id", "must be at least 8 hex digits of a prefix id")
+        lo = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+        found = []
+        with self.index.read() as txn:
+            cur = txn.cursor(db=self.index.manifests)
+            if cur.set_range(lo):
+                for k in cur.iternext(values=False):
+                    h = bytes(k).hex()
+                    if not h.startswith(prefix[: len(lo) * 2]):
+                        break
+                    if h.startswith(prefix):
+                        found.append(h)
+        if not found:
+            raise NotFound(f"no stored prefix id starts with {prefix}")
+        if len(found) > 1:
+            raise InvalidArgument("prefix_id", f"{prefix} is ambiguous ({len(found)} prefixes)")
+        return found[0]
+
+    # ------------------------------------------------------------ lookup
+    def lookup(self, tokens, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> LookupResult:
+        """Longest stored prefix of ``tokens``, at chunk granularity."""
+        arr = validate_tokens(tokens, self.config.max_prefix_tokens)
+        hashes = chunk_hashes(arr, geometry, namespace, model_fingerprint)
+        k, holder = self._match(hashes)
+        tokens_matched = min(k * geometry.chunk_tokens, arr.size)
+        return LookupResult(k, tokens_matched, len(hashes), holder.prefix_id if holder else None)
+
+    def _match(self, hashes: list[bytes]) -> tuple[int, PrefixView | None]:
+        """Binary search: a healthy manifest holding chunk j holds all before it."""
+
+        def holder(j: int) -> PrefixView | None:
+            with self.index.read() as txn:
+                cur = txn.cursor(db=self.index.chunk_refs)
+                ids = [bytes(v).hex() for v in cur.iternext_dup(keys=False)] if cur.set_key(hashes[j]) else []
+            for pid in ids:
+                try:
+                    view = self._view(pid)
+                except NotFound:
+                    continue
+                if self._prefix_quarantine(view) is None:
+                    return view
+            return None
+
+        lo, hi, best = 0, len(hashes), None  # invariant: chunks [0, lo) matched
+        while lo < hi:
+            mid = (lo + hi) // 2
+            view = holder(mid)
+            if view is not None:
+                lo, best = mid + 1, view
+            else:
+                hi = mid
+        return lo, best
+
+    # ------------------------------------------------------------ put
+    def begin_put(
+        self, tokens, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = ""
+    ) -> "PendingPut":
+        """First phase of a put: plan what must be written, reserve its space."""
+        self._check_writable()
+        if not isinstance(geometry, StoreGeometry):
+            raise InvalidArgument("geometry", "must be a StoreGeometry")
+        arr = validate_tokens(tokens, self.config.max_prefix_tokens)
+        hashes = chunk_hashes(arr, geometry, namespace, model_fingerprint)
+        prefix_id = hashes[-1].hex()
+        k, holder = self._match(hashes)
+        reused = holder.pieces_upto(k) if holder else []
+        pending = PendingPut(self, prefix_id, arr, geometry, namespace, model_fingerprint, hashes, k, reused)
+        if k == len(hashes):
+            return pending
+        c = geometry.chunk_tokens
+        layout = SegmentLayout(geometry, arr.size - k * c)
+        self._check_space(layout.total_bytes)
+        with self._state_lock:
+            segment_id = self._next_segment_id
+            self._next_segment_id += 1
+        pending._open_segment(segment_id, SegmentImage(layout, first_chunk=k))
+        return pending
+
+    def put(self, tokens, kv: np.ndarray, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> PutResult:
+        """Store ``kv`` (``[layers, 2, kv_heads, tokens, head_dim]``) for ``tokens``."""
+        for attempt in range(3):
+            pending = self.begin_put(tokens, geometry, namespace=namespace, model_fingerprint=model_fingerprint)
+            try:
+                pending.put_kv(kv)
+                return pending.commit()
+            except Conflict:
+                if attempt == 2:
+                    raise
+            finally:
+                pending.abort()
+        raise AssertionError("unreachable")
+
+    def _check_space(self, nbytes: int) -> None:
+        st = os.statvfs(self.segment_dir)
+        free = st.f_bavail * st.f_frsize
+        if free - nbytes < self.config.min_free_bytes:
+            raise StoreFull(
+                f"data file system is full: {nbytes} bytes needed, {free} free, "
+                f"{self.config.min_free_bytes} kept in reserve (min_free_bytes)"
+            )
+
+    def _commit_index(self, pending: "PendingPut", segment_record: dict | None) -> bool:
+        """Commit a put's manifest; False when the prefix was stored meanwhile."""
+        key = _prefix_key(pending.prefix_id)
+        new_id = segment_record["segment_id"] if segment_record else None
+        pieces = list(pending.reused)
+        if segment_record:
+            n_new = len(pending.hashes) - pending.reused_chunks
+            pieces.append(Piece(new_id, pending.reused_chunks, n_new, 0))
+        manifest = {
+            "prefix_id": pending.prefix_id,
+            "namespace": pending.namespace,
+            "model_fingerprint": pending.model_fingerprint,
+            "geometry": pending.geometry.to_dict(),
+            "num_tokens": int(pending.tokens.size),
+            "chunk_hashes": [h.hex() for h in pending.hashes],
+            "segments": [p.to_dict() for p in pieces],
+            "created": time.time(),
+        }
+
+        def txn_fn(txn) -> bool:
+            if txn.get(key, db=self.index.manifests) is not None:
+                return False
+            for seg_id in sorted({p.segment_id for p in pending.reused}):
+                raw = txn.get(ix.seg_key(seg_id), db=self.index.segments)
+                if raw is None or seg_id in self._quarantined:
+                    raise Conflict(f"segment {seg_id} shared by this put was deleted concurrently; retry")
+                rec = ix.loads(raw)
+                rec["refcount"] += 1
+                txn.put(ix.seg_key(seg_id), ix.dumps(rec), db=self.index.segments)
+            if segment_record:
+                txn.put(ix.seg_key(new_id), ix.dumps(segment_record), db=self.index.segments)
+            txn.put(key, ix.dumps(manifest), db=self.index.manifests)
+            for h in pending.hashes:
+                txn.put(h, key, db=self.index.chunk_refs, dupdata=True)
+            return True
+
+        return self.index.write(txn_fn)
+
+    # ------------------------------------------------------------ read
+    def read(self, prefix_id: str, chunks, groups=None, *, coalesce: bool = True) -> ReadResult:
+        """Read the extents of ``chunks`` for period ``groups`` (default: all)."""
+        view = self._view(prefix_id)
+        q = self._prefix_quarantine(view)
+        if q:
+            raise DataLoss(f"prefix {prefix_id} is quarantined ({q}); delete and store it again")
+        sel = validate_chunks(chunks, view.num_chunks)
+        grp = validate_groups(groups, view.geometry.num_groups)
+        segments = {s: self._segment(s) for s in view.segment_ids}
+        refs = plan_extents(view, segments, sel, grp)
+        views, nbytes, nreads, bad = execute_reads(
+            refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes
+        )
+        self._count(bytes_read=nbytes, reads=1)
+        if bad:
+            for m in bad:
+                self._quarantine(m.segment_id, f"checksum mismatch in {m.region}")
+            raise DataLoss(f"prefix {prefix_id}: checksum mismatch in segment {bad[0].segment_id} {bad[0].region}")
+        counts = view.geometry.chunk_token_counts(view.num_tokens)[sel]
+        return ReadResult(
+            prefix_id=prefix_id,
+            geometry=view.geometry,
+            chunks=sel,
+            groups=grp,
+            chunk_tokens=counts,
+            bytes_read=nbytes,
+            bytes_useful=sum(r.length for r in refs),
+            num_reads=nreads,
+            _views=views,
+        )
+
+    def read_summaries(self, prefix_id: str) -> np.ndarray:
+        """Key summaries ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
+        view = self._view(prefix_id)
+        parts = []
+        for p in view.pieces:
+            seg = self._segment(p.segment_id)
+            arr = self._read_region(seg, "summaries", seg.layout.summaries_offset, seg.layout.summaries_length, seg.summaries_xxh3)
+            full = arr.view(np.float32).reshape(seg.layout.num_chunks, *self._summary_tail(view.geometry))
+            parts.append(full[p.segment_chunk : p.segment_chunk + p.num_chunks])
+        return np.concatenate(parts, axis=0)
+
+    def read_probe_keys(self, prefix_id: str, group: int) -> np.ndarray:
+        """Keys of the group's first layer: ``[kv_heads, tokens, head_dim]``."""
+        view = self._view(prefix_id)
+        geo = view.geometry
+        if not geo.probe_keys:
+            raise InvalidArgument("group", "this prefix was stored without probe keys")
+        (g,) = validate_groups([group], geo.num_groups)
+        parts = []
+        for p in view.pieces:
+            seg = self._segment(p.segment_id)
+            lay = seg.layout
+            arr = self._read_region(seg, f"probe[group={g}]", lay.probe_offsets[g], lay.probe_length, seg.probe_xxh3[g])
+            keys = arr.view(geo.model.numpy_dtype()).reshape(geo.model.num_kv_heads, lay.num_tokens, geo.model.head_dim)
+            t0 = int(lay.token_offsets[p.segment_chunk])
+            t1 = int(lay.token_offsets[p.segment_chunk + p.num_chunks])
+            parts.append(keys[:, t0:t1])
+        return np.concatenate(parts, axis=1)
+
+    @staticmethod
+    def _summary_tail(geo: StoreGeometry) -> tuple[int, int, int, int]:
+        m = geo.model
+        return (m.num_layers, m.num_kv_heads, 2, m.head_dim)
+
+    def _read_region(self, seg: SegmentInfo, name: str, offset: int, length: int, xxh3: int) -> np.ndarray:
+        if seg.segment_id in self._quarantined:
+            raise DataLoss(f"segment {seg.segment_id} is quarantined: {self._quarantined[seg.segment_id]}")
+        buf = aligned_buffer(align_up(length))
+        with self.files.reading(seg.segment_id) as fh:
+            self.backend.pread(fh, buf, offset).result()
+        self._count(bytes_read=len(buf))
+        arr = np.frombuffer(buf, dtype=np.uint8)[:length]
+        if xxhash.xxh3_64_intdigest(arr) != xxh3:
+            self._quarantine(seg.segment_id, f"checksum mismatch in {name}")
+            raise DataLoss(f"segment {seg.segment_id}: checksum mismatch in {name}")
+        return arr
+
+    # ------------------------------------------------------------ delete
+    def delete(self, prefix_id: str) -> None:
+        """Unlist the prefix, then free segments no other prefix references."""
+        self._check_writable()
+        key = _prefix_key(prefix_id)
+
+        def txn_fn(txn) -> list[int]:
+            raw = txn.get(key, db=self.index.manifests)
+            if raw is None:
+                raise NotFound(f"prefix {prefix_id} is not stored")
+            m = ix.loads(raw)
+            txn.delete(key, db=self.index.manifests)
+            for h in m["chunk_hashes"]:
+                txn.delete(bytes.fromhex(h), key, db=self.index.chunk_refs)
+            freed = []
+            for seg_id in sorted({p["segment_id"] for p in m["segments"]}):
+                sk = ix.seg_key(seg_id)
+                rec = ix.loads(txn.get(sk, db=self.index.segments))
+                rec["refcount"] -= 1
+                if rec["refcount"] <= 0:
+                    txn.delete(sk, db=self.index.segments)
+                    freed.append(seg_id)
+                else:
+                    txn.put(sk, ix.dumps(rec), db=self.index.segments)
+            return freed
+
+        freed = self.index.write(txn_fn)
+        self._views.pop(prefix_id, None)
+        for seg_id in freed:
+            self._segments.pop(seg_id, None)
+            self.files.remove(seg_id)
+            with self._state_lock:
+                self._quarantined.pop(seg_id, None)
+        self._count(deletes=1)
+
+    # ------------------------------------------------------------ verify
+    def verify(self, prefix_id: str | None = None) -> list[dict]:
+        """Re-read every checksummed region (of one prefix, or of the store)."""
+        if prefix_id is not None:
+            seg_ids = self._view(prefix_id).segment_ids
+        else:
+            with self.index.read() as txn:
+                seg_ids = [int.from_bytes(k, "big") for k in txn.cursor(db=self.index.segments).iternext(values=False)]
+        return [self._verify_segment(s) for s in seg_ids]
+
+    def _verify_segment(self, segment_id: int) -> dict:
+        seg = self._segment(segment_id)
+        bad: list[str] = []
+        error = None
+        buf = aligned_buffer(seg.layout.total_bytes)
+        try:
+            with self.files.reading(segment_id) as fh:
+                self.backend.pread(fh, buf, 0).result()
+        except (OSError, EOFError) as exc:
+            error = f"{exc.__class__.__name__}: {exc}"
+        if error is None:
+            arr = np.frombuffer(buf, dtype=np.uint8)
+            for name, off, length, xx in seg.regions():
+                if xxhash.xxh3_64_intdigest(arr[off : off + length]) != xx:
+                    bad.append(name)
+            self._count(bytes_read=len(buf))
+        if bad or error:
+            self._quarantine(segment_id, error or f"checksum mismatch in {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""))
+        return {
+            "segment_id": segment_id,
+            "ok": not bad and error is None,
+            "regions": len(seg.regions()),
+            "bad_regions": bad,
+            "error": error,
+            "quarantined": self._quarantined.get(segment_id),
+        }
+
+    # ------------------------------------------------------------ listing
+    def list_prefixes(self) -> list[dict]:
+        with self.index.read() as txn:
+            manifests = [ix.loads(v) for _, v in txn.cursor(db=self.index.manifests)]
+        out = []
+        for m in manifests:
+            view = PrefixView.from_manifest(m)
+            out.append(
+                {
+                    "prefix_id": view.prefix_id,
+                    "namespace": view.namespace,
+                    "model_fingerprint": view.model_fingerprint,
+                    "num_tokens": view.num_tokens,
+                    "num_chunks": view.num_chunks,
+                    "num_segments": len(view.segment_ids),
+                    "created": view.created,
+                    "quarantined": self._prefix_quarantine(view),
+                }
+            )
+        return out
+
+    def inspect(self, prefix_id: str) -> dict:
+        view = self._view(prefix_id)
+        with self.index.read() as txn:
+            recs = {s: ix.loads(txn.get(ix.seg_key(s), db=self.index.segments)) for s in view.segment_ids}
+        segments = []
+        for p in view.pieces:
+            lay = self._segment(p.segment_id).layout
+            segments.append(
+                {
+                    **p.to_dict(),
+                    "file": segment_file_name(p.segment_id),
+                    "segment_chunks": lay.num_chunks,
+                    "total_bytes": lay.total_bytes,
+                    "payload_bytes": lay.payload_bytes,
+                    "padding_bytes": lay.padding_bytes,
+                    "refcount": recs[p.segment_id]["refcount"],
+                    "checksums": len(self._segment(p.segment_id).regions()),
+                    "quarantined": self._quarantined.get(p.segment_id),
+                }
+            )
+        geo = view.geometry
+        return {
+            "prefix_id": view.prefix_id,
+            "namespace": view.namespace,
+            "model_fingerprint": view.model_fingerprint,
+            "geometry": geo.to_dict(),
+            "num_tokens": view.num_tokens,
+            "num_chunks": view.num_chunks,
+            "num_groups": geo.num_groups,
+            "kv_bytes": view.num_tokens * geo.model.num_layers * geo.model.token_layer_bytes,
+            "segments": segments,
+            "created": view.created,
+            "quarantined": self._prefix_quarantine(view),
+        }
+
+    def stats(self) -> dict:
+        with self.index.read() as txn:
+            num_prefixes = txn.stat(self.index.manifests)["entries"]
+            stored = sum(ix.loads(v)["total_bytes"] for _, v in txn.cursor(db=self.index.segments))
+            num_segments = txn.stat(self.index.segments)["entries"]
+        st = os.statvfs(self.segment_dir)
+        with self._state_lock:
+            counters = dict(self.counters)
+        return {
+            "data_dir": self.data_dir,
+            "backend": self.backend.name,
+            "num_prefixes": num_prefixes,
+            "num_segments": num_segments,
+            "bytes_stored": stored,
+            "bytes_free": st.f_bavail * st.f_frsize,
+            "index_map_bytes": self.index.map_bytes,
+            "index_resizes": self.index.resizes,
+            "read_only": self._read_only,
+            "quarantined_segments": len(self._quarantined),
+            **counters,
+        }
+
+
+class PendingPut:
+    """A put between ``begin_put`` and ``commit``/``abort``.
+
+    ``reused_chunks`` leading chunks are already stored (shared with another
+    prefix); the caller sends extents for chunks ``[reused_chunks, num_chunks)``
+    of every group, then commits.  Nothing is listed before ``commit`` returns.
+    """
+
+    def __init__(self, store, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, reused_chunks, reused):
+        self.store: ChunkStore = store
+        self.prefix_id = prefix_id
+        self.tokens = tokens
+        self.geometry = geometry
+        self.namespace = namespace
+        self.model_fingerprint = model_fingerprint
+        self.hashes = hashes
+        self.reused_chunks = reused_chunks
+        self.reused: list[Piece] = reused
+        self.segment_id: int | None = None
+        self.image: SegmentImage | None = None
+        self._fh = None
+        self._done = False
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def needed_chunks(self) -> range:
+        return range(self.reused_chunks, self.num_chunks)
+
+    def _open_segment(self, segment_id: int, image: SegmentImage) -> None:
+        self.segment_id, self.image = segment_id, image
+        store = self.store
+        path = store.files.path(segment_id)
+        try:
+            self._fh = store.backend.open(path, write=True)
+            store.backend.allocate(self._fh, image.layout.total_bytes)
+        except OSError as exc:
+            self.abort()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"data file system is full ({exc.strerror}) reserving {image.layout.total_bytes} bytes") from None
+            raise
+
+    def put_extent(self, group: int, chunk: int, payload) -> None:
+        if self.image is None:
+            raise InvalidArgument("extent.chunk", f"all {self.num_chunks} chunks are already stored; send no extents")
+        self.image.put_extent(group, chunk, payload)
+
+    def put_kv(self, kv: np.ndarray) -> None:
+        """Send every needed extent from a full ``[layers, 2, heads, tokens, dim]`` array."""
+        geo = self.geometry
+        m = geo.model
+        expected = (m.num_layers, 2, m.num_kv_heads, self.tokens.size, m.head_dim)
+        if not isinstance(kv, np.ndarray):
+            raise InvalidArgument("kv", f"must be a numpy array, got {type(kv).__name__}")
+        if kv.shape != expected:
+            raise InvalidArgument("kv", f"shape must be {expected} [layers, 2, kv_heads, tokens, head_dim], got {kv.shape}")
+        if kv.dtype != m.numpy_dtype():
+            raise InvalidArgument("kv", f"dtype must be {m.numpy_dtype()} for {m.dtype}, got {kv.dtype}")
+        if self.image is None:
+            return
+        c = geo.chunk_tokens
+        for g in range(geo.num_groups):
+            layers = geo.group_layer_range(g)
+            for j in self.needed_chunks:
+                self.image.put_extent(g, j, np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]))
+
+    def commit(self) -> PutResult:
+        """Write, sync, index, and only then acknowledge."""
+        if self._done:
+            raise InvalidArgument("put", "this put was already committed or aborted")
+        store = self.store
+        store._check_writable()
+        record = None
+        written = 0
+        try:
+            if self.image is not None:
+                img = self.image
+                if img.missing:
+                    g, j = img.first_missing()
+                    raise InvalidArgument("extents", f"{img.missing} extents missing, first: group {g} chunk {j}")
+                record = self._segment_record()
+                written = self._write_and_sync()
+            stored = store._commit_index(self, record)
+        except BaseException:
+            self.abort()
+            raise
+        self._close_file()
+        self._done = True
+        if not stored and self.segment_id is not None:
+            store.files.remove(self.segment_id)  # a concurrent put stored it first
+            written = 0
+        store._count(puts=1, bytes_written=written)
+        return PutResult(self.prefix_id, int(self.tokens.size), self.num_chunks, self.reused_chunks, written, not stored)
+
+    def _segment_record(self) -> dict:
+        img = self.image
+        return {
+            "segment_id": self.segment_id,
+            "geometry": self.geometry.to_dict(),
+            "num_tokens": img.layout.num_tokens,
+            "first_chunk": img.first_chunk,
+            "total_bytes": img.layout.total_bytes,
+            "refcount": 1,
+            "created": time.time(),
+            "quarantined": None,
+            **img.checksums(),
+        }
+
+    def _write_and_sync(self) -> int:
+        store, img = self.store, self.image
+        piece = store.config.write_piece_bytes
+        total = img.layout.total_bytes
+        try:
+            futures = [store.backend.pwrite(self._fh, img.buffer[o : min(o + piece, total)], o) for o in range(0, total, piece)]
+            for f in futures:
+                f.result()
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"data file system is full ({exc.strerror}) writing segment {self.segment_id}") from None
+            raise
+        try:
+            store.backend.fdatasync(self._fh)
+            store._fsync_dir()
+        except OSError as exc:
+            store._turn_read_only(f"fdatasync of segment {self.segment_id} failed: {exc.strerror or exc}")
+            raise ReadOnly(f"write not durable ({exc.strerror or exc}); store is now read-only") from None
+        return total
+
+    def _close_file(self) -> None:
+        if self._fh is not None:
+            self.store.backend.close(self._fh)
+            self._fh = None
+
+    def abort(self) -> None:
+        """Drop an uncommitted put; its file (if any) is removed."""
+        if self._done:
+            return
+        self._done = True
+        self._close_file()
+        if self.segment_id is not None and not self.store.read_only:
+            try:
+                os.unlink(self.store.files.path(self.segment_id))
+            except FileNotFoundError:
+                pass
+
+
+def _prefix_key(prefix_id: str) -> bytes:
+    try:
+        key = bytes.fromhex(prefix_id)
+    except (ValueError, TypeError):
+        raise InvalidArgument("prefix_id", "must be 64 hex digits") from None
+    if len(key) != 32:
+        raise InvalidArgument("prefix_id", "must be 64 hex digits")
+    return key

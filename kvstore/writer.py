@@ -1,0 +1,101 @@
+"""Assembly of one new segment image: extents in, summaries and probes derived.
+
+``SegmentImage`` holds the whole segment file in aligned memory while a put
+is in progress.  Each extent is validated against the geometry when it
+arrives; key summaries and probe keys are computed from the extents
+themselves, so they can never disagree with the stored KV.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import xxhash
+
+from .errors import InvalidArgument
+from .geometry import SUMMARY_DTYPE, SegmentLayout, key_summary
+from .io import aligned_buffer
+
+
+class SegmentImage:
+    def __init__(self, layout: SegmentLayout, first_chunk: int):
+        self.layout = layout
+        self.first_chunk = first_chunk  # prefix chunk index of local chunk 0
+        self.buffer = aligned_buffer(layout.total_bytes)
+        self._array = np.frombuffer(self.buffer, dtype=np.uint8)
+        geo = layout.geometry
+        m = geo.model
+        self._written = np.zeros((geo.num_groups, layout.num_chunks), dtype=bool)
+        s_off, s_len = layout.summaries_offset, layout.summaries_length
+        # [chunks, layers, heads, min|max, dim]
+        self.summaries = self._array[s_off : s_off + s_len].view(SUMMARY_DTYPE).reshape(
+            layout.num_chunks, m.num_layers, m.num_kv_heads, 2, m.head_dim
+        )
+        self.probes = [  # per group: [heads, tokens, dim]
+            self._array[off : off + layout.probe_length].view(m.numpy_dtype()).reshape(
+                m.num_kv_heads, layout.num_tokens, m.head_dim
+            )
+            for off in layout.probe_offsets
+        ]
+
+    @property
+    def missing(self) -> int:
+        return int((~self._written).sum())
+
+    def first_missing(self) -> tuple[int, int] | None:
+        idx = np.argwhere(~self._written)
+        if idx.size == 0:
+            return None
+        g, j = idx[0]
+        return int(g), int(j) + self.first_chunk
+
+    def put_extent(self, group: int, chunk: int, payload) -> None:
+        """Copy one extent (prefix chunk index ``chunk``) into the image."""
+        layout, geo = self.layout, self.layout.geometry
+        if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or not 0 <= group < geo.num_groups:
+            raise InvalidArgument("extent.group", f"must be in [0, {geo.num_groups}), got {group}")
+        local = chunk - self.first_chunk if isinstance(chunk, (int, np.integer)) else -1
+        if not 0 <= local < layout.num_chunks:
+            raise InvalidArgument(
+                "extent.chunk",
+                f"must be in [{self.first_chunk}, {self.first_chunk + layout.num_chunks}) for this put, got {chunk}",
+            )
+        data = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
+        expected = int(layout.extent_lengths[group, local])
+        if data.size != expected:
+            raise InvalidArgument(
+                "extent.payload",
+                f"group {group} chunk {chunk} must be {expected} bytes "
+                f"{geo.extent_shape(group, int(layout.chunk_tokens[local]))} x {geo.model.dtype}, got {data.size}",
+            )
+        if self._written[group, local]:
+            raise InvalidArgument("extent", f"group {group} chunk {chunk} was already sent")
+        off = int(layout.extent_offsets[group, local])
+        self._array[off : off + expected] = data
+        self._derive(group, local, data)
+        self._written[group, local] = True
+
+    def _derive(self, group: int, local: int, data: np.ndarray) -> None:
+        layout, geo = self.layout, self.layout.geometry
+        tokens = int(layout.chunk_tokens[local])
+        ext = data.view(geo.model.numpy_dtype()).reshape(geo.extent_shape(group, tokens))
+        layers = geo.group_layer_range(group)
+        self.summaries[local, layers.start : layers.stop] = key_summary(ext, geo.model.dtype)
+        if self.probes:
+            t0 = int(layout.token_offsets[local])
+            self.probes[group][:, t0 : t0 + tokens, :] = ext[0, 0]
+
+    def checksums(self) -> dict:
+        """xxh3-64 of every region (unpadded bytes), for the segment record."""
+        layout = self.layout
+        arr = self._array
+        ext = [
+            [
+                xxhash.xxh3_64_intdigest(arr[o : o + n])
+                for o, n in zip(layout.extent_offsets[g].tolist(), layout.extent_lengths[g].tolist())
+            ]
+            for g in range(layout.geometry.num_groups)
+        ]
+        s_off = layout.summaries_offset
+        summaries = xxhash.xxh3_64_intdigest(arr[s_off : s_off + layout.summaries_length])
+        probes = [xxhash.xxh3_64_intdigest(arr[o : o + layout.probe_length]) for o in layout.probe_offsets]
+        return {"extent_xxh3": ext, "summaries_xxh3": summaries, "probe_xxh3": probes}
