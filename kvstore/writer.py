@@ -59,7 +59,7 @@ class SegmentImage:
                 "extent.chunk",
                 f"must be in [{self.first_chunk}, {self.first_chunk + layout.num_chunks}) for this put, got {chunk}",
             )
-        data = np.frombuffer(memoryview(payload).cast("B"), dtype=np.uint8)
+        data = _payload_bytes(payload)
         expected = int(layout.extent_lengths[group, local])
         if data.size != expected:
             raise InvalidArgument(
@@ -99,3 +99,16 @@ class SegmentImage:
         summaries = xxhash.xxh3_64_intdigest(arr[s_off : s_off + layout.summaries_length])
         probes = [xxhash.xxh3_64_intdigest(arr[o : o + layout.probe_length]) for o in layout.probe_offsets]
         return {"extent_xxh3": ext, "summaries_xxh3": summaries, "probe_xxh3": probes}
+
+
+def _payload_bytes(payload) -> np.ndarray:
+    """A flat uint8 view (a copy only when ``payload`` is not contiguous)."""
+    if isinstance(payload, np.ndarray):
+        return np.ascontiguousarray(payload).reshape(-1).view(np.uint8)
+    try:
+        view = memoryview(payload)
+    except TypeError:
+        raise InvalidArgument("extent.payload", f"must be bytes-like, got {type(payload).__name__}") from None
+    if not view.c_contiguous:
+        view = memoryview(view.tobytes())
+    return np.frombuffer(view.cast("B"), dtype=np.uint8)

@@ -1,0 +1,29 @@
+# The two set-up commands (see README): `make demo` and `make test`.
+# Each creates .venv on first use and installs everything it needs.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test fio clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	rm -f $(VENV)/.installed-*
+	touch $(STAMP)
+
+# fio is the reference for raw I/O figures (kvstore-bench io --compare-fio).
+fio:
+	@command -v fio >/dev/null 2>&1 || { $(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq fio >/dev/null; } \
+		|| echo "warning: could not install fio; the fio comparison tests will be skipped"
+
+demo: $(STAMP)
+	$(VENV)/bin/kvstore demo
+
+test: $(STAMP) fio
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf $(VENV) .kvstore

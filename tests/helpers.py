@@ -1,0 +1,41 @@
+"""Shared test helpers: synthetic KV, tokens and geometries."""
+
+import os
+
+import numpy as np
+
+from kvstore.geometry import ModelSpec, StoreGeometry
+
+
+def make_kv(geometry: StoreGeometry, num_tokens: int, seed: int) -> np.ndarray:
+    """Random KV ``[layers, 2, kv_heads, tokens, head_dim]`` in the stored dtype."""
+    m = geometry.model
+    rng = np.random.default_rng(seed)
+    shape = (m.num_layers, 2, m.num_kv_heads, num_tokens, m.head_dim)
+    if m.dtype == "bfloat16":
+        # Real bf16 bit patterns of normal floats, so summaries are meaningful.
+        f = rng.standard_normal(shape, dtype=np.float32)
+        return (f.view(np.uint32) >> 16).astype(np.uint16)
+    return rng.standard_normal(shape).astype(m.dtype)
+
+
+def make_tokens(num_tokens: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed + 10_000).integers(0, 50_000, num_tokens)
+
+
+GEOMETRIES = [
+    # odd sizes: n not a multiple of c, L not a multiple of p, one head, head dim 1
+    StoreGeometry(ModelSpec(5, 1, 1, "bfloat16"), chunk_tokens=16, period_layers=2),
+    StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=7, period_layers=3, probe_keys=False),
+    StoreGeometry(ModelSpec(4, 2, 64, "float16"), chunk_tokens=16, period_layers=8),
+    StoreGeometry(ModelSpec(24, 2, 64, "bfloat16"), chunk_tokens=16, period_layers=8),
+]
+
+
+def ids(geo: StoreGeometry) -> str:
+    m = geo.model
+    return f"L{m.num_layers}H{m.num_kv_heads}d{m.head_dim}-{m.dtype}-c{geo.chunk_tokens}p{geo.period_layers}"
+
+
+def data_root() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

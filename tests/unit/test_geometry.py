@@ -1,0 +1,125 @@
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kvstore.errors import InvalidArgument
+from kvstore.geometry import ALIGN_BYTES, ModelSpec, SegmentLayout, StoreGeometry, key_summary, split_extents
+
+
+def test_token_bytes_of_qwen7b_bf16_is_2kib_per_layer():
+    # 4 KV heads x 128 dim x (K and V) x 2 bytes
+    assert ModelSpec(28, 4, 128, "bfloat16").token_layer_bytes == 2048
+
+
+def test_odd_sizes_layout_exact_offsets():
+    # L=5 not a multiple of p=2 (groups of 2, 2, 1); n=37 not a multiple of c=16 (16, 16, 5)
+    geo = StoreGeometry(ModelSpec(5, 1, 1, "bfloat16"), chunk_tokens=16, period_layers=2)
+    lay = SegmentLayout(geo, 37)
+    assert geo.num_groups == 3
+    assert [geo.group_layers(g) for g in range(3)] == [2, 2, 1]
+    assert lay.chunk_tokens.tolist() == [16, 16, 5]
+    # one token of one layer: 2 (K,V) * 1 head * 1 dim * 2 bytes = 4 bytes
+    assert lay.extent_lengths.tolist() == [[128, 128, 40], [128, 128, 40], [64, 64, 20]]
+    assert (lay.extent_padded == ALIGN_BYTES).all()
+    assert lay.extent_offsets.tolist() == [[0, 4096, 8192], [12288, 16384, 20480], [24576, 28672, 32768]]
+    assert lay.summaries_offset == 36864
+    assert lay.summaries_length == 3 * 5 * 1 * 2 * 1 * 4
+    assert lay.probe_offsets == [40960, 45056, 49152]
+    assert lay.probe_length == 1 * 37 * 1 * 2
+    assert lay.total_bytes == 53248
+    assert lay.payload_bytes == (128 * 4 + 40 * 2 + 64 * 2 + 20) + 120 + 3 * 74
+    assert lay.padding_bytes == lay.total_bytes - lay.payload_bytes
+
+
+def test_period_major_adjacent_chunks_are_adjacent_on_disk():
+    geo = StoreGeometry(ModelSpec(28, 4, 128, "bfloat16"), chunk_tokens=16, period_layers=8)
+    lay = SegmentLayout(geo, 16 * 100)
+    # one extent = 8 layers * 16 tokens * 2 KiB = 256 KiB, already aligned
+    assert lay.extent_lengths[0, 0] == 256 * 1024
+    assert (lay.extent_padded == lay.extent_lengths).all()
+    for g in range(geo.num_groups):
+        ends = lay.extent_offsets[g, :-1] + lay.extent_padded[g, :-1]
+        assert (ends == lay.extent_offsets[g, 1:]).all()
+    # last group: 28 - 3*8 = 4 layers
+    assert lay.extent_lengths[3, 0] == 128 * 1024
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    layers=st.integers(1, 40),
+    heads=st.integers(1, 8),
+    dim=st.integers(1, 160),
+    dtype=st.sampled_from(["bfloat16", "float16", "float32"]),
+    chunk=st.integers(1, 64),
+    period=st.integers(1, 12),
+    tokens=st.integers(1, 3000),
+    probe=st.booleans(),
+)
+def test_layout_regions_aligned_disjoint_and_cover_payload(layers, heads, dim, dtype, chunk, period, tokens, probe):
+    geo = StoreGeometry(ModelSpec(layers, heads, dim, dtype), chunk_tokens=chunk, period_layers=period, probe_keys=probe)
+    lay = SegmentLayout(geo, tokens)
+    regions = [(int(o), int(n)) for o, n in zip(lay.extent_offsets.ravel(), lay.extent_lengths.ravel())]
+    regions.append((lay.summaries_offset, lay.summaries_length))
+    regions += [(o, lay.probe_length) for o in lay.probe_offsets]
+    regions.sort()
+    for (o1, n1), (o2, _) in zip(regions, regions[1:]):
+        assert o1 + n1 <= o2
+    assert all(o % ALIGN_BYTES == 0 for o, _ in regions)
+    assert regions[-1][0] + regions[-1][1] <= lay.total_bytes
+    assert lay.total_bytes % ALIGN_BYTES == 0
+    assert sum(n for _, n in regions) == lay.payload_bytes
+    assert int(lay.chunk_tokens.sum()) == tokens
+    assert sum(geo.group_layers(g) for g in range(geo.num_groups)) == layers
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        (dict(num_layers=0, num_kv_heads=1, head_dim=1), "num_layers"),
+        (dict(num_layers=2, num_kv_heads=-1, head_dim=1), "num_kv_heads"),
+        (dict(num_layers=2, num_kv_heads=1, head_dim=1.5), "head_dim"),
+        (dict(num_layers=2, num_kv_heads=1, head_dim=1, dtype="int4"), "dtype"),
+    ],
+)
+def test_invalid_model_spec_names_field(kwargs, field):
+    with pytest.raises(InvalidArgument) as err:
+        ModelSpec(**kwargs)
+    assert err.value.field == field
+    assert field in str(err.value)
+
+
+def test_invalid_geometry_names_field():
+    with pytest.raises(InvalidArgument, match="chunk_tokens"):
+        StoreGeometry(ModelSpec(2, 1, 1), chunk_tokens=0)
+    with pytest.raises(InvalidArgument, match="period_layers"):
+        StoreGeometry(ModelSpec(2, 1, 1), period_layers=True)
+    with pytest.raises(InvalidArgument, match="geometry.model"):
+        StoreGeometry.from_dict({"model": {"num_layers": 2, "num_kv_heads": 1, "head_dim": 1, "bogus": 1}})
+
+
+def test_geometry_roundtrip_and_digest_depends_on_layout():
+    geo = StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=7, period_layers=3)
+    assert StoreGeometry.from_dict(geo.to_dict()) == geo
+    other = StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=8, period_layers=3)
+    assert geo.digest != other.digest
+
+
+def test_split_extents_and_key_summary():
+    geo = StoreGeometry(ModelSpec(3, 1, 2, "float32"), chunk_tokens=4, period_layers=2)
+    kv = np.arange(3 * 2 * 1 * 6 * 2, dtype=np.float32).reshape(3, 2, 1, 6, 2)
+    ext = {(g, j): e for g, j, e in split_extents(geo, kv)}
+    assert sorted(ext) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert ext[(1, 1)].shape == (1, 2, 1, 2, 2)
+    np.testing.assert_array_equal(ext[(1, 1)], kv[2:3, :, :, 4:6])
+    s = key_summary(ext[(0, 1)], "float32")  # [layers, heads, 2, dim]
+    np.testing.assert_array_equal(s[:, :, 0], kv[0:2, 0, :, 4:6].min(axis=2))
+    np.testing.assert_array_equal(s[:, :, 1], kv[0:2, 0, :, 4:6].max(axis=2))
+
+
+def test_bfloat16_summary_widens_bits_exactly():
+    vals = np.array([1.5, -2.0, 0.25], dtype=np.float32)
+    bf = (vals.view(np.uint32) >> 16).astype(np.uint16).reshape(1, 1, 1, 3, 1)
+    ext = np.concatenate([bf, bf], axis=1)  # K and V
+    s = key_summary(ext, "bfloat16")
+    assert s[0, 0, 0, 0] == -2.0 and s[0, 0, 1, 0] == 1.5
