@@ -49,10 +49,10 @@ class _Future:
 
 
 def _as_array(buf):
-    """kvikio takes array-likes: numpy, cupy or torch (host or device)."""
-    if isinstance(buf, (memoryview, bytearray)) or hasattr(buf, "__buffer__") and not hasattr(buf, "__cuda_array_interface__"):
-        return np.frombuffer(buf, dtype=np.uint8)
-    return buf
+    """kvikio takes array-likes: numpy or any __cuda_array_interface__ object."""
+    if hasattr(buf, "__cuda_array_interface__") or isinstance(buf, np.ndarray):
+        return buf
+    return np.frombuffer(buf, dtype=np.uint8)
 
 
 def _nbytes(buf) -> int:
