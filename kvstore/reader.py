@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from contextlib import ExitStack
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 import xxhash
@@ -50,7 +51,12 @@ class ReadResult:
     bytes_read: int = 0
     bytes_useful: int = 0
     num_reads: int = 0
+    buffer: memoryview | None = field(default=None, repr=False)  # holds every extent
     _views: dict = field(default_factory=dict, repr=False)
+
+    def extent_bytes(self, group: int, chunk: int) -> np.ndarray:
+        """The extent's raw bytes (uint8 view into ``buffer``)."""
+        return self._views[(group, chunk)]
 
     @property
     def read_amplification(self) -> float:
@@ -135,10 +141,14 @@ def execute_reads(
     *,
     coalesce_reads: bool,
     max_run_bytes: int,
-) -> tuple[dict, int, int, list[ChecksumMismatch]]:
+    alloc: Callable[[int], memoryview] | None = None,
+) -> tuple[dict, memoryview, int, list[ChecksumMismatch]]:
     """Read ``refs`` (one aligned buffer, one request per run) and verify them.
 
-    Returns ``(views by (group, chunk), bytes_read, num_reads, mismatches)``.
+    ``alloc(nbytes)`` supplies the destination (4 KiB aligned, e.g. a slot of
+    a shared-memory arena); by default fresh anonymous memory.  Returns
+    ``(views by (group, chunk), buffer, num_reads, mismatches)``; each view
+    is a uint8 slice of the buffer holding one extent's unpadded bytes.
     """
     by_segment: dict[int, list[int]] = {}
     for i, r in enumerate(refs):
@@ -150,8 +160,8 @@ def execute_reads(
         for run in runs:
             plans.append((seg_id, run, [idx[m] for m in run.members], total))
             total += run.length
-    buf = aligned_buffer(total)
-    arr = np.frombuffer(buf, dtype=np.uint8) if total else np.zeros(0, np.uint8)
+    buf = (alloc or aligned_buffer)(total)
+    arr = np.frombuffer(buf, dtype=np.uint8)[:total] if total else np.zeros(0, np.uint8)
     views: dict = {}
     mismatches: list[ChecksumMismatch] = []
     with ExitStack() as stack:
@@ -167,4 +177,4 @@ def execute_reads(
             if xxhash.xxh3_64_intdigest(view) != r.xxh3:
                 mismatches.append(ChecksumMismatch(seg_id, f"extent[group={r.group},chunk={r.chunk}]"))
             views[(r.group, r.chunk)] = view
-    return views, total, len(plans), mismatches
+    return views, buf, len(plans), mismatches

@@ -210,6 +210,10 @@ class ChunkStore:
             info = self._segments[segment_id] = SegmentInfo.from_record(ix.loads(raw))
         return info
 
+    def describe(self, prefix_id: str) -> PrefixView:
+        """The stored prefix's manifest (geometry, tokens, chunks, segments)."""
+        return self._view(prefix_id)
+
     def _prefix_quarantine(self, view: PrefixView) -> str | None:
         for seg_id in view.segment_ids:
             if seg_id in self._quarantined:
@@ -277,9 +281,20 @@ class ChunkStore:
 
     # ------------------------------------------------------------ put
     def begin_put(
-        self, tokens, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = ""
+        self,
+        tokens,
+        geometry: StoreGeometry,
+        *,
+        namespace: str = "",
+        model_fingerprint: str = "",
+        reuse_chunks: int | None = None,
     ) -> "PendingPut":
-        """First phase of a put: plan what must be written, reserve its space."""
+        """First phase of a put: plan what must be written, reserve its space.
+
+        By default every stored leading chunk is reused.  ``reuse_chunks``
+        pins the number (a client that sends extents from that chunk on);
+        if fewer are stored now, the put fails with Conflict.
+        """
         self._check_writable()
         if not isinstance(geometry, StoreGeometry):
             raise InvalidArgument("geometry", "must be a StoreGeometry")
@@ -287,7 +302,13 @@ class ChunkStore:
         hashes = chunk_hashes(arr, geometry, namespace, model_fingerprint)
         prefix_id = hashes[-1].hex()
         k, holder = self._match(hashes)
-        reused = holder.pieces_upto(k) if holder else []
+        if reuse_chunks is not None:
+            if isinstance(reuse_chunks, bool) or not 0 <= reuse_chunks <= len(hashes):
+                raise InvalidArgument("reuse_chunks", f"must be in [0, {len(hashes)}], got {reuse_chunks}")
+            if k < reuse_chunks:
+                raise Conflict(f"only {k} of the {reuse_chunks} leading chunks to reuse are stored; look up again")
+            k = reuse_chunks
+        reused = holder.pieces_upto(k) if holder and k else []
         pending = PendingPut(self, prefix_id, arr, geometry, namespace, model_fingerprint, hashes, k, reused)
         if k == len(hashes):
             return pending
@@ -362,8 +383,11 @@ class ChunkStore:
         return self.index.write(txn_fn)
 
     # ------------------------------------------------------------ read
-    def read(self, prefix_id: str, chunks, groups=None, *, coalesce: bool = True) -> ReadResult:
-        """Read the extents of ``chunks`` for period ``groups`` (default: all)."""
+    def read(self, prefix_id: str, chunks, groups=None, *, coalesce: bool = True, alloc=None) -> ReadResult:
+        """Read the extents of ``chunks`` for period ``groups`` (default: all).
+
+        ``alloc(nbytes) -> buffer`` may supply the (4 KiB aligned) destination.
+        """
         view = self._view(prefix_id)
         q = self._prefix_quarantine(view)
         if q:
@@ -372,9 +396,10 @@ class ChunkStore:
         grp = validate_groups(groups, view.geometry.num_groups)
         segments = {s: self._segment(s) for s in view.segment_ids}
         refs = plan_extents(view, segments, sel, grp)
-        views, nbytes, nreads, bad = execute_reads(
-            refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes
+        views, buf, nreads, bad = execute_reads(
+            refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes, alloc=alloc
         )
+        nbytes = sum(r.padded for r in refs)  # runs are unions of padded extents
         self._count(bytes_read=nbytes, reads=1)
         if bad:
             for m in bad:
@@ -390,6 +415,7 @@ class ChunkStore:
             bytes_read=nbytes,
             bytes_useful=sum(r.length for r in refs),
             num_reads=nreads,
+            buffer=buf,
             _views=views,
         )
 
@@ -636,9 +662,15 @@ class PendingPut:
             raise
 
     def put_extent(self, group: int, chunk: int, payload) -> None:
+        self._image().put_extent(group, chunk, payload)
+
+    def put_extent_part(self, group: int, chunk: int, offset: int, payload) -> None:
+        self._image().put_extent_part(group, chunk, offset, payload)
+
+    def _image(self) -> SegmentImage:
         if self.image is None:
             raise InvalidArgument("extent.chunk", f"all {self.num_chunks} chunks are already stored; send no extents")
-        self.image.put_extent(group, chunk, payload)
+        return self.image
 
     def put_kv(self, kv: np.ndarray) -> None:
         """Send every needed extent from a full ``[layers, 2, heads, tokens, dim]`` array."""

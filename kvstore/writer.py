@@ -25,6 +25,7 @@ class SegmentImage:
         geo = layout.geometry
         m = geo.model
         self._written = np.zeros((geo.num_groups, layout.num_chunks), dtype=bool)
+        self._received = np.zeros((geo.num_groups, layout.num_chunks), dtype=np.int64)  # bytes so far
         s_off, s_len = layout.summaries_offset, layout.summaries_length
         # [chunks, layers, heads, min|max, dim]
         self.summaries = self._array[s_off : s_off + s_len].view(SUMMARY_DTYPE).reshape(
@@ -48,8 +49,8 @@ class SegmentImage:
         g, j = idx[0]
         return int(g), int(j) + self.first_chunk
 
-    def put_extent(self, group: int, chunk: int, payload) -> None:
-        """Copy one extent (prefix chunk index ``chunk``) into the image."""
+    def extent_length(self, group: int, chunk: int) -> int:
+        """Unpadded bytes of extent (group, prefix chunk ``chunk``); validates both."""
         layout, geo = self.layout, self.layout.geometry
         if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or not 0 <= group < geo.num_groups:
             raise InvalidArgument("extent.group", f"must be in [0, {geo.num_groups}), got {group}")
@@ -59,20 +60,43 @@ class SegmentImage:
                 "extent.chunk",
                 f"must be in [{self.first_chunk}, {self.first_chunk + layout.num_chunks}) for this put, got {chunk}",
             )
+        return int(layout.extent_lengths[group, local])
+
+    def put_extent(self, group: int, chunk: int, payload) -> None:
+        """Copy one whole extent (prefix chunk index ``chunk``) into the image."""
         data = _payload_bytes(payload)
-        expected = int(layout.extent_lengths[group, local])
+        expected = self.extent_length(group, chunk)
         if data.size != expected:
+            geo = self.layout.geometry
+            tokens = int(self.layout.chunk_tokens[chunk - self.first_chunk])
             raise InvalidArgument(
                 "extent.payload",
                 f"group {group} chunk {chunk} must be {expected} bytes "
-                f"{geo.extent_shape(group, int(layout.chunk_tokens[local]))} x {geo.model.dtype}, got {data.size}",
+                f"{geo.extent_shape(group, tokens)} x {geo.model.dtype}, got {data.size}",
             )
-        if self._written[group, local]:
+        self.put_extent_part(group, chunk, 0, data)
+
+    def put_extent_part(self, group: int, chunk: int, offset: int, payload) -> None:
+        """Copy bytes ``[offset, offset+len)`` of an extent; parts arrive in order."""
+        expected = self.extent_length(group, chunk)
+        local = chunk - self.first_chunk
+        data = _payload_bytes(payload)
+        have = int(self._received[group, local])
+        if have == expected:
             raise InvalidArgument("extent", f"group {group} chunk {chunk} was already sent")
-        off = int(layout.extent_offsets[group, local])
-        self._array[off : off + expected] = data
-        self._derive(group, local, data)
-        self._written[group, local] = True
+        if offset != have:
+            raise InvalidArgument("extent.offset", f"group {group} chunk {chunk}: expected offset {have}, got {offset}")
+        if data.size == 0 or offset + data.size > expected:
+            raise InvalidArgument(
+                "extent.payload", f"group {group} chunk {chunk}: {offset + data.size} bytes exceed the extent's {expected}"
+            )
+        start = int(self.layout.extent_offsets[group, local]) + offset
+        self._array[start : start + data.size] = data
+        self._received[group, local] = have + data.size
+        if have + data.size == expected:
+            base = int(self.layout.extent_offsets[group, local])
+            self._derive(group, local, self._array[base : base + expected])
+            self._written[group, local] = True
 
     def _derive(self, group: int, local: int, data: np.ndarray) -> None:
         layout, geo = self.layout, self.layout.geometry

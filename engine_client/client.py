@@ -1,0 +1,338 @@
+"""Python client of the kvstore daemon.
+
+Arrays go in and out as numpy (``torch`` tensors are accepted and can be
+returned); bfloat16 travels as raw uint16.  On a unix socket the client
+opens a shared-memory session by default: extents then arrive as zero-copy
+views into the daemon's arena, valid until the read is released.  Every
+call has a deadline; failures raise ``KVStoreRpcError`` with the gRPC status
+code and the daemon's message.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import socket
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.geometry import StoreGeometry
+from kvstore.server.convert import geometry_from_pb, geometry_to_pb
+
+FRAME_BYTES = 2 * 1024 * 1024
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+class KVStoreRpcError(Exception):
+    """A failed call: ``code`` is the grpc.StatusCode, ``message`` the daemon's text."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        self.code = code
+        self.message = message
+        super().__init__(f"{code.name}: {message}")
+
+
+def _rpc(fn, *args, **kwargs):
+    try:
+        return fn(*args, **kwargs)
+    except grpc.RpcError as exc:
+        raise KVStoreRpcError(exc.code(), exc.details() or "") from None
+
+
+@dataclass
+class ChunkRead:
+    """Extents of one ReadChunks call; ``release()`` returns shm slots."""
+
+    prefix_id: str
+    geometry: StoreGeometry
+    chunks: np.ndarray
+    chunk_tokens: np.ndarray
+    groups: list[int]
+    num_tokens: int
+    bytes_read: int = 0
+    bytes_useful: int = 0
+    num_reads: int = 0
+    zero_copy: bool = False
+    _extents: dict = field(default_factory=dict, repr=False)  # (group, chunk) -> uint8 array
+    _release: object = field(default=None, repr=False)
+
+    def extent(self, group: int, chunk: int) -> np.ndarray:
+        """``[layers_in_group, 2, kv_heads, tokens, head_dim]`` in the KV dtype."""
+        tokens = int(self.chunk_tokens[np.searchsorted(self.chunks, chunk)])
+        geo = self.geometry
+        return self._extents[(group, chunk)].view(geo.model.numpy_dtype()).reshape(geo.extent_shape(group, tokens))
+
+    def group_kv(self, group: int) -> np.ndarray:
+        return np.concatenate([self.extent(group, int(j)) for j in self.chunks], axis=3)
+
+    def to_kv(self) -> np.ndarray:
+        """``[layers, 2, kv_heads, selected tokens, head_dim]`` (a copy)."""
+        return np.concatenate([self.group_kv(g) for g in self.groups], axis=0)
+
+    def release(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
+        self._extents.clear()
+
+    def __enter__(self) -> "ChunkRead":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+class KVStoreClient:
+    def __init__(
+        self,
+        target: str,
+        *,
+        shm: bool | None = None,
+        shm_socket: str | None = None,
+        deadline_s: float = 60.0,
+        token: str | None = None,
+        root_certificates: bytes | None = None,
+        client_cert: tuple[bytes, bytes] | None = None,
+    ):
+        """``target``: ``unix:/path/kvstore.sock`` or ``host:port``.
+
+        ``shm`` (default: on for unix sockets) opens a shared-memory session
+        on ``shm_socket`` (default: the socket path + ``.shm``).
+        """
+        self.target = target
+        self.deadline_s = deadline_s
+        opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        self._metadata = [("authorization", f"Bearer {token}")] if token else None
+        if root_certificates is not None or client_cert is not None:
+            key, chain = client_cert if client_cert else (None, None)
+            creds = grpc.ssl_channel_credentials(root_certificates, key, chain)
+            self.channel = grpc.secure_channel(target, creds, options=opts)
+        else:
+            self.channel = grpc.insecure_channel(target, options=opts)
+        self.stub = pb_grpc.KVStoreStub(self.channel)
+        self.admin = pb_grpc.KVStoreAdminStub(self.channel)
+        self.session_id = 0
+        self._shm_sock = None
+        self._arena = None
+        local = target.startswith("unix:")
+        if shm or (shm is None and local):
+            if not local:
+                raise ValueError("the shared-memory path needs a unix-socket target")
+            self._open_session(shm_socket or target[len("unix:") :] + ".shm", required=bool(shm))
+
+    # ------------------------------------------------------------ session
+    def _open_session(self, path: str, *, required: bool) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(path)
+            msg, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+        except OSError:
+            sock.close()
+            if required:
+                raise
+            return
+        hello = json.loads(msg.decode())
+        (fd,) = fds
+        try:
+            self._arena = mmap.mmap(fd, hello["arena_bytes"], prot=mmap.PROT_READ)
+        finally:
+            import os
+
+            os.close(fd)
+        self.session_id = hello["session"]
+        self._shm_sock = sock
+
+    @property
+    def shm(self) -> bool:
+        return self._arena is not None
+
+    def close(self) -> None:
+        self.channel.close()
+        if self._shm_sock is not None:
+            self._shm_sock.close()  # the daemon releases this session's leases
+            self._shm_sock = None
+
+    def __enter__(self) -> "KVStoreClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _kw(self, timeout):
+        return {"timeout": self.deadline_s if timeout is None else timeout, "metadata": self._metadata}
+
+    # ------------------------------------------------------------ calls
+    def lookup(self, tokens, geometry: StoreGeometry, *, namespace="", model_fingerprint="", timeout=None) -> pb.LookupResponse:
+        req = pb.LookupRequest(
+            namespace=namespace, model_fingerprint=model_fingerprint, geometry=geometry_to_pb(geometry), tokens=_ints(tokens)
+        )
+        return _rpc(self.stub.Lookup, req, **self._kw(timeout))
+
+    def put_prefix(self, tokens, kv, geometry: StoreGeometry, *, namespace="", model_fingerprint="", timeout=None):
+        """Store ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``; sends only chunks not yet stored."""
+        arr = as_numpy_kv(kv)
+        toks = _ints(tokens)
+        for attempt in range(3):
+            reuse = self.lookup(toks, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
+            header = pb.PutHeader(
+                namespace=namespace,
+                model_fingerprint=model_fingerprint,
+                geometry=geometry_to_pb(geometry),
+                tokens=toks,
+                reuse_chunks=reuse.matched_chunks,
+            )
+            try:
+                return _rpc(self.stub.PutPrefix, _put_stream(header, arr, geometry, reuse.matched_chunks), **self._kw(timeout))
+            except KVStoreRpcError as exc:
+                if exc.code != grpc.StatusCode.ABORTED or attempt == 2:
+                    raise
+
+    def read_chunks(self, prefix_id: str, chunks, *, layer_start=0, layer_end=0, shm=None, coalesce=True, timeout=None) -> ChunkRead:
+        """Read the extents of ``chunks`` for the period groups covering the layer range."""
+        use_shm = self.shm if shm is None else shm
+        if use_shm and not self.shm:
+            raise ValueError("no shared-memory session is open")
+        req = pb.ReadChunksRequest(
+            prefix_id=prefix_id,
+            chunks=_ints(chunks),
+            layer_start=layer_start,
+            layer_end=layer_end,
+            shm_session=self.session_id if use_shm else 0,
+            no_coalesce=not coalesce,
+        )
+        result = None
+        leases: set[int] = set()
+        partial: dict = {}
+        try:
+            for msg in _rpc(self.stub.ReadChunks, req, **self._kw(timeout)):
+                kind = msg.WhichOneof("kind")
+                if kind == "header":
+                    h = msg.header
+                    result = ChunkRead(
+                        prefix_id=prefix_id,
+                        geometry=geometry_from_pb(h.geometry),
+                        chunks=np.array(h.chunks, dtype=np.int64),
+                        chunk_tokens=np.array(h.chunk_tokens, dtype=np.int64),
+                        groups=list(h.groups),
+                        num_tokens=h.num_tokens,
+                        zero_copy=use_shm,
+                    )
+                elif kind == "extent":
+                    self._take_extent(result, msg.extent, leases, partial)
+                else:
+                    result.bytes_read, result.bytes_useful, result.num_reads = (
+                        msg.stats.bytes_read,
+                        msg.stats.bytes_useful,
+                        msg.stats.num_reads,
+                    )
+        except grpc.RpcError as exc:
+            self._release_leases(leases)
+            raise KVStoreRpcError(exc.code(), exc.details() or "") from None
+        except BaseException:
+            self._release_leases(leases)
+            raise
+        if leases:
+            result._release = lambda: self._release_leases(leases)
+        return result
+
+    def _take_extent(self, result: ChunkRead, e, leases: set, partial: dict) -> None:
+        key = (e.group, e.chunk)
+        if e.WhichOneof("payload") == "shm":
+            leases.add(e.shm.lease_id)
+            result._extents[key] = np.frombuffer(self._arena, dtype=np.uint8, count=e.shm.length, offset=e.shm.offset)
+            return
+        buf = partial.get(key)
+        if buf is None:
+            buf = partial[key] = np.empty(e.extent_bytes, dtype=np.uint8)
+        buf[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
+        if e.offset + len(e.data) == e.extent_bytes:
+            result._extents[key] = partial.pop(key)
+
+    def _release_leases(self, leases: set) -> None:
+        if leases and self._shm_sock is not None:
+            try:
+                _rpc(self.stub.Release, pb.ReleaseRequest(shm_session=self.session_id, lease_ids=sorted(leases)), **self._kw(None))
+            except KVStoreRpcError:
+                pass  # the session's end releases them anyway
+            leases.clear()
+
+    def get_summaries(self, prefix_id: str, *, timeout=None) -> np.ndarray:
+        """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
+        return _collect(_rpc(self.stub.GetSummaries, pb.GetSummariesRequest(prefix_id=prefix_id), **self._kw(timeout)))
+
+    def get_probe_keys(self, prefix_id: str, group: int, *, timeout=None) -> np.ndarray:
+        """``[kv_heads, tokens, head_dim]`` keys of the group's first layer."""
+        req = pb.GetProbeKeysRequest(prefix_id=prefix_id, group=group)
+        return _collect(_rpc(self.stub.GetProbeKeys, req, **self._kw(timeout)))
+
+    def delete(self, prefix_id: str, *, timeout=None) -> str:
+        return _rpc(self.stub.Delete, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)).prefix_id
+
+    def stats(self, *, timeout=None) -> pb.StatsResponse:
+        return _rpc(self.stub.Stats, pb.StatsRequest(), **self._kw(timeout))
+
+    def list_prefixes(self, namespace: str = "", *, timeout=None) -> list:
+        return list(_rpc(self.stub.ListPrefixes, pb.ListPrefixesRequest(namespace=namespace), **self._kw(timeout)).prefixes)
+
+    def inspect(self, prefix_id: str, *, timeout=None) -> dict:
+        return json.loads(_rpc(self.admin.Inspect, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)).json)
+
+    def verify(self, prefix_id: str = "", *, timeout=None) -> list:
+        return list(_rpc(self.admin.Verify, pb.VerifyRequest(prefix_id=prefix_id), **self._kw(timeout)).segments)
+
+
+def as_numpy_kv(kv) -> np.ndarray:
+    """numpy view of a KV array or torch tensor (bfloat16 as raw uint16)."""
+    if isinstance(kv, np.ndarray):
+        return kv
+    try:
+        import torch
+    except ImportError:  # pragma: no cover
+        raise TypeError(f"kv must be a numpy array or torch tensor, got {type(kv).__name__}") from None
+    if isinstance(kv, torch.Tensor):
+        t = kv.detach().cpu().contiguous()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16)
+        return t.numpy()
+    raise TypeError(f"kv must be a numpy array or torch tensor, got {type(kv).__name__}")
+
+
+def to_torch(arr: np.ndarray, dtype: str):
+    """A torch tensor over ``arr`` (no copy); bfloat16 reinterprets the uint16 bits."""
+    import torch
+
+    if dtype == "bfloat16":
+        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(arr)
+
+
+def _ints(values) -> list[int]:
+    return np.asarray(values).astype(np.int64).ravel().tolist()
+
+
+def _put_stream(header: pb.PutHeader, kv: np.ndarray, geo: StoreGeometry, first_chunk: int):
+    yield pb.PutPrefixRequest(header=header)
+    c = geo.chunk_tokens
+    n = kv.shape[3] if kv.ndim == 5 else 0
+    for g in range(geo.num_groups):
+        layers = geo.group_layer_range(g)
+        for j in range(first_chunk, geo.num_chunks(n)):
+            ext = memoryview(np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c])).cast("B")
+            for off in range(0, len(ext), FRAME_BYTES):
+                frame = pb.ExtentFrame(group=g, chunk=j, offset=off, data=bytes(ext[off : off + FRAME_BYTES]))
+                yield pb.PutPrefixRequest(extent=frame)
+
+
+def _collect(frames) -> np.ndarray:
+    out = None
+    for f in frames:
+        if out is None:
+            shape = tuple(f.shape)
+            out = np.empty(int(np.prod(shape)) * np.dtype(f.dtype).itemsize, dtype=np.uint8)
+            dtype = np.dtype(f.dtype)
+        out[f.offset : f.offset + len(f.data)] = np.frombuffer(f.data, dtype=np.uint8)
+    return out.view(dtype).reshape(shape)

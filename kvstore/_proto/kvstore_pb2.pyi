@@ -1,0 +1,351 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class ModelSpec(_message.Message):
+    __slots__ = ("num_layers", "num_kv_heads", "head_dim", "dtype")
+    NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_HEADS_FIELD_NUMBER: _ClassVar[int]
+    HEAD_DIM_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
+
+class Geometry(_message.Message):
+    __slots__ = ("model", "chunk_tokens", "period_layers", "probe_keys")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    PROBE_KEYS_FIELD_NUMBER: _ClassVar[int]
+    model: ModelSpec
+    chunk_tokens: int
+    period_layers: int
+    probe_keys: bool
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., chunk_tokens: _Optional[int] = ..., period_layers: _Optional[int] = ..., probe_keys: _Optional[bool] = ...) -> None: ...
+
+class PutHeader(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "geometry", "tokens", "reuse_chunks")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    REUSE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    geometry: Geometry
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    reuse_chunks: int
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., tokens: _Optional[_Iterable[int]] = ..., reuse_chunks: _Optional[int] = ...) -> None: ...
+
+class ExtentFrame(_message.Message):
+    __slots__ = ("group", "chunk", "offset", "data")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    chunk: int
+    offset: int
+    data: bytes
+    def __init__(self, group: _Optional[int] = ..., chunk: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PutPrefixRequest(_message.Message):
+    __slots__ = ("header", "extent")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_FIELD_NUMBER: _ClassVar[int]
+    header: PutHeader
+    extent: ExtentFrame
+    def __init__(self, header: _Optional[_Union[PutHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentFrame, _Mapping]] = ...) -> None: ...
+
+class PutPrefixResponse(_message.Message):
+    __slots__ = ("prefix_id", "num_tokens", "num_chunks", "reused_chunks", "bytes_written", "already_stored")
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    REUSED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    ALREADY_STORED_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    num_tokens: int
+    num_chunks: int
+    reused_chunks: int
+    bytes_written: int
+    already_stored: bool
+    def __init__(self, prefix_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., reused_chunks: _Optional[int] = ..., bytes_written: _Optional[int] = ..., already_stored: _Optional[bool] = ...) -> None: ...
+
+class LookupRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "geometry", "tokens")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    geometry: Geometry
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class LookupResponse(_message.Message):
+    __slots__ = ("matched_chunks", "matched_tokens", "num_chunks", "prefix_id")
+    MATCHED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    MATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    matched_chunks: int
+    matched_tokens: int
+    num_chunks: int
+    prefix_id: str
+    def __init__(self, matched_chunks: _Optional[int] = ..., matched_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., prefix_id: _Optional[str] = ...) -> None: ...
+
+class ReadChunksRequest(_message.Message):
+    __slots__ = ("prefix_id", "chunks", "layer_start", "layer_end", "shm_session", "no_coalesce")
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
+    NO_COALESCE_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    chunks: _containers.RepeatedScalarFieldContainer[int]
+    layer_start: int
+    layer_end: int
+    shm_session: int
+    no_coalesce: bool
+    def __init__(self, prefix_id: _Optional[str] = ..., chunks: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., shm_session: _Optional[int] = ..., no_coalesce: _Optional[bool] = ...) -> None: ...
+
+class ShmRef(_message.Message):
+    __slots__ = ("lease_id", "offset", "length")
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    LENGTH_FIELD_NUMBER: _ClassVar[int]
+    lease_id: int
+    offset: int
+    length: int
+    def __init__(self, lease_id: _Optional[int] = ..., offset: _Optional[int] = ..., length: _Optional[int] = ...) -> None: ...
+
+class ReadHeader(_message.Message):
+    __slots__ = ("geometry", "chunks", "chunk_tokens", "groups", "num_tokens")
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    geometry: Geometry
+    chunks: _containers.RepeatedScalarFieldContainer[int]
+    chunk_tokens: _containers.RepeatedScalarFieldContainer[int]
+    groups: _containers.RepeatedScalarFieldContainer[int]
+    num_tokens: int
+    def __init__(self, geometry: _Optional[_Union[Geometry, _Mapping]] = ..., chunks: _Optional[_Iterable[int]] = ..., chunk_tokens: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+
+class ExtentData(_message.Message):
+    __slots__ = ("group", "chunk", "offset", "extent_bytes", "data", "shm")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SHM_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    chunk: int
+    offset: int
+    extent_bytes: int
+    data: bytes
+    shm: ShmRef
+    def __init__(self, group: _Optional[int] = ..., chunk: _Optional[int] = ..., offset: _Optional[int] = ..., extent_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., shm: _Optional[_Union[ShmRef, _Mapping]] = ...) -> None: ...
+
+class ReadStats(_message.Message):
+    __slots__ = ("bytes_read", "bytes_useful", "num_reads")
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_USEFUL_FIELD_NUMBER: _ClassVar[int]
+    NUM_READS_FIELD_NUMBER: _ClassVar[int]
+    bytes_read: int
+    bytes_useful: int
+    num_reads: int
+    def __init__(self, bytes_read: _Optional[int] = ..., bytes_useful: _Optional[int] = ..., num_reads: _Optional[int] = ...) -> None: ...
+
+class ReadChunksResponse(_message.Message):
+    __slots__ = ("header", "extent", "stats")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    header: ReadHeader
+    extent: ExtentData
+    stats: ReadStats
+    def __init__(self, header: _Optional[_Union[ReadHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ...) -> None: ...
+
+class ReleaseRequest(_message.Message):
+    __slots__ = ("shm_session", "lease_ids")
+    SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    shm_session: int
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, shm_session: _Optional[int] = ..., lease_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class ReleaseResponse(_message.Message):
+    __slots__ = ("released",)
+    RELEASED_FIELD_NUMBER: _ClassVar[int]
+    released: int
+    def __init__(self, released: _Optional[int] = ...) -> None: ...
+
+class GetSummariesRequest(_message.Message):
+    __slots__ = ("prefix_id",)
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    def __init__(self, prefix_id: _Optional[str] = ...) -> None: ...
+
+class GetProbeKeysRequest(_message.Message):
+    __slots__ = ("prefix_id", "group")
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    group: int
+    def __init__(self, prefix_id: _Optional[str] = ..., group: _Optional[int] = ...) -> None: ...
+
+class ArrayFrame(_message.Message):
+    __slots__ = ("shape", "dtype", "offset", "data")
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    dtype: str
+    offset: int
+    data: bytes
+    def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class PrefixRequest(_message.Message):
+    __slots__ = ("prefix_id",)
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    def __init__(self, prefix_id: _Optional[str] = ...) -> None: ...
+
+class DeleteResponse(_message.Message):
+    __slots__ = ("prefix_id",)
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    def __init__(self, prefix_id: _Optional[str] = ...) -> None: ...
+
+class ListPrefixesRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class PrefixInfo(_message.Message):
+    __slots__ = ("prefix_id", "namespace", "model_fingerprint", "num_tokens", "num_chunks", "num_segments", "created", "quarantined")
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    namespace: str
+    model_fingerprint: str
+    num_tokens: int
+    num_chunks: int
+    num_segments: int
+    created: float
+    quarantined: str
+    def __init__(self, prefix_id: _Optional[str] = ..., namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., num_segments: _Optional[int] = ..., created: _Optional[float] = ..., quarantined: _Optional[str] = ...) -> None: ...
+
+class ListPrefixesResponse(_message.Message):
+    __slots__ = ("prefixes",)
+    PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    prefixes: _containers.RepeatedCompositeFieldContainer[PrefixInfo]
+    def __init__(self, prefixes: _Optional[_Iterable[_Union[PrefixInfo, _Mapping]]] = ...) -> None: ...
+
+class StatsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class LatencySummary(_message.Message):
+    __slots__ = ("rpc", "count", "p50_ms", "p90_ms", "p99_ms")
+    RPC_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    P50_MS_FIELD_NUMBER: _ClassVar[int]
+    P90_MS_FIELD_NUMBER: _ClassVar[int]
+    P99_MS_FIELD_NUMBER: _ClassVar[int]
+    rpc: str
+    count: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    def __init__(self, rpc: _Optional[str] = ..., count: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p90_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ...) -> None: ...
+
+class StatsResponse(_message.Message):
+    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version")
+    BACKEND_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_STORED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREE_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    READ_ONLY_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    SHM_ARENA_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHM_LEASED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SHM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
+    INDEX_MAP_BYTES_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    backend: str
+    num_prefixes: int
+    num_segments: int
+    bytes_stored: int
+    bytes_free: int
+    bytes_read: int
+    bytes_written: int
+    requests: int
+    read_only: str
+    quarantined_segments: int
+    shm_arena_bytes: int
+    shm_leased_bytes: int
+    shm_sessions: int
+    latency: _containers.RepeatedCompositeFieldContainer[LatencySummary]
+    index_map_bytes: int
+    version: str
+    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+
+class InspectResponse(_message.Message):
+    __slots__ = ("json",)
+    JSON_FIELD_NUMBER: _ClassVar[int]
+    json: str
+    def __init__(self, json: _Optional[str] = ...) -> None: ...
+
+class VerifyRequest(_message.Message):
+    __slots__ = ("prefix_id",)
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    def __init__(self, prefix_id: _Optional[str] = ...) -> None: ...
+
+class SegmentReport(_message.Message):
+    __slots__ = ("segment_id", "ok", "regions", "bad_regions", "error")
+    SEGMENT_ID_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    REGIONS_FIELD_NUMBER: _ClassVar[int]
+    BAD_REGIONS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    segment_id: int
+    ok: bool
+    regions: int
+    bad_regions: _containers.RepeatedScalarFieldContainer[str]
+    error: str
+    def __init__(self, segment_id: _Optional[int] = ..., ok: _Optional[bool] = ..., regions: _Optional[int] = ..., bad_regions: _Optional[_Iterable[str]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class VerifyResponse(_message.Message):
+    __slots__ = ("segments",)
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    segments: _containers.RepeatedCompositeFieldContainer[SegmentReport]
+    def __init__(self, segments: _Optional[_Iterable[_Union[SegmentReport, _Mapping]]] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""The kvstore daemon: gRPC service, shared-memory data path, lifecycle."""

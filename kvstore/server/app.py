@@ -1,0 +1,170 @@
+"""``kvstore serve``: build the servers, run until SIGTERM, drain, stop.
+
+Local clients use the unix socket (file modes are the access control).  The
+optional TCP listener is a second gRPC server over the same servicers that
+requires TLS and/or a bearer token, checked by one interceptor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from .._proto import kvstore_pb2, kvstore_pb2_grpc
+from ..config import StoreConfig
+from ..store import ChunkStore
+from .arena import Arena
+from .auth import BearerTokenInterceptor
+from .config import ServerConfig
+from .servicer import AdminServicer, KVStoreServicer, Service
+from .shm_sessions import ShmSessions
+
+log = logging.getLogger(__name__)
+
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+SERVICES = ("kvstore.v1.KVStore",)
+
+
+class Daemon:
+    def __init__(self, store_config: StoreConfig, config: ServerConfig):
+        self.store_config = store_config
+        self.config = config
+        self.servers: list[grpc.aio.Server] = []
+        self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
+        self.stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        cfg = self.config
+        self.store = ChunkStore(self.store_config)
+        self.arena = Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes) if cfg.shm_arena_bytes and cfg.socket_path else None
+        self.sessions = None
+        if cfg.socket_path:
+            _prepare_socket_dir(cfg.socket_path)
+        if self.arena is not None:
+            self.sessions = ShmSessions(self.arena, cfg.shm_socket)
+            self.sessions.start()
+        self.service = Service(self.store, cfg, self.arena, self.sessions)
+        if cfg.socket_path:
+            server = self._server([])
+            server.add_insecure_port(f"unix:{os.path.abspath(cfg.socket_path)}")
+            await server.start()
+            os.chmod(cfg.socket_path, 0o660)
+            self.servers.append(server)
+            log.info("listening on unix:%s (shm: %s)", cfg.socket_path, cfg.shm_socket if self.arena else "off")
+        if cfg.tcp_address:
+            interceptors = [BearerTokenInterceptor.from_file(cfg.auth_token_file)] if cfg.auth_token_file else []
+            server = self._server(interceptors)
+            if cfg.tls_cert_file:
+                port = server.add_secure_port(cfg.tcp_address, _tls_credentials(cfg))
+            else:
+                port = server.add_insecure_port(cfg.tcp_address)
+            await server.start()
+            self.servers.append(server)
+            self.tcp_port = port
+            log.info(
+                "listening on tcp %s (port %d, tls=%s, mtls=%s, token=%s)",
+                cfg.tcp_address,
+                port,
+                bool(cfg.tls_cert_file),
+                bool(cfg.tls_client_ca_file),
+                bool(cfg.auth_token_file),
+            )
+        status = health_pb2.HealthCheckResponse.SERVING if not self.store.read_only else health_pb2.HealthCheckResponse.NOT_SERVING
+        for name in ("", *SERVICES):
+            await self._set_health(name, status)
+
+    def _server(self, interceptors) -> grpc.aio.Server:
+        opts = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+        ]
+        server = grpc.aio.server(interceptors=interceptors, options=opts)
+        kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(self.service), server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        names = [kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name, health.SERVICE_NAME]
+        if self.config.enable_admin:
+            kvstore_pb2_grpc.add_KVStoreAdminServicer_to_server(AdminServicer(self.service), server)
+            names.append(kvstore_pb2.DESCRIPTOR.services_by_name["KVStoreAdmin"].full_name)
+        if self.config.enable_reflection:
+            from grpc_reflection.v1alpha import reflection
+
+            reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
+        return server
+
+    async def _set_health(self, name: str, status) -> None:
+        res = self.health.set(name, status)
+        if asyncio.iscoroutine(res):
+            await res
+
+    async def watch_read_only(self) -> None:
+        """Report NOT_SERVING on health once the store turned read-only."""
+        while not self.stopped.is_set():
+            if self.store.read_only:
+                for name in ("", *SERVICES):
+                    await self._set_health(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+                return
+            try:
+                await asyncio.wait_for(self.stopped.wait(), 1.0)
+            except asyncio.TimeoutError:
+                pass
+
+    async def stop(self) -> None:
+        """NOT_SERVING, refuse new calls, let in-flight calls finish, stop."""
+        log.info("draining: NOT_SERVING, refusing new calls, grace %.1fs", self.config.grace_seconds)
+        for name in ("", *SERVICES):
+            await self._set_health(name, health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.service.draining = True
+        await asyncio.gather(*(s.stop(self.config.grace_seconds) for s in self.servers))
+        if self.sessions is not None:
+            self.sessions.stop()
+        self.service.pool.shutdown(wait=True)
+        self.store.close()
+        if self.arena is not None:
+            self.arena.close()
+        if self.config.socket_path and os.path.exists(self.config.socket_path):
+            os.unlink(self.config.socket_path)
+        self.stopped.set()
+        log.info("stopped")
+
+
+def _prepare_socket_dir(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, mode=0o750, exist_ok=True)
+    os.chmod(directory, 0o750)
+    if os.path.exists(path):
+        os.unlink(path)  # a stale socket of a previous run; the data dir lock guards against two daemons
+
+
+def _tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials:
+    def read(p):
+        with open(p, "rb") as fh:
+            return fh.read()
+
+    ca = read(cfg.tls_client_ca_file) if cfg.tls_client_ca_file else None
+    return grpc.ssl_server_credentials(
+        [(read(cfg.tls_key_file), read(cfg.tls_cert_file))],
+        root_certificates=ca,
+        require_client_auth=ca is not None,
+    )
+
+
+async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str | None = None) -> None:
+    daemon = Daemon(store_config, config)
+    await daemon.start()
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    watcher = asyncio.ensure_future(daemon.watch_read_only())
+    if ready_file:
+        with open(ready_file, "w") as fh:
+            fh.write(f"{os.getpid()} {getattr(daemon, 'tcp_port', 0)}\n")
+    log.info("kvstore daemon ready (pid %d)", os.getpid())
+    await stop.wait()
+    await daemon.stop()
+    await watcher

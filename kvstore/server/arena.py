@@ -1,0 +1,141 @@
+"""Shared-memory arena: a sealed memfd carved into leased slot runs.
+
+The daemon reads extents straight into the arena (O_DIRECT into the shared
+pages) and sends clients descriptors instead of bytes.  A lease keeps its
+slots from being reused until the client releases it, its stream is
+aborted, or its session (the client's shm socket connection) ends.
+The memfd is sealed against shrinking and growing, so a client can never
+truncate the mapping under the daemon (SIGBUS).
+"""
+
+from __future__ import annotations
+
+import bisect
+import fcntl
+import itertools
+import mmap
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from .status import ArenaExhausted
+
+
+@dataclass
+class Lease:
+    lease_id: int
+    session_id: int
+    offset: int  # bytes into the arena
+    nbytes: int
+    slots: tuple[int, int]  # (first slot, count)
+
+
+class SlotAllocator:
+    """First-fit allocator of contiguous slot runs with merging on free (pure)."""
+
+    def __init__(self, num_slots: int):
+        self.num_slots = num_slots
+        self._starts = [0] if num_slots else []  # free runs, sorted by start
+        self._counts = [num_slots] if num_slots else []
+        self.free_slots = num_slots
+
+    def can_allocate(self, count: int) -> bool:
+        return any(c >= count for c in self._counts)
+
+    def allocate(self, count: int) -> int | None:
+        for i, c in enumerate(self._counts):
+            if c >= count:
+                start = self._starts[i]
+                if c == count:
+                    del self._starts[i], self._counts[i]
+                else:
+                    self._starts[i] += count
+                    self._counts[i] -= count
+                self.free_slots -= count
+                return start
+        return None
+
+    def free(self, start: int, count: int) -> None:
+        i = bisect.bisect_left(self._starts, start)
+        if i < len(self._starts) and self._starts[i] < start + count:
+            raise ValueError(f"slots {start}+{count} are already free")
+        if i > 0 and self._starts[i - 1] + self._counts[i - 1] > start:
+            raise ValueError(f"slots {start}+{count} are already free")
+        self._starts.insert(i, start)
+        self._counts.insert(i, count)
+        self.free_slots += count
+        if i + 1 < len(self._starts) and start + count == self._starts[i + 1]:  # merge right
+            self._counts[i] += self._counts.pop(i + 1)
+            self._starts.pop(i + 1)
+        if i > 0 and self._starts[i - 1] + self._counts[i - 1] == start:  # merge left
+            self._counts[i - 1] += self._counts.pop(i)
+            self._starts.pop(i)
+
+
+class Arena:
+    def __init__(self, nbytes: int, slot_bytes: int):
+        self.nbytes = nbytes
+        self.slot_bytes = slot_bytes
+        self.fd = os.memfd_create("kvstore-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        os.ftruncate(self.fd, nbytes)
+        fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+        self.map = mmap.mmap(self.fd, nbytes)
+        self.view = memoryview(self.map)
+        self._alloc = SlotAllocator(nbytes // slot_bytes)
+        self._cond = threading.Condition()
+        self._leases: dict[int, Lease] = {}
+        self._ids = itertools.count(1)
+
+    @property
+    def leased_bytes(self) -> int:
+        with self._cond:
+            return (self._alloc.num_slots - self._alloc.free_slots) * self.slot_bytes
+
+    def num_leases(self, session_id: int | None = None) -> int:
+        with self._cond:
+            return sum(1 for lease in self._leases.values() if session_id in (None, lease.session_id))
+
+    def lease(self, session_id: int, nbytes: int, *, wait_seconds: float) -> Lease:
+        """Reserve ``nbytes`` (rounded up to slots), waiting for space if needed."""
+        count = max(1, -(-nbytes // self.slot_bytes))
+        if count > self._alloc.num_slots:
+            raise ArenaExhausted(f"read of {nbytes} bytes exceeds the shared-memory arena ({self.nbytes} bytes)")
+        deadline = time.monotonic() + wait_seconds
+        with self._cond:
+            while (start := self._alloc.allocate(count)) is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ArenaExhausted(f"shared-memory arena busy: no {nbytes} free bytes within {wait_seconds}s")
+                self._cond.wait(left)
+            lease = Lease(next(self._ids), session_id, start * self.slot_bytes, nbytes, (start, count))
+            self._leases[lease.lease_id] = lease
+            return lease
+
+    def buffer(self, lease: Lease) -> memoryview:
+        return self.view[lease.offset : lease.offset + lease.nbytes]
+
+    def release(self, lease_ids, session_id: int | None = None) -> int:
+        """Free the named leases (of ``session_id`` only, when given)."""
+        released = 0
+        with self._cond:
+            for lease_id in lease_ids:
+                lease = self._leases.get(lease_id)
+                if lease is None or (session_id is not None and lease.session_id != session_id):
+                    continue
+                del self._leases[lease_id]
+                self._alloc.free(*lease.slots)
+                released += 1
+            if released:
+                self._cond.notify_all()
+        return released
+
+    def release_session(self, session_id: int) -> int:
+        with self._cond:
+            ids = [i for i, lease in self._leases.items() if lease.session_id == session_id]
+        return self.release(ids)
+
+    def close(self) -> None:
+        self.view.release()
+        self.map.close()
+        os.close(self.fd)

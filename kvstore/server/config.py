@@ -1,0 +1,51 @@
+"""Daemon configuration (TOML section ``[server]``; flags of the same names)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..config import MiB, _opt
+from ..errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    socket_path: str = _opt(".kvstore/run/kvstore.sock", "unix socket for local clients (directory 0750, socket 0660)")
+    shm_socket_path: str = _opt("", "unix socket handing out the shared-memory arena (default: <socket_path>.shm)")
+    tcp_address: str = _opt("", "optional TCP listen address host:port; requires TLS or a bearer token")
+    tls_cert_file: str = _opt("", "PEM certificate chain for the TCP listener")
+    tls_key_file: str = _opt("", "PEM private key for the TCP listener")
+    tls_client_ca_file: str = _opt("", "PEM CA bundle; when set, TCP clients must present a certificate (mTLS)")
+    auth_token_file: str = _opt("", "file holding the bearer token TCP clients must send")
+    enable_admin: bool = _opt(False, "serve the KVStoreAdmin service (inspect, verify)")
+    enable_reflection: bool = _opt(False, "serve gRPC server reflection")
+    shm_arena_bytes: int = _opt(256 * MiB, "size of the shared-memory arena for same-host reads; 0 disables it")
+    shm_slot_bytes: int = _opt(64 * 1024, "allocation unit of the arena (multiple of 4096)")
+    lease_wait_seconds: float = _opt(10.0, "how long a read waits for arena space before RESOURCE_EXHAUSTED")
+    frame_bytes: int = _opt(2 * MiB, "largest payload of one streamed message (below the 4 MiB gRPC default)")
+    max_put_bytes: int = _opt(1 << 36, "largest total payload of one PutPrefix stream")
+    stream_idle_seconds: float = _opt(60.0, "a PutPrefix stream idle this long is cancelled")
+    grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight calls may finish")
+    io_threads: int = _opt(8, "threads running store calls for the async service")
+
+    def __post_init__(self) -> None:
+        if not self.socket_path and not self.tcp_address:
+            raise InvalidArgument("socket_path", "a unix socket or a TCP address is required")
+        if self.shm_slot_bytes <= 0 or self.shm_slot_bytes % 4096:
+            raise InvalidArgument("shm_slot_bytes", "must be a positive multiple of 4096")
+        if self.shm_arena_bytes < 0 or self.shm_arena_bytes % self.shm_slot_bytes:
+            raise InvalidArgument("shm_arena_bytes", "must be a multiple of shm_slot_bytes")
+        if not 4096 <= self.frame_bytes <= 4 * MiB - 64 * 1024:
+            raise InvalidArgument("frame_bytes", "must be in [4096, 4 MiB - 64 KiB]")
+        if self.tcp_address and not (self.tls_cert_file or self.auth_token_file):
+            raise InvalidArgument("tcp_address", "a TCP listener needs TLS (tls_cert_file) or a bearer token (auth_token_file)")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise InvalidArgument("tls_key_file", "tls_cert_file and tls_key_file go together")
+        if self.tls_client_ca_file and not self.tls_cert_file:
+            raise InvalidArgument("tls_client_ca_file", "mTLS needs tls_cert_file and tls_key_file")
+        if self.io_threads < 1:
+            raise InvalidArgument("io_threads", "must be positive")
+
+    @property
+    def shm_socket(self) -> str:
+        return self.shm_socket_path or (self.socket_path + ".shm" if self.socket_path else "")

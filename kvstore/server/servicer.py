@@ -1,0 +1,321 @@
+"""Thin gRPC servicers: validate, translate, call the store, translate back."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from .. import __version__
+from .._proto import kvstore_pb2 as pb
+from .._proto import kvstore_pb2_grpc as pb_grpc
+from ..errors import InvalidArgument
+from ..reader import validate_chunks
+from ..store import ChunkStore
+from .arena import Arena
+from .config import ServerConfig
+from .convert import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
+from .metrics import Metrics
+from .shm_sessions import ShmSessions
+from .status import Draining, streaming, unary
+
+
+class Service:
+    """What every servicer shares: the store, its thread pool, drain state."""
+
+    def __init__(self, store: ChunkStore, config: ServerConfig, arena: Arena | None, sessions: ShmSessions | None):
+        self.store = store
+        self.config = config
+        self.arena = arena
+        self.sessions = sessions
+        self.metrics = Metrics()
+        self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvstore-svc")
+        self.draining = False
+
+    def check_serving(self) -> None:
+        if self.draining:
+            raise Draining("the daemon is shutting down")
+
+    async def run(self, fn, *args, **kwargs):
+        return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+
+
+class KVStoreServicer(pb_grpc.KVStoreServicer):
+    def __init__(self, service: Service):
+        self.svc = service
+        self.metrics = service.metrics
+        self.check_serving = service.check_serving
+
+    @unary
+    async def PutPrefix(self, request_iterator, context):
+        svc = self.svc
+        frames = aiter(request_iterator)
+        first = await self._next(frames)
+        if first is None or first.WhichOneof("kind") != "header":
+            raise InvalidArgument("header", "the first message of PutPrefix must be a PutHeader")
+        h = first.header
+        pending = await svc.run(
+            svc.store.begin_put,
+            tokens_from_pb(h.tokens),
+            geometry_from_pb(h.geometry, "header.geometry"),
+            namespace=h.namespace,
+            model_fingerprint=h.model_fingerprint,
+            reuse_chunks=h.reuse_chunks,
+        )
+        try:
+            received = 0
+            while (msg := await self._next(frames)) is not None:
+                if msg.WhichOneof("kind") != "extent":
+                    raise InvalidArgument("header", "only the first message may be a header")
+                e = msg.extent
+                received += len(e.data)
+                if received > svc.config.max_put_bytes:
+                    raise InvalidArgument("extent.data", f"stream exceeds max_put_bytes ({svc.config.max_put_bytes})")
+                pending.put_extent_part(e.group, e.chunk, e.offset, e.data)
+            res = await svc.run(pending.commit)
+        finally:
+            pending.abort()  # no-op after a commit; drops the segment of a cut stream
+        return pb.PutPrefixResponse(
+            prefix_id=res.prefix_id,
+            num_tokens=res.num_tokens,
+            num_chunks=res.num_chunks,
+            reused_chunks=res.reused_chunks,
+            bytes_written=res.bytes_written,
+            already_stored=res.already_stored,
+        )
+
+    async def _next(self, frames):
+        try:
+            return await asyncio.wait_for(anext(frames), self.svc.config.stream_idle_seconds)
+        except StopAsyncIteration:
+            return None
+        except asyncio.TimeoutError:
+            raise InvalidArgument("stream", f"no message for {self.svc.config.stream_idle_seconds}s") from None
+
+    @unary
+    async def Lookup(self, request, context):
+        res = await self.svc.run(
+            self.svc.store.lookup,
+            tokens_from_pb(request.tokens),
+            geometry_from_pb(request.geometry),
+            namespace=request.namespace,
+            model_fingerprint=request.model_fingerprint,
+        )
+        return pb.LookupResponse(
+            matched_chunks=res.matched_chunks,
+            matched_tokens=res.matched_tokens,
+            num_chunks=res.num_chunks,
+            prefix_id=res.prefix_id or "",
+        )
+
+    @streaming
+    async def ReadChunks(self, request, context):
+        svc = self.svc
+        pid = await svc.run(svc.store.resolve, request.prefix_id)
+        view = await svc.run(svc.store.describe, pid)
+        geo = view.geometry
+        groups = groups_for_layers(geo, request.layer_start, request.layer_end)
+        chunks = validate_chunks(list(request.chunks), view.num_chunks)
+        session = request.shm_session
+        if session:
+            if svc.sessions is None:
+                raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
+            svc.sessions.check(session)
+        counts = geo.chunk_token_counts(view.num_tokens)[chunks]
+        yield pb.ReadChunksResponse(
+            header=pb.ReadHeader(
+                geometry=geometry_to_pb(geo),
+                chunks=chunks.tolist(),
+                chunk_tokens=counts.tolist(),
+                groups=groups,
+                num_tokens=view.num_tokens,
+            )
+        )
+        reader = _GroupReader(svc, pid, chunks, session, coalesce=not request.no_coalesce)
+        stats = pb.ReadStats()
+        try:
+            task = reader.start(groups[0])
+            for i, g in enumerate(groups):
+                res, lease = await task
+                if i + 1 < len(groups):  # the next group loads while this one streams
+                    task = reader.start(groups[i + 1])
+                stats.bytes_read += res.bytes_read
+                stats.bytes_useful += res.bytes_useful
+                stats.num_reads += res.num_reads
+                for msg in reader.messages(res, g, lease):
+                    yield msg
+            yield pb.ReadChunksResponse(stats=stats)
+            reader.completed = True
+        finally:
+            reader.finish()
+
+    @unary
+    async def Release(self, request, context):
+        if self.svc.arena is None:
+            raise InvalidArgument("shm_session", "this daemon has no shared-memory arena")
+        n = self.svc.arena.release(list(request.lease_ids), session_id=request.shm_session)
+        return pb.ReleaseResponse(released=n)
+
+    @streaming
+    async def GetSummaries(self, request, context):
+        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
+        arr = await self.svc.run(self.svc.store.read_summaries, pid)
+        for frame in array_frames(arr, self.svc.config.frame_bytes):
+            yield frame
+
+    @streaming
+    async def GetProbeKeys(self, request, context):
+        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
+        arr = await self.svc.run(self.svc.store.read_probe_keys, pid, request.group)
+        for frame in array_frames(arr, self.svc.config.frame_bytes):
+            yield frame
+
+    @unary
+    async def Delete(self, request, context):
+        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
+        await self.svc.run(self.svc.store.delete, pid)
+        return pb.DeleteResponse(prefix_id=pid)
+
+    @unary
+    async def Stats(self, request, context):
+        svc = self.svc
+        s = await svc.run(svc.store.stats)
+        return pb.StatsResponse(
+            backend=s["backend"],
+            num_prefixes=s["num_prefixes"],
+            num_segments=s["num_segments"],
+            bytes_stored=s["bytes_stored"],
+            bytes_free=s["bytes_free"],
+            bytes_read=s["bytes_read"],
+            bytes_written=s["bytes_written"],
+            requests=svc.metrics.requests,
+            read_only=s["read_only"] or "",
+            quarantined_segments=s["quarantined_segments"],
+            shm_arena_bytes=svc.arena.nbytes if svc.arena else 0,
+            shm_leased_bytes=svc.arena.leased_bytes if svc.arena else 0,
+            shm_sessions=svc.sessions.num_sessions if svc.sessions else 0,
+            latency=[pb.LatencySummary(**row) for row in svc.metrics.summary()],
+            index_map_bytes=s["index_map_bytes"],
+            version=__version__,
+        )
+
+    @unary
+    async def ListPrefixes(self, request, context):
+        rows = await self.svc.run(self.svc.store.list_prefixes)
+        return pb.ListPrefixesResponse(
+            prefixes=[
+                pb.PrefixInfo(**{**r, "quarantined": r["quarantined"] or ""})
+                for r in rows
+                if not request.namespace or r["namespace"] == request.namespace
+            ]
+        )
+
+
+class AdminServicer(pb_grpc.KVStoreAdminServicer):
+    def __init__(self, service: Service):
+        self.svc = service
+        self.metrics = service.metrics
+        self.check_serving = service.check_serving
+
+    @unary
+    async def Inspect(self, request, context):
+        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
+        return pb.InspectResponse(json=json.dumps(await self.svc.run(self.svc.store.inspect, pid)))
+
+    @unary
+    async def Verify(self, request, context):
+        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id) if request.prefix_id else None
+        reports = await self.svc.run(self.svc.store.verify, pid)
+        return pb.VerifyResponse(
+            segments=[
+                pb.SegmentReport(
+                    segment_id=r["segment_id"],
+                    ok=r["ok"],
+                    regions=r["regions"],
+                    bad_regions=r["bad_regions"],
+                    error=r["error"] or "",
+                )
+                for r in reports
+            ]
+        )
+
+
+class _GroupReader:
+    """Reads one period group at a time, into the arena or private memory.
+
+    Leases handed to a stream that does not complete are released when the
+    stream ends, so an aborted read never strands arena slots.
+    """
+
+    def __init__(self, svc: Service, prefix_id: str, chunks: np.ndarray, session: int, *, coalesce: bool):
+        self.svc = svc
+        self.prefix_id = prefix_id
+        self.chunks = chunks
+        self.session = session
+        self.coalesce = coalesce
+        self.leases: list[int] = []
+        self.pending: list[asyncio.Future] = []
+        self.completed = False
+
+    def start(self, group: int) -> asyncio.Future:
+        fut = asyncio.ensure_future(self.svc.run(self._read, group))
+        self.pending.append(fut)
+        return fut
+
+    def _read(self, group: int):
+        holder = []
+        alloc = None
+        if self.session:
+            arena = self.svc.arena
+
+            def alloc(nbytes: int):
+                lease = arena.lease(self.session, nbytes, wait_seconds=self.svc.config.lease_wait_seconds)
+                holder.append(lease)
+                return arena.buffer(lease)
+
+        try:
+            res = self.svc.store.read(self.prefix_id, self.chunks, [group], coalesce=self.coalesce, alloc=alloc)
+        except BaseException:
+            if holder:
+                self.svc.arena.release([holder[0].lease_id])
+            raise
+        if holder:
+            self.leases.append(holder[0].lease_id)
+        return res, holder[0] if holder else None
+
+    def messages(self, res, group: int, lease):
+        frame = self.svc.config.frame_bytes
+        base = np.frombuffer(res.buffer, np.uint8).ctypes.data if lease is not None else 0
+        for j in res.chunks.tolist():
+            raw = res.extent_bytes(group, j)
+            n = raw.size
+            if lease is not None:
+                ref = pb.ShmRef(lease_id=lease.lease_id, offset=lease.offset + (raw.ctypes.data - base), length=n)
+                yield pb.ReadChunksResponse(extent=pb.ExtentData(group=group, chunk=j, extent_bytes=n, shm=ref))
+                continue
+            mv = memoryview(raw)
+            for off in range(0, n, frame):
+                yield pb.ReadChunksResponse(
+                    extent=pb.ExtentData(group=group, chunk=j, offset=off, extent_bytes=n, data=bytes(mv[off : off + frame]))
+                )
+
+    def finish(self) -> None:
+        if self.completed:
+            return
+        arena = self.svc.arena
+        for fut in self.pending:
+            if not fut.done():  # its lease is released once the read ends
+                fut.add_done_callback(self._release_late)
+        if arena is not None and self.leases:
+            arena.release(self.leases)
+            self.leases.clear()
+
+    def _release_late(self, fut: asyncio.Future) -> None:
+        if fut.cancelled() or fut.exception() is not None:
+            return
+        _, lease = fut.result()
+        if lease is not None:
+            self.svc.arena.release([lease.lease_id])
