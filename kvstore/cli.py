@@ -43,11 +43,14 @@ def human_bytes(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-def format_table(headers: list[str], rows: list[list], right: set[int] | None = None) -> str:
-    """Aligned text table; columns in ``right`` (default: none) right-aligned."""
+def format_table(headers: list[str] | None, rows: list[list], right: set[int] | None = None) -> str:
+    """Aligned text table (no header line when ``headers`` is None); columns
+    whose index is in ``right`` are right-aligned."""
     right = right or set()
-    cells = [[str(c) for c in headers]] + [[str(c) for c in row] for row in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    cells = ([[str(c) for c in headers]] if headers else []) + [[str(c) for c in row] for row in rows]
+    if not cells:
+        return ""
+    widths = [max(len(r[i]) for r in cells) for i in range(len(cells[0]))]
     lines = []
     for row in cells:
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
@@ -235,15 +238,20 @@ def _demo_parser(sub) -> None:
 
 
 def _serve(args) -> int:
-    print("kvstore serve: the gRPC daemon is not available in this build yet", file=sys.stderr)
-    return 2
+    from .server.main import serve
+
+    return serve(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstore", description="Storage tier for LLM prefix KV caches.")
     sub = parser.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
-    sub.add_parser("serve", help="run the daemon (not in this build yet)").set_defaults(func=_serve)
+    from .server.main import add_serve_args
+
+    serve = sub.add_parser("serve", help="run the gRPC daemon (unix socket, optional TCP with TLS or token)")
+    add_serve_args(serve)
+    serve.set_defaults(func=_serve)
     return parser
 
 
@@ -252,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging()
     try:
         return args.func(args)
-    except KVStoreError as exc:
+    except (KVStoreError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
 

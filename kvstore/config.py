@@ -33,6 +33,7 @@ class StoreConfig:
     index_max_map_bytes: int = _opt(1 << 40, "largest LMDB map size the index may grow to")
     max_prefix_tokens: int = _opt(1 << 20, "longest prefix accepted, in tokens")
     min_free_bytes: int = _opt(64 * MiB, "free space kept on the data file system; puts beyond it fail as full")
+    read_only: bool = _opt(False, "open the store read-only (maintenance): writes fail with FAILED_PRECONDITION")
 
     def __post_init__(self) -> None:
         from .errors import InvalidArgument

@@ -58,3 +58,9 @@ class StoreLocked(KVStoreError):
     """Another process has the data directory open."""
 
     code = "FAILED_PRECONDITION"
+
+
+class BackendUnavailable(KVStoreError):
+    """The configured I/O backend cannot run on this machine."""
+
+    code = "FAILED_PRECONDITION"

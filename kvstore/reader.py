@@ -167,8 +167,10 @@ def execute_reads(
     with ExitStack() as stack:
         handles = {s: stack.enter_context(files.reading(s)) for s in by_segment}
         futures = [backend.pread(handles[seg_id], buf[base : base + run.length], run.offset) for seg_id, run, _, base in plans]
-        for f in futures:
-            f.result()
+        # wait for every request before the handles are released, even when one fails
+        errors = [exc for f in futures if (exc := _exception(f)) is not None]
+        if errors:
+            raise errors[0]
     for seg_id, run, members, base in plans:
         for i in members:
             r = refs[i]
@@ -178,3 +180,11 @@ def execute_reads(
                 mismatches.append(ChecksumMismatch(seg_id, f"extent[group={r.group},chunk={r.chunk}]"))
             views[(r.group, r.chunk)] = view
     return views, buf, len(plans), mismatches
+
+
+def _exception(future) -> BaseException | None:
+    try:
+        future.result()
+    except BaseException as exc:  # noqa: BLE001 - re-raised by the caller
+        return exc
+    return None

@@ -60,15 +60,19 @@ class ChunkStore:
         self.segment_dir = os.path.join(self.data_dir, "segments")
         os.makedirs(self.segment_dir, mode=0o750, exist_ok=True)
         self._lock_fd = self._lock_data_dir()
-        self.backend = backend or make_backend(config.backend, queue_depth=config.io_queue_depth, direct=config.direct_io)
-        self.index = ix.Index(
-            os.path.join(self.data_dir, "index"),
-            map_bytes=config.index_map_bytes,
-            max_map_bytes=config.index_max_map_bytes,
-        )
+        try:
+            self.backend = backend or make_backend(config.backend, queue_depth=config.io_queue_depth, direct=config.direct_io)
+            self.index = ix.Index(
+                os.path.join(self.data_dir, "index"),
+                map_bytes=config.index_map_bytes,
+                max_map_bytes=config.index_max_map_bytes,
+            )
+        except BaseException:
+            os.close(self._lock_fd)  # releases the flock: the directory may be opened again
+            raise
         self.files = SegmentFiles(self.segment_dir, self.backend)
         self._state_lock = threading.Lock()
-        self._read_only: str | None = None
+        self._read_only: str | None = "opened read-only (read_only = true)" if config.read_only else None
         self._quarantined: dict[int, str] = {}
         self._views: dict[str, PrefixView] = {}
         self._segments: dict[int, SegmentInfo] = {}

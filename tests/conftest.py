@@ -1,18 +1,7 @@
-import ctypes
 import pytest
+from helpers import HAS_CUDA
 
 from kvstore.config import StoreConfig
-
-
-def _has_cuda() -> bool:
-    try:
-        ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return False
-    return True
-
-
-HAS_CUDA = _has_cuda()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,5 +1,6 @@
 """Shared test helpers: synthetic KV, tokens and geometries."""
 
+import ctypes
 import os
 
 import numpy as np
@@ -39,3 +40,14 @@ def ids(geo: StoreGeometry) -> str:
 
 def data_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _has_cuda() -> bool:
+    try:
+        ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    return True
+
+
+HAS_CUDA = _has_cuda()

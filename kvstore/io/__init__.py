@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+from ..errors import BackendUnavailable, InvalidArgument
 from .base import FileHandle, IOBackend, IOFuture, aligned_buffer, check_aligned
 from .posix import PosixBackend
 
@@ -30,7 +31,7 @@ __all__ = [
 def make_backend(name: str = "auto", *, queue_depth: int = 16, direct: bool = True) -> IOBackend:
     """Build the named backend; ``auto`` falls back to posix with a log line."""
     if name not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {name!r}")
+        raise InvalidArgument("backend", f"must be one of {BACKENDS}, got {name!r}")
     if name in ("auto", "kvikio"):
         from .kvikio_backend import KvikioBackend, unavailable_reason
 
@@ -39,7 +40,7 @@ def make_backend(name: str = "auto", *, queue_depth: int = 16, direct: bool = Tr
             log.info("I/O backend: kvikio (CuFile), queue depth %d", queue_depth)
             return KvikioBackend(queue_depth=queue_depth, direct=direct)
         if name == "kvikio":
-            raise RuntimeError(f"backend 'kvikio' was requested but cannot run: {reason}")
+            raise BackendUnavailable(f"backend 'kvikio' was requested but cannot run: {reason}")
         log.info("I/O backend: posix (O_DIRECT preadv/pwritev, queue depth %d); kvikio skipped: %s", queue_depth, reason)
     else:
         log.info("I/O backend: posix (forced), queue depth %d", queue_depth)

@@ -161,9 +161,10 @@ async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str |
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.ensure_future(daemon.watch_read_only())
-    if ready_file:
-        with open(ready_file, "w") as fh:
+    if ready_file:  # written whole, then renamed: a reader never sees it half done
+        with open(ready_file + ".tmp", "w") as fh:
             fh.write(f"{os.getpid()} {getattr(daemon, 'tcp_port', 0)}\n")
+        os.replace(ready_file + ".tmp", ready_file)
     log.info("kvstore daemon ready (pid %d)", os.getpid())
     await stop.wait()
     await daemon.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -135,6 +136,9 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             )
         )
         reader = _GroupReader(svc, pid, chunks, session, coalesce=not request.no_coalesce)
+        # A cancelled call may never resume this generator: release from the
+        # call's own completion, not only from the generator's finally.
+        context.add_done_callback(lambda _ctx: reader.finish())
         stats = pb.ReadStats()
         try:
             task = reader.start(groups[0])
@@ -247,7 +251,8 @@ class _GroupReader:
     """Reads one period group at a time, into the arena or private memory.
 
     Leases handed to a stream that does not complete are released when the
-    stream ends, so an aborted read never strands arena slots.
+    stream ends, so an aborted read never strands arena slots; a read still
+    running then releases its own lease when it finishes.
     """
 
     def __init__(self, svc: Service, prefix_id: str, chunks: np.ndarray, session: int, *, coalesce: bool):
@@ -256,20 +261,19 @@ class _GroupReader:
         self.chunks = chunks
         self.session = session
         self.coalesce = coalesce
-        self.leases: list[int] = []
-        self.pending: list[asyncio.Future] = []
         self.completed = False
+        self._lock = threading.Lock()
+        self._leases: list[int] = []
+        self._finished = False
 
     def start(self, group: int) -> asyncio.Future:
-        fut = asyncio.ensure_future(self.svc.run(self._read, group))
-        self.pending.append(fut)
-        return fut
+        return asyncio.ensure_future(self.svc.run(self._read, group))
 
     def _read(self, group: int):
         holder = []
         alloc = None
+        arena = self.svc.arena
         if self.session:
-            arena = self.svc.arena
 
             def alloc(nbytes: int):
                 lease = arena.lease(self.session, nbytes, wait_seconds=self.svc.config.lease_wait_seconds)
@@ -280,10 +284,14 @@ class _GroupReader:
             res = self.svc.store.read(self.prefix_id, self.chunks, [group], coalesce=self.coalesce, alloc=alloc)
         except BaseException:
             if holder:
-                self.svc.arena.release([holder[0].lease_id])
+                arena.release([holder[0].lease_id])
             raise
         if holder:
-            self.leases.append(holder[0].lease_id)
+            with self._lock:
+                if self._finished:  # the stream ended while this read ran
+                    arena.release([holder[0].lease_id])
+                else:
+                    self._leases.append(holder[0].lease_id)
         return res, holder[0] if holder else None
 
     def messages(self, res, group: int, lease):
@@ -303,19 +311,11 @@ class _GroupReader:
                 )
 
     def finish(self) -> None:
-        if self.completed:
-            return
-        arena = self.svc.arena
-        for fut in self.pending:
-            if not fut.done():  # its lease is released once the read ends
-                fut.add_done_callback(self._release_late)
-        if arena is not None and self.leases:
-            arena.release(self.leases)
-            self.leases.clear()
-
-    def _release_late(self, fut: asyncio.Future) -> None:
-        if fut.cancelled() or fut.exception() is not None:
-            return
-        _, lease = fut.result()
-        if lease is not None:
-            self.svc.arena.release([lease.lease_id])
+        """End of the call: unless it completed, its leases go back to the arena."""
+        with self._lock:
+            if self.completed or self._finished:
+                return
+            self._finished = True
+            leases, self._leases = self._leases, []
+        if leases:
+            self.svc.arena.release(leases)

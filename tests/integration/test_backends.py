@@ -5,9 +5,10 @@ import os
 
 import numpy as np
 import pytest
-from conftest import HAS_CUDA
+from helpers import HAS_CUDA
 
 from kvstore.config import StoreConfig
+from kvstore.errors import BackendUnavailable, InvalidArgument
 from kvstore.io import PosixBackend, aligned_buffer, make_backend
 from kvstore.io.kvikio_backend import unavailable_reason
 
@@ -58,7 +59,18 @@ def test_auto_picks_posix_without_cuda_and_says_why(caplog):
         assert b.name == "posix"
     assert "kvikio skipped" in caplog.text and "libcuda.so.1" in caplog.text
     assert unavailable_reason() is not None
-    with pytest.raises(RuntimeError, match="kvikio.*cannot run.*libcuda"):
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only fallback")
+def test_failed_open_releases_the_data_dir_lock(tmp_path):
+    from kvstore.store import ChunkStore
+
+    cfg = StoreConfig(data_dir=str(tmp_path / "d"), backend="kvikio")
+    for _ in range(2):  # the second attempt must not find the directory locked
+        with pytest.raises(BackendUnavailable):
+            ChunkStore(cfg)
+    ChunkStore(StoreConfig(data_dir=str(tmp_path / "d"))).close()
+    with pytest.raises(BackendUnavailable, match="kvikio.*cannot run.*libcuda"):
         make_backend("kvikio")
 
 
@@ -70,7 +82,7 @@ def test_forcing_posix_is_logged(caplog):
 
 
 def test_unknown_backend_is_rejected():
-    with pytest.raises(ValueError, match="backend"):
+    with pytest.raises(InvalidArgument, match="backend"):
         make_backend("spdk")
     with pytest.raises(Exception, match="backend"):
         StoreConfig(backend="spdk")

@@ -1,0 +1,387 @@
+"""A real daemon process on a unix socket; this test process is its client."""
+
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from helpers import GEOMETRIES, data_root, ids, make_kv, make_tokens
+
+from engine_client.client import KVStoreClient, KVStoreRpcError, to_torch
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.server.convert import geometry_to_pb
+
+GEO = GEOMETRIES[2]  # 4 layers, 2 heads, dim 64, fp16, one period group
+
+
+def expected(kv, geo, chunks, n):
+    c = geo.chunk_tokens
+    return kv[:, :, :, np.concatenate([np.arange(j * c, min((j + 1) * c, n)) for j in chunks])]
+
+
+@pytest.mark.parametrize("geo", GEOMETRIES, ids=ids)
+def test_roundtrip_both_data_paths(daemon, geo):
+    n = 150
+    kv, tokens = make_kv(geo, n, 1), make_tokens(n, 1)
+    with KVStoreClient(daemon.target) as client:
+        assert client.shm
+        res = client.put_prefix(tokens, kv, geo, model_fingerprint="m")
+        m = geo.num_chunks(n)
+        assert res.num_chunks == m
+        rng = np.random.default_rng(0)
+        for shm in (False, True):
+            for _ in range(3):
+                chunks = np.sort(rng.choice(m, size=rng.integers(1, m + 1), replace=False))
+                with client.read_chunks(res.prefix_id, chunks, shm=shm) as got:
+                    assert got.zero_copy == shm
+                    np.testing.assert_array_equal(got.to_kv(), expected(kv, geo, chunks, n))
+            # a layer range returns the period groups that cover it
+            last = geo.model.num_layers - 1
+            with client.read_chunks(res.prefix_id, [0], layer_start=last, shm=shm) as got:
+                g = last // geo.period_layers
+                assert got.groups == [g]
+                np.testing.assert_array_equal(got.group_kv(g), kv[list(geo.group_layer_range(g))][:, :, :, : geo.chunk_tokens])
+        np.testing.assert_array_equal(client.get_probe_keys(res.prefix_id, 0), kv[0, 0]) if geo.probe_keys else None
+        assert client.get_summaries(res.prefix_id).shape == (m, geo.model.num_layers, geo.model.num_kv_heads, 2, geo.model.head_dim)
+        assert client.stats().shm_leased_bytes == 0  # every read above was released
+
+
+def test_torch_in_and_out_and_shared_prefix(daemon):
+    import torch
+
+    geo = GEOMETRIES[3]  # bf16
+    kv = torch.randn(24, 2, 2, 64, 64).to(torch.bfloat16)
+    tokens = make_tokens(64, 2)
+    with KVStoreClient(daemon.target) as client:
+        a = client.put_prefix(tokens, kv, geo)
+        tokens_b = np.concatenate([tokens[:48], make_tokens(40, 3)])
+        kv_b = torch.cat([kv[:, :, :, :48], torch.randn(24, 2, 2, 40, 64).to(torch.bfloat16)], dim=3)
+        b = client.put_prefix(tokens_b, kv_b, geo)
+        assert b.reused_chunks == 3 and a.reused_chunks == 0
+        with client.read_chunks(b.prefix_id, range(6)) as got:
+            assert torch.equal(to_torch(got.to_kv(), "bfloat16"), kv_b)
+
+
+def test_status_codes_from_real_bad_requests(daemon):
+    kv, tokens = make_kv(GEO, 40, 1), make_tokens(40, 1)
+    with KVStoreClient(daemon.target) as client:
+        pid = client.put_prefix(tokens, kv, GEO).prefix_id
+        before = [p.prefix_id for p in client.list_prefixes()]
+
+        def code_of(call):
+            with pytest.raises(KVStoreRpcError) as err:
+                call()
+            return err.value.code, err.value.message
+
+        def put(frames):
+            return client.stub.PutPrefix(iter(frames), timeout=10)
+
+        header = pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=make_tokens(20, 9).tolist())
+        ext = np.ascontiguousarray(make_kv(GEO, 16, 9)).tobytes()
+        cases = {
+            "wrong extent size": [pb.PutPrefixRequest(header=header), _frame(0, 0, 0, ext[:-2])],
+            "extent beyond its size": [pb.PutPrefixRequest(header=header), _frame(0, 0, 0, ext + b"xx")],
+            "missing extent": [pb.PutPrefixRequest(header=header), _frame(0, 0, 0, ext)],
+            "chunk out of range": [pb.PutPrefixRequest(header=header), _frame(0, 5, 0, ext)],
+            "group out of range": [pb.PutPrefixRequest(header=header), _frame(3, 0, 0, ext)],
+            "no header": [_frame(0, 0, 0, ext)],
+            "negative token": [pb.PutPrefixRequest(header=pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=[1, -5]))],
+            "bad geometry": [pb.PutPrefixRequest(header=pb.PutHeader(geometry=pb.Geometry(), tokens=[1]))],
+        }
+        fields = {
+            "wrong extent size": "extents",
+            "extent beyond its size": "extent.payload",
+            "missing extent": "extents",
+            "chunk out of range": "extent.chunk",
+            "group out of range": "extent.group",
+            "no header": "header",
+            "negative token": "tokens",
+            "bad geometry": "header.geometry.model",
+        }
+        for name, frames in cases.items():
+            code, msg = code_of(lambda: _unwrap(put, frames))
+            assert code == grpc.StatusCode.INVALID_ARGUMENT, name
+            assert msg.startswith(fields[name]), (name, msg)
+        huge = pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=[1] * (1 << 20 | 1))
+        code, msg = code_of(lambda: _unwrap(put, [pb.PutPrefixRequest(header=huge)]))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "tokens" in msg and "limit" in msg
+        code, msg = code_of(lambda: client.read_chunks(pid, [3]))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("chunks")
+        code, msg = code_of(lambda: client.read_chunks(pid, [0], layer_start=9))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("layer_start")
+        code, _ = code_of(lambda: client.read_chunks("ab" * 32, [0]))
+        assert code == grpc.StatusCode.NOT_FOUND
+        code, _ = code_of(lambda: client.delete("cd" * 32))
+        assert code == grpc.StatusCode.NOT_FOUND
+        bad_session = pb.ReadChunksRequest(prefix_id=pid, chunks=[0], shm_session=12345)
+        code, msg = code_of(lambda: _unwrap(lambda: next(client.stub.ReadChunks(bad_session, timeout=5))))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("shm_session")
+        assert [p.prefix_id for p in client.list_prefixes()] == before
+        assert client.stats().num_segments == 1
+
+
+def _frame(group, chunk, offset, data):
+    return pb.PutPrefixRequest(extent=pb.ExtentFrame(group=group, chunk=chunk, offset=offset, data=data))
+
+
+def _unwrap(fn, *args):
+    try:
+        return fn(*args)
+    except grpc.RpcError as exc:
+        raise KVStoreRpcError(exc.code(), exc.details()) from None
+
+
+def test_stream_cut_mid_put_leaves_nothing_listed(daemon):
+    kv, tokens = make_kv(GEO, 160, 1), make_tokens(160, 1)
+    header = pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=tokens.tolist())
+    sent = threading.Event()
+
+    def frames():
+        yield pb.PutPrefixRequest(header=header)
+        for j in range(4):
+            yield _frame(0, j, 0, np.ascontiguousarray(kv[:, :, :, j * 16 : (j + 1) * 16]).tobytes())
+        sent.set()
+        time.sleep(30)  # the client goes away before sending the rest
+
+    with KVStoreClient(daemon.target, shm=False) as client:
+        call = client.stub.PutPrefix.future(frames(), timeout=60)
+        assert sent.wait(10)
+        time.sleep(0.3)
+        call.cancel()
+        deadline = time.monotonic() + 10
+        while os.listdir(os.path.join(daemon.data_dir, "segments")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert os.listdir(os.path.join(daemon.data_dir, "segments")) == []
+        assert client.list_prefixes() == []
+        assert client.put_prefix(tokens, kv, GEO).num_chunks == 10  # the store is fine
+
+
+def test_flipped_byte_is_data_loss_in_read_and_admin_verify(daemon):
+    kv, tokens = make_kv(GEO, 64, 1), make_tokens(64, 1)
+    with KVStoreClient(daemon.target) as client:
+        pid = client.put_prefix(tokens, kv, GEO).prefix_id
+        seg = client.inspect(pid)["segments"][0]
+        path = os.path.join(daemon.data_dir, "segments", seg["file"])
+        with open(path, "r+b") as fh:
+            fh.seek(5000)  # inside the extent of chunk 1 (extents are 16 KiB)
+            b = fh.read(1)
+            fh.seek(5000)
+            fh.write(bytes([b[0] ^ 1]))
+        admin = _admin(daemon, "verify", "--all")
+        assert admin.returncode == 1, admin.stdout + admin.stderr
+        assert "extent[group=0,chunk=0]" in admin.stdout
+        for shm in (False, True):
+            with pytest.raises(KVStoreRpcError) as err:
+                client.read_chunks(pid, [0, 1], shm=shm)
+            assert err.value.code == grpc.StatusCode.DATA_LOSS
+        assert client.stats().shm_leased_bytes == 0
+
+
+def _admin(daemon, *args):
+    env = {**os.environ, "PYTHONPATH": data_root()}
+    return subprocess.run(
+        [sys.executable, "-m", "tools.admin", "--socket", daemon.socket, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=data_root(),
+        timeout=60,
+    )
+
+
+def test_read_only_store_refuses_writes_keeps_reads(daemon_factory, tmp_path):
+    kv, tokens = make_kv(GEO, 40, 1), make_tokens(40, 1)
+    d = daemon_factory()
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, GEO).prefix_id
+    d.stop()
+    ro = daemon_factory("--read-only", "true", data_dir=d.data_dir)
+    with KVStoreClient(ro.target) as client:
+        with pytest.raises(KVStoreRpcError) as err:
+            client.put_prefix(make_tokens(40, 2), kv, GEO)
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION and "read-only" in err.value.message
+        with pytest.raises(KVStoreRpcError) as err:
+            client.delete(pid)
+        assert err.value.code == grpc.StatusCode.FAILED_PRECONDITION
+        with client.read_chunks(pid, [0, 1, 2]) as got:
+            np.testing.assert_array_equal(got.to_kv(), kv)
+        health = health_pb2_grpc.HealthStub(client.channel)
+        assert health.Check(health_pb2.HealthCheckRequest(), timeout=5).status == health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def test_full_disk_is_resource_exhausted_while_reads_go_on(daemon_factory, tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if res.returncode != 0:
+        pytest.skip(f"cannot mount a size-limited file system here: {res.stderr.strip()}")
+    try:
+        d = daemon_factory("--index-map-bytes", str(1 << 20), data_dir=mnt / "data")
+        stored = {}
+        with KVStoreClient(d.target) as client:
+            with pytest.raises(KVStoreRpcError) as err:
+                for i in range(60):
+                    kv = make_kv(GEO, 256, i)
+                    stored[client.put_prefix(make_tokens(256, i), kv, GEO).prefix_id] = kv
+            assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED and "full" in err.value.message
+            assert {p.prefix_id for p in client.list_prefixes()} == set(stored)
+            for pid, kv in stored.items():
+                with client.read_chunks(pid, range(16)) as got:
+                    np.testing.assert_array_equal(got.to_kv(), kv)
+        d.stop()
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_aborted_streams_leave_no_leased_slot(daemon):
+    geo = GEOMETRIES[3]
+    kv, tokens = make_kv(geo, 512, 1), make_tokens(512, 1)
+    with KVStoreClient(daemon.target) as client:
+        pid = client.put_prefix(tokens, kv, geo).prefix_id
+        for i in range(100):
+            req = pb.ReadChunksRequest(prefix_id=pid, chunks=list(range(32)), shm_session=client.session_id)
+            stream = client.stub.ReadChunks(req, timeout=30)
+            next(stream)  # the header
+            if i % 2:
+                next(stream)  # and one leased extent
+            stream.cancel()
+        deadline = time.monotonic() + 15
+        while client.stats().shm_leased_bytes and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert client.stats().shm_leased_bytes == 0
+
+
+CLIENT_THAT_DIES = """
+import sys, time
+from engine_client.client import KVStoreClient
+c = KVStoreClient(sys.argv[1])
+held = [c.read_chunks(sys.argv[2], list(range(8))) for _ in range(3)]  # never released
+print("holding", c.stats().shm_leased_bytes, flush=True)
+time.sleep(60)
+"""
+
+
+def test_client_that_disappears_releases_its_leases(daemon):
+    with KVStoreClient(daemon.target) as client:
+        pid = client.put_prefix(make_tokens(160, 1), make_kv(GEO, 160, 1), GEO).prefix_id
+        env = {**os.environ, "PYTHONPATH": data_root()}
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CLIENT_THAT_DIES, daemon.target, pid], stdout=subprocess.PIPE, text=True, env=env
+        )
+        line = proc.stdout.readline()
+        assert line.startswith("holding") and int(line.split()[1]) > 0
+        assert client.stats().shm_leased_bytes > 0
+        proc.kill()
+        proc.wait()
+        proc.stdout.close()
+        deadline = time.monotonic() + 10
+        while client.stats().shm_leased_bytes and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert client.stats().shm_leased_bytes == 0
+
+
+def test_socket_modes_health_and_admin_gating(daemon_factory):
+    d = daemon_factory()
+    assert stat.S_IMODE(os.stat(os.path.dirname(d.socket)).st_mode) == 0o750
+    assert stat.S_IMODE(os.stat(d.socket).st_mode) == 0o660
+    with KVStoreClient(d.target, shm=False) as client:
+        health = health_pb2_grpc.HealthStub(client.channel)
+        for service in ("", "kvstore.v1.KVStore"):
+            resp = health.Check(health_pb2.HealthCheckRequest(service=service), timeout=5)
+            assert resp.status == health_pb2.HealthCheckResponse.SERVING
+    plain = daemon_factory("--enable-admin", "false", data_dir=d.data_dir + "-2")
+    with KVStoreClient(plain.target, shm=False) as client:
+        with pytest.raises(KVStoreRpcError) as err:
+            client.verify()
+        assert err.value.code == grpc.StatusCode.UNIMPLEMENTED
+        client.list_prefixes()  # the data service is there
+
+
+def test_sigterm_drains_in_flight_calls_and_refuses_new_ones(daemon):
+    kv, tokens = make_kv(GEO, 64, 1), make_tokens(64, 1)
+    header = pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=tokens.tolist())
+    go_on = threading.Event()
+
+    def frames():
+        yield pb.PutPrefixRequest(header=header)
+        go_on.wait(20)
+        for j in range(4):
+            yield _frame(0, j, 0, np.ascontiguousarray(kv[:, :, :, j * 16 : (j + 1) * 16]).tobytes())
+
+    with KVStoreClient(daemon.target, shm=False) as client:
+        call = client.stub.PutPrefix.future(frames(), timeout=60)
+        time.sleep(0.5)
+        daemon.proc.send_signal(15)
+        deadline = time.monotonic() + 10
+        code = None
+        while time.monotonic() < deadline:
+            try:
+                client.list_prefixes(timeout=2)
+            except KVStoreRpcError as exc:
+                code = exc.code
+                break
+            time.sleep(0.05)
+        assert code == grpc.StatusCode.UNAVAILABLE
+        go_on.set()
+        res = call.result(timeout=30)  # the call in flight finished during the drain
+        assert res.num_chunks == 4
+    assert daemon.proc.wait(30) == 0
+    assert "draining" in daemon.log() and "stopped" in daemon.log()
+
+
+def test_tcp_listener_requires_credentials(daemon_factory, tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token-0123456789\n")
+    d = daemon_factory("--tcp-address", "127.0.0.1:0", "--auth-token-file", str(token_file))
+    target = f"127.0.0.1:{d.tcp_port}"
+    with KVStoreClient(target) as anon:
+        with pytest.raises(KVStoreRpcError) as err:
+            anon.list_prefixes()
+        assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+    with KVStoreClient(target, token="wrong-token-0123456789") as bad:
+        with pytest.raises(KVStoreRpcError) as err:
+            bad.stats()
+        assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+    geo = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=4, period_layers=1)
+    kv = make_kv(geo, 10, 1)
+    with KVStoreClient(target, token="s3cret-token-0123456789") as ok:
+        assert not ok.shm  # remote clients get bytes in the stream
+        pid = ok.put_prefix(make_tokens(10, 1), kv, geo).prefix_id
+        np.testing.assert_array_equal(ok.read_chunks(pid, [0, 1, 2]).to_kv(), kv)
+
+
+def test_tcp_without_tls_or_token_is_refused_at_startup(daemon_factory):
+    d = daemon_factory("--tcp-address", "127.0.0.1:0", start=False)
+    with pytest.raises(RuntimeError, match="tcp_address"):
+        d.start(timeout=20)
+
+
+def test_mtls_listener(daemon_factory, tmp_path):
+    def openssl(*args):
+        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=kvstore-ca",
+            "-keyout", "ca.key", "-out", "ca.pem")
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", f"{name}.key", "-out", f"{name}.csr")
+        (tmp_path / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
+                "-extfile", "san.ext", "-out", f"{name}.pem")
+    d = daemon_factory("--tcp-address", "127.0.0.1:0", "--tls-cert-file", str(tmp_path / "server.pem"),
+                       "--tls-key-file", str(tmp_path / "server.key"), "--tls-client-ca-file", str(tmp_path / "ca.pem"))
+    ca = (tmp_path / "ca.pem").read_bytes()
+    target = f"localhost:{d.tcp_port}"
+    with KVStoreClient(target, root_certificates=ca) as no_cert:
+        with pytest.raises(KVStoreRpcError) as err:
+            no_cert.stats(timeout=5)
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE  # the TLS handshake fails
+    cert = ((tmp_path / "client.key").read_bytes(), (tmp_path / "client.pem").read_bytes())
+    with KVStoreClient(target, root_certificates=ca, client_cert=cert) as client:
+        assert client.stats().backend == "posix"

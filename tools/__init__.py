@@ -1,0 +1,1 @@
+"""Operator tools around the kvstore daemon: admin CLI and benchmarks."""

@@ -1,0 +1,265 @@
+"""``kvstore-admin``: inspect and maintain a kvstore, through its daemon or offline.
+
+With ``--socket`` (default: the daemon's default socket, when it exists) or
+``--address`` the commands go to a running daemon (``inspect`` and
+``verify`` need its admin RPCs enabled).  With ``--data-dir`` they open the
+data directory directly, which only works while no daemon holds it (the
+store takes an exclusive lock); opening it runs the startup scan, which
+removes orphaned segment files left by an interrupted put.  Human tables by
+default, ``--json`` for scripts.  Exit status: 0 ok, 1 on an error or when
+``verify`` finds a bad or quarantined segment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from kvstore.cli import format_table, human_bytes
+from kvstore.config import StoreConfig
+from kvstore.errors import InvalidArgument, KVStoreError, NotFound
+from kvstore.store import ChunkStore
+
+SHORT_ID_CHARS = 16
+PROCESS_COUNTERS = ("bytes_read", "bytes_written", "reads", "puts", "deletes")
+
+
+def open_store(data_dir: str) -> ChunkStore:
+    """Open an existing store; never creates one."""
+    if not os.path.isdir(os.path.join(data_dir, "index")):
+        raise NotFound(f"no kvstore data directory at {os.path.abspath(data_dir)}")
+    return ChunkStore(StoreConfig(data_dir=data_dir))
+
+
+class LocalAdmin:
+    """The admin operations on a data directory opened in this process."""
+
+    def __init__(self, store: ChunkStore):
+        self.store = store
+
+    def list_prefixes(self) -> list[dict]:
+        return self.store.list_prefixes()
+
+    def inspect(self, prefix: str) -> dict:
+        return self.store.inspect(self.store.resolve(prefix))
+
+    def stats(self) -> dict:
+        return {k: v for k, v in self.store.stats().items() if k not in PROCESS_COUNTERS}
+
+    def delete(self, prefix: str) -> str:
+        prefix_id = self.store.resolve(prefix)
+        self.store.delete(prefix_id)
+        return prefix_id
+
+    def verify(self, prefix: str | None) -> tuple[str | None, list[dict]]:
+        prefix_id = self.store.resolve(prefix) if prefix else None
+        return prefix_id, self.store.verify(prefix_id)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+class RemoteAdmin:
+    """The same operations through a running daemon."""
+
+    def __init__(self, client):
+        self.client = client
+
+    def list_prefixes(self) -> list[dict]:
+        return [_message_dict(p, quarantined=p.quarantined or None) for p in self.client.list_prefixes()]
+
+    def inspect(self, prefix: str) -> dict:
+        return self.client.inspect(prefix)
+
+    def stats(self) -> dict:
+        st = self.client.stats()
+        out = _message_dict(st, read_only=st.read_only or None)
+        out["latency"] = [_message_dict(row) for row in st.latency]
+        return out
+
+    def delete(self, prefix: str) -> str:
+        return self.client.delete(prefix)
+
+    def verify(self, prefix: str | None) -> tuple[str | None, list[dict]]:
+        prefix_id = self.client.inspect(prefix)["prefix_id"] if prefix else None
+        reports = self.client.verify(prefix_id or "")
+        quarantined = {}
+        for p in self.client.list_prefixes():
+            if p.quarantined:
+                quarantined.update({s["segment_id"]: p.quarantined for s in self.client.inspect(p.prefix_id)["segments"]})
+        return prefix_id, [
+            {**_message_dict(r, error=r.error or None), "bad_regions": list(r.bad_regions),
+             "quarantined": quarantined.get(r.segment_id)}
+            for r in reports
+        ]
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _message_dict(msg, **overrides) -> dict:
+    values = {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields if f.message_type is None}
+    out = {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}  # scalars, not repeated
+    out.update(overrides)
+    return out
+
+
+def connect(args):
+    """A RemoteAdmin when a daemon is named or listening, else a LocalAdmin."""
+    from kvstore.server.config import ServerConfig
+
+    socket_path = args.socket or (None if args.data_dir_given or args.address else ServerConfig().socket_path)
+    if args.address or (socket_path and os.path.exists(socket_path)):
+        from engine_client.client import KVStoreClient
+
+        token = open(args.token_file).read().strip() if args.token_file else None
+        ca = open(args.tls_ca_file, "rb").read() if args.tls_ca_file else None
+        target = args.address or f"unix:{os.path.abspath(socket_path)}"
+        return RemoteAdmin(KVStoreClient(target, shm=False, token=token, root_certificates=ca, deadline_s=args.timeout))
+    if args.socket:
+        raise NotFound(f"no daemon socket at {args.socket}")
+    return LocalAdmin(open_store(args.data_dir))
+
+
+def _when(ts: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def _status(quarantined: str | None) -> str:
+    return "ok" if not quarantined else f"QUARANTINED: {quarantined}"
+
+
+# ------------------------------------------------------------ commands
+def cmd_ls(admin, args) -> tuple[object, str, int]:
+    items = sorted(admin.list_prefixes(), key=lambda p: p["created"])
+    rows = [
+        [p["prefix_id"][:SHORT_ID_CHARS], p["num_tokens"], p["num_chunks"], p["num_segments"], p["namespace"] or "-",
+         p["model_fingerprint"] or "-", _when(p["created"]), _status(p["quarantined"])]
+        for p in items
+    ]
+    headers = ["PREFIX", "TOKENS", "CHUNKS", "SEGMENTS", "NAMESPACE", "MODEL", "CREATED", "STATUS"]
+    text = format_table(headers, rows, right={1, 2, 3}) + f"\n{len(items)} prefixes"
+    return items, text, 0
+
+
+def cmd_inspect(admin, args) -> tuple[object, str, int]:
+    info = admin.inspect(args.prefix)
+    m = info["geometry"]["model"]
+    geo = info["geometry"]
+    head = [
+        ["prefix", info["prefix_id"]],
+        ["namespace", info["namespace"] or "-"],
+        ["model", info["model_fingerprint"] or "-"],
+        ["geometry", f"{m['num_layers']} layers x {m['num_kv_heads']} KV heads x {m['head_dim']} dim {m['dtype']}, "
+                     f"chunk {geo['chunk_tokens']}, period {geo['period_layers']}, probe keys {'on' if geo['probe_keys'] else 'off'}"],
+        ["tokens", f"{info['num_tokens']} ({info['num_chunks']} chunks x {info['num_groups']} groups)"],
+        ["KV bytes", human_bytes(info["kv_bytes"])],
+        ["created", _when(info["created"])],
+        ["status", _status(info["quarantined"])],
+    ]
+    rows = [
+        [s["segment_id"], s["file"], f"{s['first_chunk']}-{s['first_chunk'] + s['num_chunks'] - 1}", s["segment_chunk"],
+         s["segment_chunks"], human_bytes(s["total_bytes"]), human_bytes(s["payload_bytes"]), human_bytes(s["padding_bytes"]),
+         s["refcount"], s["checksums"], _status(s["quarantined"])]
+        for s in info["segments"]
+    ]
+    headers = ["SEGMENT", "FILE", "CHUNKS", "SEG FROM", "SEG CHUNKS", "SIZE", "PAYLOAD", "PADDING", "REFS", "CHECKSUMS", "STATUS"]
+    text = format_table(None, head) + "\n\n" + format_table(headers, rows, right={0, 3, 4, 5, 6, 7, 8, 9})
+    return info, text, 0
+
+
+def cmd_stats(admin, args) -> tuple[object, str, int]:
+    st = admin.stats()
+    rows = [[k, human_bytes(v) if "bytes" in k else ("-" if v is None else v)] for k, v in st.items() if k != "latency"]
+    text = format_table(None, rows)
+    if st.get("latency"):
+        lat = [[r["rpc"], r["count"], f"{r['p50_ms']:.2f}", f"{r['p90_ms']:.2f}", f"{r['p99_ms']:.2f}"] for r in st["latency"]]
+        text += "\n\n" + format_table(["RPC", "COUNT", "P50 MS", "P90 MS", "P99 MS"], lat, right={1, 2, 3, 4})
+    return st, text, 0
+
+
+def cmd_delete(admin, args) -> tuple[object, str, int]:
+    prefix_id = admin.delete(args.prefix)
+    return {"deleted": prefix_id}, f"deleted {prefix_id}", 0
+
+
+def _verify_row(r: dict) -> list:
+    if not r["ok"]:
+        result, detail = "BAD", r["error"] or ", ".join(r["bad_regions"][:3]) + (" ..." if len(r["bad_regions"]) > 3 else "")
+    elif r["quarantined"]:  # checksums match now, but reads stay refused until the prefix is stored again
+        result, detail = "QUARANTINED", r["quarantined"]
+    else:
+        result, detail = "ok", "-"
+    return [r["segment_id"], result, r["regions"], len(r["bad_regions"]), detail]
+
+
+def cmd_verify(admin, args) -> tuple[object, str, int]:
+    """Exit 1 when a segment fails its checksums or is (still) quarantined."""
+    if args.prefix and args.all:
+        raise InvalidArgument("prefix", "verify takes a PREFIX or --all, not both")
+    prefix_id, results = admin.verify(args.prefix)
+    num_bad = sum(not r["ok"] or bool(r["quarantined"]) for r in results)
+    scope = f"prefix {prefix_id[:SHORT_ID_CHARS]}" if prefix_id else "all prefixes"
+    headers = ["SEGMENT", "RESULT", "REGIONS", "BAD", "DETAIL"]
+    text = format_table(headers, [_verify_row(r) for r in results], right={0, 2, 3})
+    text += f"\n{scope}: {len(results)} segments, {num_bad} bad"
+    return {"ok": num_bad == 0, "prefix_id": prefix_id, "segments": results}, text, 1 if num_bad else 0
+
+
+COMMANDS = {"ls": cmd_ls, "inspect": cmd_inspect, "stats": cmd_stats, "delete": cmd_delete, "verify": cmd_verify}
+
+
+# ------------------------------------------------------------ arguments
+def build_parser() -> argparse.ArgumentParser:
+    default_dir = StoreConfig().data_dir
+    parser = argparse.ArgumentParser(prog="kvstore-admin", description="Inspect and maintain a kvstore (daemon or data directory).")
+    parser.add_argument("--socket", help="daemon unix socket (default: the daemon's default socket, if it exists)")
+    parser.add_argument("--address", help="daemon TCP address host:port")
+    parser.add_argument("--token-file", help="bearer token for a TCP daemon")
+    parser.add_argument("--tls-ca-file", help="CA bundle to check a TLS daemon")
+    parser.add_argument("--timeout", type=float, default=600.0, help="deadline of each call in seconds")
+    parser.add_argument("--data-dir", default=None, help=f"open this data directory directly, without a daemon (default: {default_dir})")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    common = argparse.ArgumentParser(add_help=False)  # the same options after the subcommand
+    for flag in ("--socket", "--address", "--token-file", "--tls-ca-file", "--data-dir"):
+        common.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("ls", parents=[common], help="list stored prefixes")
+    sub.add_parser("inspect", parents=[common], help="show one prefix and its segments").add_argument(
+        "prefix", help="prefix id or a unique leading part of it (8+ hex digits)"
+    )
+    sub.add_parser("stats", parents=[common], help="store-wide figures")
+    sub.add_parser("delete", parents=[common], help="delete one prefix").add_argument("prefix")
+    p = sub.add_parser("verify", parents=[common], help="re-read and check every checksum (exit 1 if any fails)")
+    p.add_argument("prefix", nargs="?", help="only this prefix's segments")
+    p.add_argument("--all", action="store_true", help="every segment of the store (the default)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.data_dir_given = args.data_dir is not None
+    args.data_dir = args.data_dir or StoreConfig().data_dir
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname).1s %(name)s: %(message)s")
+    from engine_client.client import KVStoreRpcError
+
+    try:
+        admin = connect(args)
+        try:
+            data, text, status = COMMANDS[args.command](admin, args)
+        finally:
+            admin.close()
+    except (KVStoreError, KVStoreRpcError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(data, indent=2) if args.json else text)
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
