@@ -1,0 +1,159 @@
+"""``kvstore-bench``: benchmarks of the store's I/O path.
+
+Subcommands (a parser and a ``command_*`` function each, bound with
+``set_defaults(run=...)``; more, such as ``reprefill``, plug in the same way):
+
+``io``  fio-style raw job through the store's backend (``io_jobs``), and with
+        ``--compare-fio`` the same job run by fio right after on the same file
+        (``fio``).  ``--chunked`` runs the chunked-read benchmark instead
+        (``chunked.run_chunked``).
+
+Exit status: 0 on success, 2 for bad arguments (argparse), 1 when the
+benchmark could not run (message on stderr).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import sys
+
+from kvstore.errors import KVStoreError
+
+from .fio import compare_with_fio, format_comparison
+from .io_jobs import RW_MODES, BenchError, JobSpec, format_run, parse_size, run_io
+
+DEFAULT_DIRECTORY = ".kvstore/bench"
+DEFAULT_FILENAME = "kvstore-bench.io"
+DEFAULT_BUDGETS = (0.05, 0.25)  # --budget when none is given
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a budget is a fraction in (0, 1], got {text}")
+    return value
+
+
+def _add_job_options(parser: argparse.ArgumentParser) -> None:
+    job = parser.add_argument_group("job (fio's options of the same names)")
+    job.add_argument("--rw", choices=RW_MODES, default="randread")
+    job.add_argument("--bs", type=_size, default=parse_size("256k"), help="block size (4k, 32k, 256k, 1m; k=1024)")
+    job.add_argument("--iodepth", type=int, default=16, help="requests in flight per job")
+    job.add_argument("--numjobs", type=int, default=1, help="jobs, one process each, on the same file")
+    job.add_argument("--size", type=_size, default=parse_size("1g"), help="file bytes each job covers")
+    job.add_argument("--runtime", type=float, default=10.0, help="seconds (time based, like fio --time_based)")
+    job.add_argument("--direct", type=int, choices=(0, 1), default=1, help="1: O_DIRECT, no page cache")
+    job.add_argument("--backend", choices=("auto", "posix", "kvikio"), default="auto")
+    job.add_argument("--directory", default=DEFAULT_DIRECTORY, help="where the default --filename lives")
+    job.add_argument("--filename", help=f"test file (default: DIRECTORY/{DEFAULT_FILENAME})")
+    job.add_argument("--seed", type=int, help="offset and data seed (default: random, reported)")
+    job.add_argument("--json", action="store_true", help="print only machine-readable JSON")
+
+
+def _add_compare_options(parser: argparse.ArgumentParser) -> None:
+    cmp = parser.add_argument_group("comparison with fio")
+    cmp.add_argument("--compare-fio", action="store_true", help="run fio on the same file right after, report ours/fio")
+    cmp.add_argument("--fio-ioengine", default="libaio", help="fio's --ioengine (libaio, io_uring, psync)")
+
+
+def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
+    """Options of ``--chunked``; None means chunked.DEFAULTS decides."""
+    chk = parser.add_argument_group("chunked reads (--chunked; defaults: tools.bench.chunked.DEFAULTS)")
+    chk.add_argument("--chunked", action="store_true", help="run the chunked-read benchmark instead of a raw job")
+    chk.add_argument("--budget", type=_fraction, action="append", help=f"fraction of chunks read (repeatable; default {' and '.join(map(str, DEFAULT_BUDGETS))})")
+    chk.add_argument("--layers", type=int)
+    chk.add_argument("--kv-heads", type=int)
+    chk.add_argument("--head-dim", type=int)
+    chk.add_argument("--dtype")
+    chk.add_argument("--tokens", type=int, help="tokens of the stored prefix")
+    chk.add_argument("--chunk-tokens", type=int)
+    chk.add_argument("--period-layers", type=int)
+    chk.add_argument("--selection", choices=("random", "runs", "both"))
+    chk.add_argument("--groups", choices=("all", "period"), help="one read for all period groups, or one per group")
+    chk.add_argument("--data-dir", help="store directory of the chunked benchmark")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvstore-bench", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    io = sub.add_parser("io", help="fio-style raw I/O job through the store's backend")
+    _add_job_options(io)
+    _add_compare_options(io)
+    _add_chunked_options(io)
+    io.set_defaults(run=lambda args: command_io(args, io))
+    return parser
+
+
+def job_spec(args: argparse.Namespace) -> JobSpec:
+    """The JobSpec the parsed ``io`` options describe (seed drawn when not given)."""
+    return JobSpec(
+        rw=args.rw,
+        block_bytes=args.bs,
+        iodepth=args.iodepth,
+        numjobs=args.numjobs,
+        size_bytes=args.size,
+        runtime_s=args.runtime,
+        direct=bool(args.direct),
+        backend=args.backend,
+        filename=args.filename or os.path.join(args.directory, DEFAULT_FILENAME),
+        seed=args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 31),
+    )
+
+
+def _print_json(report: dict) -> None:
+    print(json.dumps(report, indent=2, sort_keys=True))
+
+
+def command_io(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """``io``: a raw job (optionally against fio), or ``--chunked``."""
+    if args.chunked:
+        from .chunked import run_chunked  # needs the store; imported only when asked for
+
+        args.budget = args.budget or list(DEFAULT_BUDGETS)
+        report = run_chunked(args)
+        if args.json:
+            _print_json(report)
+        return 0
+    spec = job_spec(args)
+    try:
+        spec.check()
+    except ValueError as exc:
+        parser.error(str(exc))  # exits 2
+    if args.compare_fio:
+        report = compare_with_fio(spec, ioengine=args.fio_ioengine)  # checks for fio before our run
+    else:
+        report = run_io(spec)
+    if args.json:
+        _print_json(report)
+    else:
+        print(format_comparison(report) if args.compare_fio else format_run(report))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point of ``kvstore-bench``; returns the exit status."""
+    parser = build_parser()
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args = parser.parse_args(argv)
+        return args.run(args)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message printed)
+        return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except (BenchError, KVStoreError, OSError) as exc:  # could not run: say why, no traceback
+        print(f"kvstore-bench: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
