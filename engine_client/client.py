@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import mmap
 import socket
+import struct
 from dataclasses import dataclass, field
 
 import grpc
@@ -136,6 +137,9 @@ class KVStoreClient:
                 raise
             return
         hello = json.loads(msg.decode())
+        if not fds:
+            sock.close()
+            raise ConnectionError(f"no arena descriptor received from {path}")
         (fd,) = fds
         try:
             self._arena = mmap.mmap(fd, hello["arena_bytes"], prot=mmap.PROT_READ)
@@ -209,8 +213,7 @@ class KVStoreClient:
         partial: dict = {}
         try:
             for msg in _rpc(self.stub.ReadChunks, req, **self._kw(timeout)):
-                kind = msg.WhichOneof("kind")
-                if kind == "header":
+                if msg.HasField("header"):
                     h = msg.header
                     result = ChunkRead(
                         prefix_id=prefix_id,
@@ -221,9 +224,11 @@ class KVStoreClient:
                         num_tokens=h.num_tokens,
                         zero_copy=use_shm,
                     )
-                elif kind == "extent":
+                if msg.HasField("shm_group"):
+                    self._take_shm_group(result, msg.shm_group, leases)
+                if msg.HasField("extent"):
                     self._take_extent(result, msg.extent, leases, partial)
-                else:
+                if msg.HasField("stats"):
                     result.bytes_read, result.bytes_useful, result.num_reads = (
                         msg.stats.bytes_read,
                         msg.stats.bytes_useful,
@@ -239,6 +244,11 @@ class KVStoreClient:
             result._release = lambda: self._release_leases(leases)
         return result
 
+    def _take_shm_group(self, result: ChunkRead, grp, leases: set) -> None:
+        for j, ref in zip(grp.chunks, grp.refs):
+            leases.add(ref.lease_id)
+            result._extents[(grp.group, j)] = np.frombuffer(self._arena, dtype=np.uint8, count=ref.length, offset=ref.offset)
+
     def _take_extent(self, result: ChunkRead, e, leases: set, partial: dict) -> None:
         key = (e.group, e.chunk)
         if e.WhichOneof("payload") == "shm":
@@ -253,12 +263,14 @@ class KVStoreClient:
             result._extents[key] = partial.pop(key)
 
     def _release_leases(self, leases: set) -> None:
+        """Hand leases back on the shm connection (one write, no RPC)."""
         if leases and self._shm_sock is not None:
+            ids = sorted(leases)
             try:
-                _rpc(self.stub.Release, pb.ReleaseRequest(shm_session=self.session_id, lease_ids=sorted(leases)), **self._kw(None))
-            except KVStoreRpcError:
-                pass  # the session's end releases them anyway
-            leases.clear()
+                self._shm_sock.sendall(struct.pack(f"<{len(ids)}Q", *ids))
+            except OSError:
+                pass  # the session is gone: the daemon released them already
+        leases.clear()
 
     def get_summaries(self, prefix_id: str, *, timeout=None) -> np.ndarray:
         """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""

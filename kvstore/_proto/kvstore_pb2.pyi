@@ -160,6 +160,16 @@ class ExtentData(_message.Message):
     shm: ShmRef
     def __init__(self, group: _Optional[int] = ..., chunk: _Optional[int] = ..., offset: _Optional[int] = ..., extent_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., shm: _Optional[_Union[ShmRef, _Mapping]] = ...) -> None: ...
 
+class ShmGroup(_message.Message):
+    __slots__ = ("group", "chunks", "refs")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    REFS_FIELD_NUMBER: _ClassVar[int]
+    group: int
+    chunks: _containers.RepeatedScalarFieldContainer[int]
+    refs: _containers.RepeatedCompositeFieldContainer[ShmRef]
+    def __init__(self, group: _Optional[int] = ..., chunks: _Optional[_Iterable[int]] = ..., refs: _Optional[_Iterable[_Union[ShmRef, _Mapping]]] = ...) -> None: ...
+
 class ReadStats(_message.Message):
     __slots__ = ("bytes_read", "bytes_useful", "num_reads")
     BYTES_READ_FIELD_NUMBER: _ClassVar[int]
@@ -171,14 +181,16 @@ class ReadStats(_message.Message):
     def __init__(self, bytes_read: _Optional[int] = ..., bytes_useful: _Optional[int] = ..., num_reads: _Optional[int] = ...) -> None: ...
 
 class ReadChunksResponse(_message.Message):
-    __slots__ = ("header", "extent", "stats")
+    __slots__ = ("header", "extent", "stats", "shm_group")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EXTENT_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    SHM_GROUP_FIELD_NUMBER: _ClassVar[int]
     header: ReadHeader
     extent: ExtentData
     stats: ReadStats
-    def __init__(self, header: _Optional[_Union[ReadHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ...) -> None: ...
+    shm_group: ShmGroup
+    def __init__(self, header: _Optional[_Union[ReadHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ..., shm_group: _Optional[_Union[ShmGroup, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("shm_session", "lease_ids")

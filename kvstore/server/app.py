@@ -118,8 +118,11 @@ class Daemon:
         log.info("draining: NOT_SERVING, refusing new calls, grace %.1fs", self.config.grace_seconds)
         for name in ("", *SERVICES):
             await self._set_health(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.service.draining = True
-        await asyncio.gather(*(s.stop(self.config.grace_seconds) for s in self.servers))
+        # New calls get UNAVAILABLE from the servicer while running calls
+        # finish; only then do the listeners close.
+        if not await self.service.drain(self.config.grace_seconds):
+            log.warning("%d calls still running after %.1fs; cancelling them", self.service.active_calls, self.config.grace_seconds)
+        await asyncio.gather(*(s.stop(0) for s in self.servers))
         if self.sessions is not None:
             self.sessions.stop()
         self.service.pool.shutdown(wait=True)

@@ -6,6 +6,7 @@ import asyncio
 import functools
 import json
 import threading
+from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -35,10 +36,32 @@ class Service:
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvstore-svc")
         self.draining = False
+        self.active_calls = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
-    def check_serving(self) -> None:
+    @contextmanager
+    def admitted(self):
+        """Admit a call unless draining; count it while it runs."""
         if self.draining:
             raise Draining("the daemon is shutting down")
+        self.active_calls += 1
+        self._idle.clear()
+        try:
+            yield
+        finally:
+            self.active_calls -= 1
+            if self.active_calls == 0:
+                self._idle.set()
+
+    async def drain(self, grace_s: float) -> bool:
+        """Refuse new calls (UNAVAILABLE) and wait for the running ones; True if all finished."""
+        self.draining = True
+        try:
+            await asyncio.wait_for(self._idle.wait(), grace_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
 
     async def run(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
@@ -48,7 +71,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     def __init__(self, service: Service):
         self.svc = service
         self.metrics = service.metrics
-        self.check_serving = service.check_serving
+        self.admitted = service.admitted
 
     @unary
     async def PutPrefix(self, request_iterator, context):
@@ -115,8 +138,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @streaming
     async def ReadChunks(self, request, context):
         svc = self.svc
-        pid = await svc.run(svc.store.resolve, request.prefix_id)
-        view = await svc.run(svc.store.describe, pid)
+        # resolve and describe are index lookups of microseconds (the manifest
+        # is cached): done inline, a thread hop would cost more than they do.
+        pid = svc.store.resolve(request.prefix_id)
+        view = svc.store.describe(pid)
         geo = view.geometry
         groups = groups_for_layers(geo, request.layer_start, request.layer_end)
         chunks = validate_chunks(list(request.chunks), view.num_chunks)
@@ -126,14 +151,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
             svc.sessions.check(session)
         counts = geo.chunk_token_counts(view.num_tokens)[chunks]
-        yield pb.ReadChunksResponse(
-            header=pb.ReadHeader(
-                geometry=geometry_to_pb(geo),
-                chunks=chunks.tolist(),
-                chunk_tokens=counts.tolist(),
-                groups=groups,
-                num_tokens=view.num_tokens,
-            )
+        header = pb.ReadHeader(
+            geometry=geometry_to_pb(geo),
+            chunks=chunks.tolist(),
+            chunk_tokens=counts.tolist(),
+            groups=groups,
+            num_tokens=view.num_tokens,
         )
         reader = _GroupReader(svc, pid, chunks, session, coalesce=not request.no_coalesce)
         # A cancelled call may never resume this generator: release from the
@@ -144,14 +167,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             task = reader.start(groups[0])
             for i, g in enumerate(groups):
                 res, lease = await task
-                if i + 1 < len(groups):  # the next group loads while this one streams
+                last_group = i + 1 == len(groups)
+                if not last_group:  # the next group loads while this one streams
                     task = reader.start(groups[i + 1])
                 stats.bytes_read += res.bytes_read
                 stats.bytes_useful += res.bytes_useful
                 stats.num_reads += res.num_reads
-                for msg in reader.messages(res, g, lease):
+                msgs = list(reader.messages(res, g, lease))
+                if header is not None:
+                    msgs[0].header.CopyFrom(header)
+                    header = None
+                if last_group:
+                    msgs[-1].stats.CopyFrom(stats)
+                for msg in msgs:
                     yield msg
-            yield pb.ReadChunksResponse(stats=stats)
             reader.completed = True
         finally:
             reader.finish()
@@ -222,7 +251,7 @@ class AdminServicer(pb_grpc.KVStoreAdminServicer):
     def __init__(self, service: Service):
         self.svc = service
         self.metrics = service.metrics
-        self.check_serving = service.check_serving
+        self.admitted = service.admitted
 
     @unary
     async def Inspect(self, request, context):
@@ -295,15 +324,18 @@ class _GroupReader:
         return res, holder[0] if holder else None
 
     def messages(self, res, group: int, lease):
+        if lease is not None:  # one message: a descriptor per extent
+            base = np.frombuffer(res.buffer, np.uint8).ctypes.data
+            refs = []
+            for j in res.chunks.tolist():
+                raw = res.extent_bytes(group, j)
+                refs.append(pb.ShmRef(lease_id=lease.lease_id, offset=lease.offset + (raw.ctypes.data - base), length=raw.size))
+            yield pb.ReadChunksResponse(shm_group=pb.ShmGroup(group=group, chunks=res.chunks.tolist(), refs=refs))
+            return
         frame = self.svc.config.frame_bytes
-        base = np.frombuffer(res.buffer, np.uint8).ctypes.data if lease is not None else 0
         for j in res.chunks.tolist():
             raw = res.extent_bytes(group, j)
             n = raw.size
-            if lease is not None:
-                ref = pb.ShmRef(lease_id=lease.lease_id, offset=lease.offset + (raw.ctypes.data - base), length=n)
-                yield pb.ReadChunksResponse(extent=pb.ExtentData(group=group, chunk=j, extent_bytes=n, shm=ref))
-                continue
             mv = memoryview(raw)
             for off in range(0, n, frame):
                 yield pb.ReadChunksResponse(

@@ -2,8 +2,10 @@
 
 A client connects, receives one JSON line ``{"session": id, "arena_bytes": n}``
 with the memfd attached, and keeps the connection open for as long as it
-uses the session.  When the connection closes (the client exited or died),
-every lease of the session is released.
+uses the session.  It releases leases by writing their ids on the
+connection (uint64 little-endian each; no reply), which costs no RPC.  When
+the connection closes (the client exited or died), every lease of the
+session is released.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import logging
 import os
 import secrets
 import socket
+import struct
 import threading
 
 from ..errors import InvalidArgument
@@ -69,9 +72,15 @@ class ShmSessions:
             threading.Thread(target=self._watch, args=(session_id, conn), name="kvstore-shm-session", daemon=True).start()
 
     def _watch(self, session_id: int, conn: socket.socket) -> None:
+        pending = b""
         try:
-            while conn.recv(4096):
-                pass
+            while data := conn.recv(65536):
+                pending += data
+                usable = len(pending) // 8 * 8
+                if usable:
+                    ids = struct.unpack(f"<{usable // 8}Q", pending[:usable])
+                    pending = pending[usable:]
+                    self.arena.release(ids, session_id=session_id)
         except OSError:
             pass
         with self._lock:

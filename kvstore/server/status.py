@@ -61,8 +61,8 @@ def unary(fn):
     async def wrapper(self, request, context):
         with self.metrics.timed(fn.__name__):
             try:
-                self.check_serving()
-                return await fn(self, request, context)
+                with self.admitted():
+                    return await fn(self, request, context)
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except Exception as exc:
@@ -78,9 +78,9 @@ def streaming(fn):
     async def wrapper(self, request, context):
         with self.metrics.timed(fn.__name__):
             try:
-                self.check_serving()
-                async for msg in fn(self, request, context):
-                    yield msg
+                with self.admitted():
+                    async for msg in fn(self, request, context):
+                        yield msg
             except (asyncio.CancelledError, grpc.aio.AbortError):
                 raise
             except Exception as exc:

@@ -6,7 +6,8 @@ Subcommands (a parser and a ``command_*`` function each, bound with
 ``io``  fio-style raw job through the store's backend (``io_jobs``), and with
         ``--compare-fio`` the same job run by fio right after on the same file
         (``fio``).  ``--chunked`` runs the chunked-read benchmark instead
-        (``chunked.run_chunked``).
+        (``chunked.run_chunked``); ``--via-daemon`` times random chunk reads
+        in-process and through a daemon on both data paths (``daemon_io``).
 
 Exit status: 0 on success, 2 for bad arguments (argparse), 1 when the
 benchmark could not run (message on stderr).
@@ -65,6 +66,11 @@ def _add_compare_options(parser: argparse.ArgumentParser) -> None:
     cmp = parser.add_argument_group("comparison with fio")
     cmp.add_argument("--compare-fio", action="store_true", help="run fio on the same file right after, report ours/fio")
     cmp.add_argument("--fio-ioengine", default="libaio", help="fio's --ioengine (libaio, io_uring, psync)")
+    cmp.add_argument(
+        "--via-daemon",
+        action="store_true",
+        help="random chunk reads in-process, through a daemon (shm and bytes paths), and fio (with --compare-fio)",
+    )
 
 
 def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
@@ -130,6 +136,12 @@ def command_io(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         spec.check()
     except ValueError as exc:
         parser.error(str(exc))  # exits 2
+    if args.via_daemon:
+        from .daemon_io import format_daemon_report, run_daemon_comparison
+
+        report = run_daemon_comparison(args)
+        _print_json(report) if args.json else print(format_daemon_report(report))
+        return 0
     if args.compare_fio:
         report = compare_with_fio(spec, ioengine=args.fio_ioengine)  # checks for fio before our run
     else:
