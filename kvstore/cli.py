@@ -14,7 +14,11 @@ The small helpers here (``synthetic_kv``, ``clustered_chunks``,
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
+import signal
+import subprocess
 import statistics
 import sys
 import time
@@ -110,9 +114,9 @@ def _mb_per_s(nbytes: int, seconds: float) -> float:
     return nbytes / seconds / 1e6 if seconds > 0 else float("inf")
 
 
-def _put(store, name: str, tokens, kv, geo) -> str:
+def _put(target, name: str, tokens, kv, geo) -> str:
     t0 = time.perf_counter()
-    res = store.put(tokens, kv, geo, namespace="demo")
+    res = target.put(tokens, kv, geo)
     dt = time.perf_counter() - t0
     c = geo.chunk_tokens
     reused_bytes = min(res.reused_chunks * c, res.num_tokens) * geo.model.num_layers * geo.model.token_layer_bytes
@@ -127,45 +131,146 @@ def _put(store, name: str, tokens, kv, geo) -> str:
     return res.prefix_id
 
 
-def _read_row(store, prefix_id, kv, geo, budget, rng, repeats: int) -> tuple[list, bool]:
+def _read_row(target, prefix_id, kv, geo, chunks, label, repeats: int) -> tuple[list, bool]:
     n = kv.shape[3]
-    m = geo.num_chunks(n)
-    chunks = clustered_chunks(rng, m, budget_chunks(m, budget))
     times = []
+    res = None
     for _ in range(repeats):
+        if res is not None:
+            target.release(res)
         t0 = time.perf_counter()
-        res = store.read(prefix_id, chunks)
+        res = target.read(prefix_id, chunks)
         times.append(time.perf_counter() - t0)
     exact = np.array_equal(res.to_kv(), kv[:, :, :, token_indices(chunks, geo.chunk_tokens, n), :])
+    target.release(res)
     dt = statistics.median(times)
     row = [
-        f"{budget:.0%}",
+        label,
         chunks.size,
         int(res.chunk_tokens.sum()),
         res.num_reads,
         human_bytes(res.bytes_useful),
         f"{dt * 1e3:.2f}",
         f"{_mb_per_s(res.bytes_useful, dt):.0f}",
-        f"{res.read_amplification:.2f}",
+        f"{res.bytes_read / res.bytes_useful:.2f}",
         "yes" if exact else "NO",
     ]
     return row, exact
 
 
-def _verify(store) -> bool:
-    results = store.verify()
+def _verify(target) -> bool:
+    results = target.verify()
     bad = [r for r in results if not r["ok"]]
     regions = sum(r["regions"] for r in results)
     if bad:
-        print(f"verify: {len(bad)} of {len(results)} segments FAILED: " + "; ".join(str(r["quarantined"]) for r in bad))
+        print(f"verify: {len(bad)} of {len(results)} segments FAILED: " + "; ".join(str(r["bad_regions"]) for r in bad))
     else:
         print(f"verify: {len(results)} segments, {regions} checksummed regions, all ok")
     return not bad
 
 
-def run_demo(args) -> int:
-    from .store import ChunkStore
+class _LocalTarget:
+    """The demo against the library, in this process."""
 
+    paths = ("in-process",)
+
+    def __init__(self, store):
+        self.store = store
+        self.path = "in-process"
+
+    def describe(self) -> str:
+        return f"store: {self.store.data_dir} (in-process, backend {self.store.backend.name})"
+
+    def put(self, tokens, kv, geo):
+        return self.store.put(tokens, kv, geo, namespace="demo")
+
+    def read(self, prefix_id, chunks):
+        return self.store.read(prefix_id, chunks)
+
+    def release(self, res) -> None:
+        pass
+
+    def verify(self) -> list[dict]:
+        return self.store.verify()
+
+
+class _DaemonTarget:
+    """The demo through a daemon, this process being its client."""
+
+    paths = ("shm", "bytes")
+
+    def __init__(self, client, where: str):
+        self.client = client
+        self.where = where
+        self.path = "shm"
+
+    def describe(self) -> str:
+        st = self.client.stats()
+        return f"daemon: {self.where} (backend {st.backend}, shared-memory arena {human_bytes(st.shm_arena_bytes)})"
+
+    def put(self, tokens, kv, geo):
+        return self.client.put_prefix(tokens, kv, geo, namespace="demo")
+
+    def read(self, prefix_id, chunks):
+        return self.client.read_chunks(prefix_id, chunks, shm=self.path == "shm")
+
+    def release(self, res) -> None:
+        res.release()
+
+    def verify(self) -> list[dict]:
+        return [{"ok": r.ok, "regions": r.regions, "bad_regions": list(r.bad_regions)} for r in self.client.verify()]
+
+
+@contextlib.contextmanager
+def _demo_target(args, cfg):
+    """The library in-process, a running daemon (--target), or a daemon started here."""
+    if args.in_process:
+        from .store import ChunkStore
+
+        with ChunkStore(cfg) as store:
+            yield _LocalTarget(store)
+        return
+    from engine_client.client import KVStoreClient
+
+    if args.target:
+        with KVStoreClient(args.target) as client:
+            yield _DaemonTarget(client, args.target)
+        return
+    from .server.config import ServerConfig
+
+    server_cfg = load_config(ServerConfig, args.config, "server", enable_admin=True, socket_path=args.socket_path)
+    with _spawn_daemon(args.config, cfg, server_cfg) as (socket_path, pid):
+        with KVStoreClient(f"unix:{os.path.abspath(socket_path)}") as client:
+            yield _DaemonTarget(client, f"unix:{socket_path}, pid {pid}")
+
+
+@contextlib.contextmanager
+def _spawn_daemon(config_path, cfg, server_cfg):
+    """``kvstore serve`` as a child process on the configured socket; SIGTERM at the end."""
+    ready = os.path.join(os.path.dirname(os.path.abspath(server_cfg.socket_path)), "demo.ready")
+    os.makedirs(os.path.dirname(ready), exist_ok=True)
+    if os.path.exists(ready):
+        os.unlink(ready)
+    cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--data-dir", cfg.data_dir, "--socket-path", server_cfg.socket_path,
+           "--enable-admin", "true", "--ready-file", ready, "--min-free-bytes", str(cfg.min_free_bytes), "--backend", cfg.backend]
+    if config_path:
+        cmd += ["--config", config_path]
+    proc = subprocess.Popen(cmd)
+    try:
+        deadline = time.monotonic() + 60
+        while not os.path.exists(ready):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise KVStoreError(f"the daemon did not start (exit status {proc.poll()})")
+            time.sleep(0.05)
+        yield server_cfg.socket_path, proc.pid
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        if os.path.exists(ready):
+            os.unlink(ready)
+
+
+def run_demo(args) -> int:
     cfg = load_config(StoreConfig, args.config, "store", args=args)
     geo = _geometry(args)
     n = args.tokens
@@ -182,19 +287,23 @@ def run_demo(args) -> int:
         f"chunk {geo.chunk_tokens} tokens, period {geo.period_layers} layers; "
         f"{n} tokens = {geo.num_chunks(n)} chunks x {geo.num_groups} groups, {human_bytes(kv_a.nbytes)} of KV"
     )
-    with ChunkStore(cfg) as store:
-        print(f"store: {store.data_dir} (backend {store.backend.name}, O_DIRECT {'on' if cfg.direct_io else 'off'})")
-        _put(store, "A", tokens_a, kv_a, geo)
-        prefix_b = _put(store, "B", tokens_b, kv_b, geo)
+    with _demo_target(args, cfg) as target:
+        print(target.describe())
+        _put(target, "A", tokens_a, kv_a, geo)
+        prefix_b = _put(target, "B", tokens_b, kv_b, geo)
         rows, all_exact = [], True
+        num_chunks = geo.num_chunks(n)
         for budget in args.budgets:
-            row, exact = _read_row(store, prefix_b, kv_b, geo, budget, rng, args.repeats)
-            rows.append(row)
-            all_exact &= exact
+            chunks = clustered_chunks(rng, num_chunks, budget_chunks(num_chunks, budget))
+            for path in target.paths:
+                target.path = path
+                row, exact = _read_row(target, prefix_b, kv_b, geo, chunks, f"{budget:.0%} {path}", args.repeats)
+                rows.append(row)
+                all_exact &= exact
         print(f"read B back (clustered selection, coalesced, median of {args.repeats}):")
-        headers = ["budget", "chunks", "tokens", "I/Os", "useful", "ms", "MB/s", "ampl", "exact"]
-        print(format_table(headers, rows, right=set(range(8))))
-        ok = _verify(store)
+        headers = ["budget path", "chunks", "tokens", "I/Os", "useful", "ms", "MB/s", "ampl", "exact"]
+        print(format_table(headers, rows, right=set(range(1, 8))))
+        ok = _verify(target)
     return 0 if ok and all_exact else 1
 
 
@@ -231,6 +340,10 @@ def _demo_parser(sub) -> None:
     g.add_argument("--chunk-tokens", type=_positive_int, default=16)
     g.add_argument("--period-layers", type=_positive_int, default=8)
     g.add_argument("--seed", type=int, default=0)
+    w = p.add_argument_group("where (default: start a daemon on the default socket and use it from this process)")
+    w.add_argument("--in-process", action="store_true", help="use the store library in this process, no daemon")
+    w.add_argument("--target", help="an already running daemon, e.g. unix:.kvstore/run/kvstore.sock")
+    w.add_argument("--socket-path", help="socket of the daemon the demo starts (default: the [server] socket_path)")
     g.add_argument("--budgets", type=_fractions, default=list(DEMO_BUDGETS), help="comma-separated fractions (default: 0.05,0.25,1)")
     g.add_argument("--repeats", type=_positive_int, default=3, help="timed reads per budget (median is shown)")
     add_config_args(p, StoreConfig)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -32,26 +33,36 @@ def admin(data_dir, *argv: str) -> subprocess.CompletedProcess:
 
 
 # ------------------------------------------------------------ kvstore demo
-def test_demo_stores_shares_reads_and_verifies(tmp_path):
+def test_demo_through_a_daemon_stores_shares_reads_and_verifies(tmp_path):
     data_dir = str(tmp_path / "data")
-    proc = run_module("kvstore.cli", "demo", "--data-dir", data_dir, "--min-free-bytes", "0", *TINY)
+    socket_path = os.path.join(tempfile.mkdtemp(prefix="kvdemo", dir="/tmp"), "kvstore.sock")  # short: sun_path limit
+    args = ("kvstore.cli", "demo", "--data-dir", data_dir, "--min-free-bytes", "0", "--socket-path", socket_path, *TINY)
+    proc = run_module(*args)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
+    assert "daemon: unix:" in out
     assert "put A: 300 tokens, 19 chunks, reused 0 chunks" in out
     assert "put B: 300 tokens, 19 chunks, reused 14 chunks" in out  # 3/4 of 300 tokens, whole chunks
     rows = [line.split() for line in out.splitlines() if line.lstrip().startswith(("5%", "25%", "100%"))]
-    assert [r[0] for r in rows] == ["5%", "25%", "100%"]
-    assert [r[-1] for r in rows] == ["yes", "yes", "yes"]  # bit-exact
+    assert [r[:2] for r in rows] == [[b, p] for b in ("5%", "25%", "100%") for p in ("shm", "bytes")]
+    assert [r[-1] for r in rows] == ["yes"] * 6  # bit-exact on both data paths
     assert "verify: 2 segments" in out and "all ok" in out
-    assert "I/O backend: posix" in proc.stderr
+    assert "I/O backend: posix" in proc.stderr and "stopped" in proc.stderr  # the daemon's log, then its drain
 
-    again = run_module("kvstore.cli", "demo", "--data-dir", data_dir, "--min-free-bytes", "0", *TINY)
+    again = run_module(*args)
     assert again.returncode == 0, again.stderr
     assert again.stdout.count("already stored, nothing written") == 2
 
 
+def test_demo_in_process(tmp_path):
+    proc = run_module("kvstore.cli", "demo", "--in-process", "--data-dir", str(tmp_path / "d"), "--min-free-bytes", "0", *TINY)
+    assert proc.returncode == 0, proc.stderr
+    rows = [line.split() for line in proc.stdout.splitlines() if line.lstrip().startswith(("5%", "25%", "100%"))]
+    assert [r[1] for r in rows] == ["in-process"] * 3 and [r[-1] for r in rows] == ["yes"] * 3
+
+
 def test_demo_bad_geometry_is_an_error(tmp_path):
-    proc = run_module("kvstore.cli", "demo", "--data-dir", str(tmp_path), *TINY, "--period-layers", "5000")
+    proc = run_module("kvstore.cli", "demo", "--in-process", "--data-dir", str(tmp_path), *TINY, "--period-layers", "5000")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("error: period_layers")
 

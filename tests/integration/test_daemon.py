@@ -208,6 +208,27 @@ def _admin(daemon, *args):
     )
 
 
+def test_admin_through_the_daemon(daemon):
+    import json
+
+    with KVStoreClient(daemon.target) as client:
+        pid = client.put_prefix(make_tokens(40, 1), make_kv(GEO, 40, 1), GEO, namespace="ns").prefix_id
+    ls = _admin(daemon, "ls", "--json")
+    assert ls.returncode == 0, ls.stderr
+    (row,) = json.loads(ls.stdout)
+    assert row["prefix_id"] == pid and row["num_tokens"] == 40 and row["namespace"] == "ns" and row["quarantined"] is None
+    inspect = _admin(daemon, "inspect", pid[:12])
+    assert inspect.returncode == 0 and pid in inspect.stdout and "seg-" in inspect.stdout
+    stats = _admin(daemon, "stats", "--json")
+    st = json.loads(stats.stdout)
+    assert st["num_prefixes"] == 1 and st["backend"] == "posix" and any(r["rpc"] == "PutPrefix" for r in st["latency"])
+    assert _admin(daemon, "verify", pid).returncode == 0
+    gone = _admin(daemon, "delete", pid[:10])
+    assert gone.returncode == 0 and pid in gone.stdout
+    missing = _admin(daemon, "inspect", pid)
+    assert missing.returncode == 1 and "NOT_FOUND" in missing.stderr
+
+
 def test_read_only_store_refuses_writes_keeps_reads(daemon_factory, tmp_path):
     kv, tokens = make_kv(GEO, 40, 1), make_tokens(40, 1)
     d = daemon_factory()
