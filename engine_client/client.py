@@ -281,6 +281,18 @@ class KVStoreClient:
         req = pb.GetProbeKeysRequest(prefix_id=prefix_id, group=group)
         return _collect(_rpc(self.stub.GetProbeKeys, req, **self._kw(timeout)))
 
+    def report_attention(self, prefix_id: str, group: int, chunks, attention, *, timeout=None) -> int:
+        """Report each chunk's attention mass in a period group (feeds the cache score)."""
+        req = pb.ReportAttentionRequest(
+            prefix_id=prefix_id, group=group, chunks=_ints(chunks), attention=np.asarray(attention, dtype=np.float32).tolist()
+        )
+        return _rpc(self.stub.ReportAttention, req, **self._kw(timeout)).units
+
+    def get_scores(self, prefix_id: str, group: int, *, timeout=None) -> dict:
+        """``{"importance", "frequency", "score"}`` arrays over the prefix's chunks."""
+        r = _rpc(self.stub.GetScores, pb.GetScoresRequest(prefix_id=prefix_id, group=group), **self._kw(timeout))
+        return {"importance": np.array(r.importance), "frequency": np.array(r.frequency), "score": np.array(r.score)}
+
     def delete(self, prefix_id: str, *, timeout=None) -> str:
         return _rpc(self.stub.Delete, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)).prefix_id
 

@@ -6,6 +6,7 @@ Databases (keys are raw bytes, values JSON):
 * ``segments``: segment id (8 bytes, big-endian) -> segment record
 * ``chunk_refs`` (dupsort): chunk hash -> prefix ids whose manifest holds it
 * ``meta``: store-wide values (format version)
+* ``scores``: (segment, chunk, group) -> cache score inputs ``I_j``, ``F_j``
 
 LMDB is opened with ``sync=True`` and ``writemap=False``: a committed write
 transaction is on disk when ``commit`` returns.  When the map fills up, the
@@ -68,6 +69,7 @@ class Index:
         self.segments = self.env.open_db(b"segments")
         self.chunk_refs = self.env.open_db(b"chunk_refs", dupsort=True)
         self.meta = self.env.open_db(b"meta")
+        self.scores = self.env.open_db(b"scores")
         self.resizes = 0
 
         def init(txn):

@@ -29,6 +29,10 @@ from .hashing import chunk_hashes, validate_tokens
 from .io import IOBackend, aligned_buffer, make_backend
 from .reader import ReadResult, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import Piece, PrefixView, SegmentInfo
+from .scores import ScoreTable, Unit
+from .scores import decode as decode_score
+from .scores import encode as encode_score
+from .scores import unit_key
 from .segment_files import SegmentFiles, parse_segment_file_name, segment_file_name
 from .writer import SegmentImage
 
@@ -78,6 +82,9 @@ class ChunkStore:
         self._segments: dict[int, SegmentInfo] = {}
         self.counters = {"bytes_read": 0, "bytes_written": 0, "reads": 0, "puts": 0, "deletes": 0}
         self._next_segment_id = self._startup_scan()
+        self.scores = ScoreTable()
+        with self.index.read() as txn:
+            self.scores.load(decode_score(k, v) for k, v in txn.cursor(db=self.index.scores))
 
     # ------------------------------------------------------------ lifecycle
     def _lock_data_dir(self) -> int:
@@ -90,6 +97,8 @@ class ChunkStore:
         return fd
 
     def close(self) -> None:
+        if not self._read_only:
+            self.flush_scores()
         self.files.close_all()
         self.index.close()
         self.backend.shutdown()
@@ -500,10 +509,59 @@ class ChunkStore:
         self._views.pop(prefix_id, None)
         for seg_id in freed:
             self._segments.pop(seg_id, None)
+            self.scores.drop_segment(seg_id)
             self.files.remove(seg_id)
             with self._state_lock:
                 self._quarantined.pop(seg_id, None)
         self._count(deletes=1)
+
+    # ------------------------------------------------------------ scores
+    def units(self, prefix_id: str, chunks, groups) -> list[Unit]:
+        """The stored units (segment, local chunk, group) of a prefix's chunks."""
+        view = self._view(prefix_id)
+        sel = validate_chunks(chunks, view.num_chunks)
+        grp = validate_groups(groups, view.geometry.num_groups)
+        which, local = view.locate(sel)
+        seg_ids = [view.pieces[p].segment_id for p in which.tolist()]
+        return [(s, loc, g) for g in grp for s, loc in zip(seg_ids, local.tolist())]
+
+    def record_access(self, prefix_id: str, chunks, groups) -> None:
+        """``F_j += 1`` for every unit read (in memory; see ``flush_scores``)."""
+        self.scores.add_access(self.units(prefix_id, chunks, groups))
+
+    def report_attention(self, prefix_id: str, group: int, chunks, attention) -> int:
+        """``I_j += A_j``: the attention mass the client measured for each chunk."""
+        mass = np.asarray(attention, dtype=np.float64)
+        if mass.ndim != 1 or mass.size != len(chunks):
+            raise InvalidArgument("attention", f"needs one value per chunk ({len(chunks)}), got shape {mass.shape}")
+        if not np.all(np.isfinite(mass)) or (mass < 0).any():
+            raise InvalidArgument("attention", "values must be finite and non-negative")
+        view = self._view(prefix_id)
+        sel = validate_chunks(chunks, view.num_chunks)
+        order = np.argsort(np.asarray(chunks, dtype=np.int64), kind="stable")
+        units = self.units(prefix_id, sel, [group])
+        self.scores.add_attention(units, mass[order].tolist())
+        return len(units)
+
+    def flush_scores(self) -> int:
+        """Persist changed scores to the index (one transaction); entries written."""
+        dirty = self.scores.take_dirty()
+        if not dirty:
+            return 0
+
+        def txn_fn(txn):
+            for unit, score in dirty:
+                if score is None:
+                    txn.delete(unit_key(unit), db=self.index.scores)
+                else:
+                    txn.put(*encode_score(unit, score), db=self.index.scores)
+
+        try:
+            self.index.write(txn_fn)
+        except BaseException:
+            self.scores.mark_dirty(u for u, _ in dirty)
+            raise
+        return len(dirty)
 
     # ------------------------------------------------------------ verify
     def verify(self, prefix_id: str | None = None) -> list[dict]:

@@ -64,6 +64,16 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetProbeKeysRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.FromString,
                 _registered_method=True)
+        self.ReportAttention = channel.unary_unary(
+                '/kvstore.v1.KVStore/ReportAttention',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionResponse.FromString,
+                _registered_method=True)
+        self.GetScores = channel.unary_unary(
+                '/kvstore.v1.KVStore/GetScores',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.FromString,
+                _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/kvstore.v1.KVStore/Delete',
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
@@ -120,6 +130,18 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ReportAttention(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetScores(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Delete(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -170,6 +192,16 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.GetProbeKeys,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetProbeKeysRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.SerializeToString,
+            ),
+            'ReportAttention': grpc.unary_unary_rpc_method_handler(
+                    servicer.ReportAttention,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionResponse.SerializeToString,
+            ),
+            'GetScores': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetScores,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -349,6 +381,60 @@ class KVStore:
             '/kvstore.v1.KVStore/GetProbeKeys',
             kvstore_dot___proto_dot_kvstore__pb2.GetProbeKeysRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReportAttention(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/ReportAttention',
+            kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetScores(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/GetScores',
+            kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -113,6 +113,20 @@ class Daemon:
             except asyncio.TimeoutError:
                 pass
 
+    async def flush_scores(self) -> None:
+        """Persist changed cache scores every score_flush_seconds (and at stop)."""
+        while not self.stopped.is_set():
+            try:
+                await asyncio.wait_for(self.stopped.wait(), self.config.score_flush_seconds)
+            except asyncio.TimeoutError:
+                pass
+            if self.store.read_only or self.stopped.is_set():
+                continue
+            try:
+                await self.service.run(self.store.flush_scores)
+            except Exception:  # scores are advisory: log and keep serving
+                log.exception("could not persist cache scores")
+
     async def stop(self) -> None:
         """NOT_SERVING, refuse new calls, let in-flight calls finish, stop."""
         log.info("draining: NOT_SERVING, refusing new calls, grace %.1fs", self.config.grace_seconds)
@@ -164,6 +178,7 @@ async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str |
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.ensure_future(daemon.watch_read_only())
+    flusher = asyncio.ensure_future(daemon.flush_scores())
     if ready_file:  # written whole, then renamed: a reader never sees it half done
         with open(ready_file + ".tmp", "w") as fh:
             fh.write(f"{os.getpid()} {getattr(daemon, 'tcp_port', 0)}\n")
@@ -171,4 +186,4 @@ async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str |
     log.info("kvstore daemon ready (pid %d)", os.getpid())
     await stop.wait()
     await daemon.stop()
-    await watcher
+    await asyncio.gather(watcher, flusher)

@@ -27,6 +27,7 @@ class ServerConfig:
     stream_idle_seconds: float = _opt(60.0, "a PutPrefix stream idle this long is cancelled")
     grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight calls may finish")
     io_threads: int = _opt(8, "threads running store calls for the async service")
+    score_flush_seconds: float = _opt(5.0, "how often changed cache scores are written to the index")
 
     def __post_init__(self) -> None:
         if not self.socket_path and not self.tcp_address:

@@ -182,6 +182,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 for msg in msgs:
                     yield msg
             reader.completed = True
+            svc.store.record_access(pid, chunks, groups)
         finally:
             reader.finish()
 
@@ -205,6 +206,26 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         arr = await self.svc.run(self.svc.store.read_probe_keys, pid, request.group)
         for frame in array_frames(arr, self.svc.config.frame_bytes):
             yield frame
+
+    @unary
+    async def ReportAttention(self, request, context):
+        store = self.svc.store
+        pid = store.resolve(request.prefix_id)
+        n = store.report_attention(pid, request.group, list(request.chunks), list(request.attention))
+        return pb.ReportAttentionResponse(units=n)
+
+    @unary
+    async def GetScores(self, request, context):
+        store = self.svc.store
+        pid = store.resolve(request.prefix_id)
+        view = store.describe(pid)
+        units = store.units(pid, range(view.num_chunks), [request.group])
+        scores = [store.scores.get(u) for u in units]
+        return pb.GetScoresResponse(
+            importance=[s.importance for s in scores],
+            frequency=[s.frequency for s in scores],
+            score=[s.score for s in scores],
+        )
 
     @unary
     async def Delete(self, request, context):

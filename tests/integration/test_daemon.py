@@ -412,3 +412,28 @@ def test_mtls_listener(daemon_factory, tmp_path):
     cert = ((tmp_path / "client.key").read_bytes(), (tmp_path / "client.pem").read_bytes())
     with KVStoreClient(target, root_certificates=ca, client_cert=cert) as client:
         assert client.stats().backend == "posix"
+
+
+def test_attention_reports_and_accesses_make_scores_that_survive_restart(daemon_factory):
+    d = daemon_factory()
+    kv, tokens = make_kv(GEO, 64, 1), make_tokens(64, 1)
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, GEO).prefix_id
+        for _ in range(3):
+            client.read_chunks(pid, [0, 2]).release()
+        assert client.report_attention(pid, 0, [2, 0], [0.25, 1.5]) == 2
+        s = client.get_scores(pid, 0)
+        np.testing.assert_allclose(s["importance"], [1.5, 0, 0.25, 0])
+        assert s["frequency"].tolist() == [3, 0, 3, 0]
+        np.testing.assert_allclose(s["score"], [4.5, 0, 0.75, 0])
+        for bad, field in [([0, 9], "chunks"), ([0], "attention")]:
+            with pytest.raises(KVStoreRpcError) as err:
+                client.report_attention(pid, 0, bad, [1.0, 1.0])
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT and err.value.message.startswith(field)
+        with pytest.raises(KVStoreRpcError) as err:
+            client.report_attention(pid, 0, [1], [float("nan")])
+        assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    d.stop()  # scores are flushed at shutdown
+    again = daemon_factory(data_dir=d.data_dir)
+    with KVStoreClient(again.target) as client:
+        np.testing.assert_allclose(client.get_scores(pid, 0)["score"], [4.5, 0, 0.75, 0])
