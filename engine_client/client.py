@@ -61,6 +61,10 @@ class ChunkRead:
     _extents: dict = field(default_factory=dict, repr=False)  # (group, chunk) -> uint8 array
     _release: object = field(default=None, repr=False)
 
+    @property
+    def read_amplification(self) -> float:
+        return self.bytes_read / self.bytes_useful if self.bytes_useful else 1.0
+
     def extent(self, group: int, chunk: int) -> np.ndarray:
         """``[layers_in_group, 2, kv_heads, tokens, head_dim]`` in the KV dtype."""
         tokens = int(self.chunk_tokens[np.searchsorted(self.chunks, chunk)])
@@ -197,6 +201,19 @@ class KVStoreClient:
 
     def read_chunks(self, prefix_id: str, chunks, *, layer_start=0, layer_end=0, shm=None, coalesce=True, timeout=None) -> ChunkRead:
         """Read the extents of ``chunks`` for the period groups covering the layer range."""
+        result = None
+        for result, _group in self.iter_groups(
+            prefix_id, chunks, layer_start=layer_start, layer_end=layer_end, shm=shm, coalesce=coalesce, timeout=timeout
+        ):
+            pass
+        return result
+
+    def iter_groups(self, prefix_id: str, chunks, *, layer_start=0, layer_end=0, shm=None, coalesce=True, timeout=None):
+        """Yield ``(read, group)`` as each period group arrives, so a caller can
+        compute on one group while the next is still loading.  ``read`` is the
+        same ``ChunkRead`` each time, filled group by group (stats at the end);
+        the caller releases it when done.  If the caller stops early, its
+        leases are released."""
         use_shm = self.shm if shm is None else shm
         if use_shm and not self.shm:
             raise ValueError("no shared-memory session is open")
@@ -211,56 +228,64 @@ class KVStoreClient:
         result = None
         leases: set[int] = set()
         partial: dict = {}
+        done_ok = False
+        call = None
         try:
-            for msg in _rpc(self.stub.ReadChunks, req, **self._kw(timeout)):
+            call = _rpc(self.stub.ReadChunks, req, **self._kw(timeout))
+            for msg in call:
                 if msg.HasField("header"):
-                    h = msg.header
-                    result = ChunkRead(
-                        prefix_id=prefix_id,
-                        geometry=geometry_from_pb(h.geometry),
-                        chunks=np.array(h.chunks, dtype=np.int64),
-                        chunk_tokens=np.array(h.chunk_tokens, dtype=np.int64),
-                        groups=list(h.groups),
-                        num_tokens=h.num_tokens,
-                        zero_copy=use_shm,
-                    )
+                    result = self._new_read(prefix_id, msg.header, use_shm)
+                    result._release = lambda: self._release_leases(leases)
+                    arrived = {g: 0 for g in result.groups}
+                complete = []
                 if msg.HasField("shm_group"):
                     self._take_shm_group(result, msg.shm_group, leases)
-                if msg.HasField("extent"):
-                    self._take_extent(result, msg.extent, leases, partial)
+                    complete.append(msg.shm_group.group)
+                if msg.HasField("extent") and self._take_extent(result, msg.extent, leases, partial):
+                    arrived[msg.extent.group] += 1
+                    if arrived[msg.extent.group] == len(result.chunks):
+                        complete.append(msg.extent.group)
                 if msg.HasField("stats"):
-                    result.bytes_read, result.bytes_useful, result.num_reads = (
-                        msg.stats.bytes_read,
-                        msg.stats.bytes_useful,
-                        msg.stats.num_reads,
-                    )
+                    st = msg.stats
+                    result.bytes_read, result.bytes_useful, result.num_reads = st.bytes_read, st.bytes_useful, st.num_reads
+                for group in complete:
+                    yield result, group
+            done_ok = True
         except grpc.RpcError as exc:
-            self._release_leases(leases)
             raise KVStoreRpcError(exc.code(), exc.details() or "") from None
-        except BaseException:
-            self._release_leases(leases)
-            raise
-        if leases:
-            result._release = lambda: self._release_leases(leases)
-        return result
+        finally:
+            if not done_ok:
+                if call is not None:
+                    call.cancel()
+                self._release_leases(leases)
+
+    def _new_read(self, prefix_id: str, h, zero_copy: bool) -> ChunkRead:
+        return ChunkRead(
+            prefix_id=prefix_id,
+            geometry=geometry_from_pb(h.geometry),
+            chunks=np.array(h.chunks, dtype=np.int64),
+            chunk_tokens=np.array(h.chunk_tokens, dtype=np.int64),
+            groups=list(h.groups),
+            num_tokens=h.num_tokens,
+            zero_copy=zero_copy,
+        )
 
     def _take_shm_group(self, result: ChunkRead, grp, leases: set) -> None:
         for j, ref in zip(grp.chunks, grp.refs):
             leases.add(ref.lease_id)
             result._extents[(grp.group, j)] = np.frombuffer(self._arena, dtype=np.uint8, count=ref.length, offset=ref.offset)
 
-    def _take_extent(self, result: ChunkRead, e, leases: set, partial: dict) -> None:
+    def _take_extent(self, result: ChunkRead, e, leases: set, partial: dict) -> bool:
+        """Add one bytes frame; True when it completed its extent."""
         key = (e.group, e.chunk)
-        if e.WhichOneof("payload") == "shm":
-            leases.add(e.shm.lease_id)
-            result._extents[key] = np.frombuffer(self._arena, dtype=np.uint8, count=e.shm.length, offset=e.shm.offset)
-            return
         buf = partial.get(key)
         if buf is None:
             buf = partial[key] = np.empty(e.extent_bytes, dtype=np.uint8)
         buf[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
         if e.offset + len(e.data) == e.extent_bytes:
             result._extents[key] = partial.pop(key)
+            return True
+        return False
 
     def _release_leases(self, leases: set) -> None:
         """Hand leases back on the shm connection (one write, no RPC)."""
@@ -292,6 +317,10 @@ class KVStoreClient:
         """``{"importance", "frequency", "score"}`` arrays over the prefix's chunks."""
         r = _rpc(self.stub.GetScores, pb.GetScoresRequest(prefix_id=prefix_id, group=group), **self._kw(timeout))
         return {"importance": np.array(r.importance), "frequency": np.array(r.frequency), "score": np.array(r.score)}
+
+    def describe(self, prefix_id: str, *, timeout=None) -> pb.DescribeResponse:
+        """Geometry, token count and model of a stored prefix (NOT_FOUND if unknown)."""
+        return _rpc(self.stub.Describe, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout))
 
     def delete(self, prefix_id: str, *, timeout=None) -> str:
         return _rpc(self.stub.Delete, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)).prefix_id

@@ -227,6 +227,10 @@ class ChunkStore:
         """The stored prefix's manifest (geometry, tokens, chunks, segments)."""
         return self._view(prefix_id)
 
+    def prefix_quarantine(self, view: PrefixView) -> str | None:
+        """Why the prefix's data is refused (a quarantined segment), or None."""
+        return self._prefix_quarantine(view)
+
     def _prefix_quarantine(self, view: PrefixView) -> str | None:
         for seg_id in view.segment_ids:
             if seg_id in self._quarantined:

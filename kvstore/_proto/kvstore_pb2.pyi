@@ -145,20 +145,18 @@ class ReadHeader(_message.Message):
     def __init__(self, geometry: _Optional[_Union[Geometry, _Mapping]] = ..., chunks: _Optional[_Iterable[int]] = ..., chunk_tokens: _Optional[_Iterable[int]] = ..., groups: _Optional[_Iterable[int]] = ..., num_tokens: _Optional[int] = ...) -> None: ...
 
 class ExtentData(_message.Message):
-    __slots__ = ("group", "chunk", "offset", "extent_bytes", "data", "shm")
+    __slots__ = ("group", "chunk", "offset", "extent_bytes", "data")
     GROUP_FIELD_NUMBER: _ClassVar[int]
     CHUNK_FIELD_NUMBER: _ClassVar[int]
     OFFSET_FIELD_NUMBER: _ClassVar[int]
     EXTENT_BYTES_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
-    SHM_FIELD_NUMBER: _ClassVar[int]
     group: int
     chunk: int
     offset: int
     extent_bytes: int
     data: bytes
-    shm: ShmRef
-    def __init__(self, group: _Optional[int] = ..., chunk: _Optional[int] = ..., offset: _Optional[int] = ..., extent_bytes: _Optional[int] = ..., data: _Optional[bytes] = ..., shm: _Optional[_Union[ShmRef, _Mapping]] = ...) -> None: ...
+    def __init__(self, group: _Optional[int] = ..., chunk: _Optional[int] = ..., offset: _Optional[int] = ..., extent_bytes: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class ShmGroup(_message.Message):
     __slots__ = ("group", "chunks", "refs")
@@ -267,6 +265,24 @@ class ArrayFrame(_message.Message):
     offset: int
     data: bytes
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class DescribeResponse(_message.Message):
+    __slots__ = ("prefix_id", "namespace", "model_fingerprint", "geometry", "num_tokens", "num_chunks", "quarantined")
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    namespace: str
+    model_fingerprint: str
+    geometry: Geometry
+    num_tokens: int
+    num_chunks: int
+    quarantined: str
+    def __init__(self, prefix_id: _Optional[str] = ..., namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., quarantined: _Optional[str] = ...) -> None: ...
 
 class PrefixRequest(_message.Message):
     __slots__ = ("prefix_id",)

@@ -74,6 +74,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.FromString,
                 _registered_method=True)
+        self.Describe = channel.unary_unary(
+                '/kvstore.v1.KVStore/Describe',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DescribeResponse.FromString,
+                _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/kvstore.v1.KVStore/Delete',
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
@@ -142,6 +147,12 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Describe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Delete(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -202,6 +213,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.GetScores,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.SerializeToString,
+            ),
+            'Describe': grpc.unary_unary_rpc_method_handler(
+                    servicer.Describe,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DescribeResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
@@ -435,6 +451,33 @@ class KVStore:
             '/kvstore.v1.KVStore/GetScores',
             kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Describe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/Describe',
+            kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.DescribeResponse.FromString,
             options,
             channel_credentials,
             insecure,

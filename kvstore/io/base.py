@@ -9,6 +9,7 @@ with EINVAL.  ``aligned_buffer`` returns memory that satisfies it.
 from __future__ import annotations
 
 import abc
+import ctypes
 import mmap
 from dataclasses import dataclass
 from typing import Protocol
@@ -41,18 +42,39 @@ def aligned_buffer(nbytes: int) -> memoryview:
     return memoryview(mmap.mmap(-1, nbytes))
 
 
+_c_char_from_buffer = ctypes.c_char.from_buffer
+_addressof = ctypes.addressof
+
+
 def buffer_address(buf) -> int:
-    return np.frombuffer(buf, dtype=np.uint8).ctypes.data if len(memoryview(buf)) else 0
+    """Address of the first byte of ``buf`` (0 when empty).
+
+    ctypes reads it from the buffer protocol in ~0.3 us for writable buffers
+    (numpy's ``.ctypes.data`` takes ~3 us); read-only ones go through numpy.
+    """
+    try:
+        return _addressof(_c_char_from_buffer(buf))
+    except (TypeError, ValueError):  # read-only, empty, or not one contiguous block
+        pass
+    if not memoryview(buf).nbytes:
+        return 0
+    return np.frombuffer(buf, dtype=np.uint8).ctypes.data
 
 
-def check_aligned(buf, offset: int) -> None:
-    """Raise ValueError unless ``buf`` and ``offset`` meet the O_DIRECT rules."""
+def aligned_nbytes(buf, offset: int) -> int:
+    """``check_aligned``, returning the byte length of ``buf``."""
     nbytes = memoryview(buf).nbytes
-    if offset % ALIGN_BYTES or nbytes % ALIGN_BYTES or buffer_address(buf) % ALIGN_BYTES:
+    if offset % ALIGN_BYTES or nbytes % ALIGN_BYTES or (nbytes and buffer_address(buf) % ALIGN_BYTES):
         raise ValueError(
             f"direct I/O needs {ALIGN_BYTES}-byte aligned offset, length and buffer "
             f"(offset={offset}, length={nbytes}, address%{ALIGN_BYTES}={buffer_address(buf) % ALIGN_BYTES})"
         )
+    return nbytes
+
+
+def check_aligned(buf, offset: int) -> None:
+    """Raise ValueError unless ``buf`` and ``offset`` meet the O_DIRECT rules."""
+    aligned_nbytes(buf, offset)
 
 
 class IOBackend(abc.ABC):

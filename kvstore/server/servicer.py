@@ -228,6 +228,20 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
 
     @unary
+    async def Describe(self, request, context):
+        store = self.svc.store
+        view = store.describe(store.resolve(request.prefix_id))
+        return pb.DescribeResponse(
+            prefix_id=view.prefix_id,
+            namespace=view.namespace,
+            model_fingerprint=view.model_fingerprint,
+            geometry=geometry_to_pb(view.geometry),
+            num_tokens=view.num_tokens,
+            num_chunks=view.num_chunks,
+            quarantined=store.prefix_quarantine(view) or "",
+        )
+
+    @unary
     async def Delete(self, request, context):
         pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
         await self.svc.run(self.svc.store.delete, pid)

@@ -437,3 +437,24 @@ def test_attention_reports_and_accesses_make_scores_that_survive_restart(daemon_
     again = daemon_factory(data_dir=d.data_dir)
     with KVStoreClient(again.target) as client:
         np.testing.assert_allclose(client.get_scores(pid, 0)["score"], [4.5, 0, 0.75, 0])
+
+
+@pytest.mark.parametrize("shm", [True, False])
+def test_groups_stream_in_order_and_early_exit_releases(daemon, shm):
+    geo = GEOMETRIES[3]  # 24 layers in groups of 8
+    kv, tokens = make_kv(geo, 100, 1), make_tokens(100, 1)
+    with KVStoreClient(daemon.target) as client:
+        pid = client.put_prefix(tokens, kv, geo).prefix_id
+        chunks = [0, 3, 6]
+        seen = []
+        for read, group in client.iter_groups(pid, chunks, layer_start=4, shm=shm):
+            seen.append(group)
+            layers = list(geo.group_layer_range(group))
+            np.testing.assert_array_equal(read.group_kv(group), expected(kv[layers], geo, chunks, 100))
+        read.release()
+        assert seen == [0, 1, 2] and read.bytes_useful == 3 * (2 * geo.extent_bytes(0, 16) + geo.extent_bytes(0, 4))
+        for read, group in client.iter_groups(pid, chunks, shm=shm):
+            break  # the caller stops after the first group
+        assert leased_bytes_settle(client) == 0
+        desc = client.describe(pid[:16])
+        assert desc.prefix_id == pid and desc.num_tokens == 100 and desc.geometry.model.num_layers == 24
