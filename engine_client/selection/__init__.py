@@ -1,0 +1,52 @@
+"""Chunk selection for Re-Prefill: which ContiguousChunks a Period loads.
+
+Pure policies over torch tensors (no I/O).  A ``Selector`` scores the ``m``
+chunks of a prefix from a ``PeriodInputs`` (queries of the period's first
+layer plus probe keys or key summaries); ``select_chunks`` turns scores and
+a budget into chunk ids, sink and local chunks always included.
+
+    sel = get_selector("summary")
+    ids = sel.select(PeriodInputs(q, key_min=kmin, key_max=kmax), budget=0.05)
+"""
+
+from __future__ import annotations
+
+from kvstore.errors import InvalidArgument
+
+from .base import PeriodInputs, Selector
+from .baselines import FullSelector, RecencySelector
+from .budget import budget_count, select_chunks
+from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
+from .summary import SummarySelector, chunk_upper_bounds, summaries_for_layer, summary_chunk_scores
+
+SELECTORS: dict[str, type[Selector]] = {
+    cls.name: cls for cls in (ExactSelector, SummarySelector, FullSelector, RecencySelector)
+}
+
+
+def get_selector(name: str) -> Selector:
+    """A new selector by its config name: one of ``SELECTORS`` ("exact", "summary", "full", "recent")."""
+    try:
+        return SELECTORS[name]()
+    except (KeyError, TypeError):
+        raise InvalidArgument("selector", f"unknown selector {name!r}; known: {', '.join(sorted(SELECTORS))}") from None
+
+
+__all__ = [
+    "SELECTORS",
+    "ExactSelector",
+    "FullSelector",
+    "PeriodInputs",
+    "RecencySelector",
+    "Selector",
+    "SummarySelector",
+    "budget_count",
+    "chunk_upper_bounds",
+    "exact_chunk_scores",
+    "get_selector",
+    "select_chunks",
+    "sum_per_chunk",
+    "summaries_for_layer",
+    "summary_chunk_scores",
+    "token_attention_mass",
+]

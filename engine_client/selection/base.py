@@ -1,0 +1,66 @@
+"""The Selector interface and its per-Period inputs."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from kvstore.errors import InvalidArgument
+
+from ._common import num_chunks
+from .budget import select_chunks
+
+
+@dataclass(frozen=True)
+class PeriodInputs:
+    """What a Selector sees for one Period.
+
+    ``queries`` are the post-RoPE suffix queries of the period's FIRST layer;
+    give ``probe_keys`` (exact scoring), ``key_min``/``key_max`` (summary
+    scoring), or both.  Nothing here is modified by a selector.
+    """
+
+    queries: torch.Tensor  # [Hq, s, d]
+    chunk_tokens: int = 16
+    probe_keys: torch.Tensor | None = None  # [Hkv, n, d], that layer's full prefix keys
+    key_min: torch.Tensor | None = None  # [m, Hkv, d], channel-wise min of each chunk's keys
+    key_max: torch.Tensor | None = None  # [m, Hkv, d], channel-wise max
+
+    @classmethod
+    def from_store_summaries(
+        cls, queries: torch.Tensor, summaries: torch.Tensor | np.ndarray, layer: int, **kwargs
+    ) -> PeriodInputs:
+        """Inputs from the store's ``[chunks, layers, kv_heads, 2, head_dim]`` summaries at ``layer``."""
+        from .summary import summaries_for_layer
+
+        key_min, key_max = summaries_for_layer(summaries, layer)
+        return cls(queries, key_min=key_min, key_max=key_max, **kwargs)
+
+    @property
+    def num_chunks(self) -> int:
+        """``m``: from the summaries when given, else ``ceil(n / chunk_tokens)``."""
+        if self.key_min is not None:
+            return int(self.key_min.shape[0])
+        if self.probe_keys is not None:
+            return num_chunks(int(self.probe_keys.shape[1]), self.chunk_tokens)
+        raise InvalidArgument("probe_keys", "period inputs carry neither probe keys nor key summaries")
+
+
+class Selector(ABC):
+    """A chunk-selection policy for one Period: scores chunks, then keeps the budget's best."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def score(self, inputs: PeriodInputs) -> torch.Tensor:
+        """Importance of each chunk, ``[m]`` float32, higher is better."""
+
+    def select(
+        self, inputs: PeriodInputs, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1
+    ) -> torch.Tensor:
+        """Ascending chunk ids (``LongTensor``) within ``budget``, sink and local chunks included."""
+        return select_chunks(self.score(inputs), budget, sink_chunks=sink_chunks, local_chunks=local_chunks)

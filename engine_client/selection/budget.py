@@ -1,0 +1,74 @@
+"""Budget: how many chunks a Period loads, and which.
+
+A budget is a fraction of the prefix's chunks in ``(0, 1]`` (count =
+``ceil(fraction * m)``) or an ``int`` count in ``[1, m]``.  The sink chunks
+(the first ``sink_chunks``, attention sinks) and the local chunks (the last
+``local_chunks``, nearest the suffix) are always loaded and count towards the
+budget, which is raised to ``sink + local`` (capped at ``m``) when smaller.
+Out-of-range budgets are errors, never silently clamped.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+import torch
+
+from kvstore.errors import InvalidArgument
+
+
+def _check_count(name: str, value: object, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise InvalidArgument(name, f"must be an int >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def budget_count(num_chunks: int, budget: float | int, sink_chunks: int = 1, local_chunks: int = 1) -> int:
+    """Number of chunks to load out of ``num_chunks``; see the module docstring.
+
+    A fraction is rounded to 9 decimals before the ceiling, so 0.05 of 100
+    chunks is 5 (not 6, which ``0.05 * 100 == 5.000000000000001`` would give).
+    """
+    m = _check_count("num_chunks", num_chunks, 1)
+    sink = _check_count("sink_chunks", sink_chunks, 0)
+    local = _check_count("local_chunks", local_chunks, 0)
+    if isinstance(budget, bool):
+        raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int count, got {budget!r}")
+    if isinstance(budget, numbers.Integral):
+        if not 1 <= budget <= m:
+            raise InvalidArgument("budget", f"count {budget} out of range [1, {m}] (the prefix has {m} chunks)")
+        count = int(budget)
+    elif isinstance(budget, numbers.Real):
+        if not 0.0 < budget <= 1.0:  # also rejects NaN
+            raise InvalidArgument("budget", f"fraction {budget!r} out of range (0, 1]")
+        count = math.ceil(round(float(budget) * m, 9))
+    else:
+        raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int count, got {type(budget).__name__}")
+    return min(m, max(count, sink + local))
+
+
+def select_chunks(
+    scores: torch.Tensor, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1
+) -> torch.Tensor:
+    """Chunk ids to load, ascending ``LongTensor`` of exactly ``budget_count`` ids.
+
+    ``scores``: ``[m]``, higher is more important.  Sink and local chunks are
+    kept whatever their score; the rest of the budget goes to the
+    top-scoring remaining chunks, ties to the lower index.
+    """
+    if scores.dim() != 1:
+        raise InvalidArgument("scores", f"expected [chunks], got shape {tuple(scores.shape)}")
+    if torch.isnan(scores).any():
+        raise InvalidArgument("scores", "contains NaN")
+    m = scores.shape[0]
+    count = budget_count(m, budget, sink_chunks, local_chunks)
+    forced = torch.zeros(m, dtype=torch.bool, device=scores.device)  # [m]
+    forced[:sink_chunks] = True
+    forced[m - min(local_chunks, m) :] = True
+    candidates = torch.nonzero(~forced).squeeze(1)  # [m - num forced]
+    num_rest = count - int(forced.sum())
+    # A stable descending sort keeps equal scores in index order: ties -> lower index.
+    order = torch.sort(scores[candidates], descending=True, stable=True).indices[:num_rest]
+    chosen = torch.cat([torch.nonzero(forced).squeeze(1), candidates[order]])
+    return torch.sort(chosen).values
