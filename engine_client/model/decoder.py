@@ -1,0 +1,341 @@
+"""Plain-torch Llama/Qwen2 decoder, driven layer by layer by a Re-Prefill runner.
+
+Notation: ``n`` prefix tokens, ``r`` selected prefix rows (any subset of the
+``n`` prefix positions), ``s`` suffix tokens, ``L`` layers, ``Hq`` query heads,
+``Hkv`` KV heads, ``g = Hq // Hkv`` query heads per KV head, ``d`` head dim.
+
+KV is always **post-RoPE**: a stored key was rotated by its own absolute
+position when it was computed, so a sparse set of prefix rows can be attended
+to as is.  The suffix then takes positions ``n, n+1, ...`` (after the *full*
+prefix, whatever ``r`` is), which keeps every query-key distance what it was
+in the dense forward.
+
+Numerics follow Hugging Face transformers: RMSNorm in float32, RoPE with the
+``rotate_half`` convention and float32 cos/sin tables cast to the compute
+dtype, softmax scale ``1/sqrt(d)``.  Logits are returned as float32.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+# RoPE tables are built up front to this many positions at most; positions
+# past it (or past max_position_embeddings) grow the tables on demand.
+_ROPE_PREALLOC_POSITIONS = 65536
+# Below this many rows a bfloat16 matmul on a CPU without native bf16 stays in
+# bf16 (upcasting the weight would cost more than the matmul saves).
+_UPCAST_MIN_ROWS = 16
+# attention_mass materializes [Hq, block, r+s] float32 scores per query block.
+_MASS_BLOCK_ELEMENTS = 1 << 25
+
+
+@dataclass
+class LayerWeights:
+    """One decoder layer, with q/k/v and gate/up fused for one matmul each."""
+
+    input_norm: torch.Tensor  # [hidden]
+    qkv_weight: torch.Tensor  # [(Hq + 2*Hkv) * d, hidden]: rows q | k | v
+    qkv_bias: torch.Tensor | None  # [(Hq + 2*Hkv) * d]
+    o_weight: torch.Tensor  # [hidden, Hq * d]
+    post_norm: torch.Tensor  # [hidden]
+    gate_up_weight: torch.Tensor  # [2 * intermediate, hidden]: rows gate | up
+    down_weight: torch.Tensor  # [hidden, intermediate]
+
+
+@dataclass
+class DecoderWeights:
+    embed: torch.Tensor  # [vocab, hidden]
+    layers: list[LayerWeights]
+    norm: torch.Tensor  # [hidden]
+    lm_head: torch.Tensor  # [vocab, hidden]; the embed tensor itself when tied
+
+
+class Decoder:
+    """Inference-only decoder over already-validated weights (build it with ``loader.load_checkpoint``).
+
+    Public methods run under ``torch.inference_mode``: what they return are
+    inference tensors, which cannot be updated in place outside inference
+    mode (copy them into your own buffers, or ``clone()`` them, instead).
+    """
+
+    def __init__(self, config: ModelConfig, weights: DecoderWeights, fingerprint: str = ""):
+        if len(weights.layers) != config.num_hidden_layers:
+            raise ValueError(f"{len(weights.layers)} layers of weights for num_hidden_layers={config.num_hidden_layers}")
+        self.config = config
+        self.weights = weights
+        self.fingerprint = fingerprint  # model_fingerprint for the store; see config.model_fingerprint
+        self.dtype = weights.embed.dtype
+        self.device = weights.embed.device
+        c = config
+        self._split = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.num_key_value_heads * c.head_dim)
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64, device=self.device).float() / c.head_dim))
+        self._inv_freq = inv_freq  # [d/2] float32
+        self._rope_cos = self._rope_sin = torch.empty(0, c.head_dim, device=self.device)
+        self._grow_rope(min(c.max_position_embeddings, _ROPE_PREALLOC_POSITIONS))
+
+    @property
+    def num_layers(self) -> int:
+        return self.config.num_hidden_layers
+
+    # ------------------------------------------------------------------ whole model
+
+    @torch.inference_mode()
+    def prefill(self, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Dense forward of ``tokens [n]``.
+
+        Returns ``(logits_last [vocab] float32, kv [L, 2, Hkv, n, d])`` where
+        ``kv`` holds every layer's post-RoPE keys and values in the compute
+        dtype: the layout the store keeps.
+        """
+        tokens = self._check_tokens(tokens)
+        c = self.config
+        n = tokens.numel()
+        kv = torch.empty(c.num_hidden_layers, 2, c.num_key_value_heads, n, c.head_dim, dtype=self.dtype, device=self.device)
+        positions = torch.arange(n, device=self.device)
+        hidden = self._embed(tokens)
+        for layer in range(c.num_hidden_layers):
+            hidden, kv[layer] = self._layer(layer, hidden, positions, None)
+        return self._logits(hidden[-1:])[0], kv
+
+    @torch.inference_mode()
+    def forward_full(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Dense causal forward of ``tokens [n]``: logits ``[n, vocab]`` float32."""
+        tokens = self._check_tokens(tokens)
+        positions = torch.arange(tokens.numel(), device=self.device)
+        hidden = self._embed(tokens)
+        for layer in range(self.config.num_hidden_layers):
+            hidden, _ = self._layer(layer, hidden, positions, None)
+        return self._logits(hidden)
+
+    # ------------------------------------------------------------------ layer level (Re-Prefill)
+
+    @torch.inference_mode()
+    def embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Token embeddings: ``tokens [s]`` -> hidden ``[s, hidden]`` (the input of layer 0)."""
+        return self._embed(self._check_tokens(tokens))
+
+    @torch.inference_mode()
+    def layer_queries(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Post-RoPE queries ``[Hq, s, d]`` of ``layer`` for its input ``hidden [s, hidden]``.
+
+        ``hidden`` is the layer's *input* (residual stream); the layer's input
+        RMSNorm is applied here, exactly as ``layer_forward`` does.
+        """
+        w = self._layer_weights(layer)
+        hidden, positions = self._check_hidden(hidden, positions)
+        x = _rms_norm(hidden, w.input_norm, self.config.rms_norm_eps)
+        q_rows = self._split[0]
+        bias = None if w.qkv_bias is None else w.qkv_bias[:q_rows]
+        q = _linear(x, w.qkv_weight[:q_rows], bias)  # [s, Hq*d]
+        q = q.view(-1, self.config.num_attention_heads, self.config.head_dim).transpose(0, 1)  # [Hq, s, d]
+        cos, sin = self._rope(positions)
+        return _apply_rope(q, cos, sin)
+
+    @torch.inference_mode()
+    def layer_forward(
+        self,
+        layer: int,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        prefix_kv: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run ``layer`` on the suffix.
+
+        ``hidden [s, hidden]`` is the layer input; ``positions [s]`` the suffix
+        positions (``n, n+1, ...`` after the full prefix length ``n``);
+        ``prefix_kv [2, Hkv, r, d]`` any ``r`` prefix rows, keys already rotated
+        at their own positions (cast to the compute dtype), or None.  The suffix
+        attends to all ``r`` rows and causally to itself.
+
+        Returns ``(hidden_out [s, hidden], suffix_kv [2, Hkv, s, d])``.
+        """
+        self._layer_weights(layer)
+        hidden, positions = self._check_hidden(hidden, positions)
+        if prefix_kv is not None:
+            prefix_kv = self._check_prefix_kv(prefix_kv)
+        return self._layer(layer, hidden, positions, prefix_kv)
+
+    @torch.inference_mode()
+    def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[vocab]`` float32 of the last position of ``hidden [s, hidden]`` (the last layer's output)."""
+        hidden = self._check_hidden(hidden, None)[0]
+        return self._logits(hidden[-1:])[0]
+
+    @torch.inference_mode()
+    def attention_mass(self, q: torch.Tensor, prefix_k: torch.Tensor, suffix_k: torch.Tensor) -> torch.Tensor:
+        """Attention the suffix queries pay to each prefix row: ``[r]`` float32.
+
+        ``q [Hq, s, d]`` (from ``layer_queries``), ``prefix_k [Hkv, r, d]`` and
+        ``suffix_k [Hkv, s, d]`` (``layer_forward``'s ``suffix_kv[0]``), all
+        post-RoPE.  The softmax runs jointly over the ``r`` prefix rows and the
+        suffix keys (causal), as in ``layer_forward``; the probabilities on the
+        prefix rows are summed over heads and queries, so ``result.sum()`` is at
+        most ``Hq * s``.  Per-chunk mass is a segment sum of this over the rows.
+        """
+        c = self.config
+        hq, hkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        s = q.shape[1] if q.dim() == 3 else -1
+        if q.shape != (hq, s, d) or prefix_k.dim() != 3 or prefix_k.shape[::2] != (hkv, d) or suffix_k.shape != (hkv, s, d):
+            raise ValueError(
+                f"attention_mass wants q [{hq}, s, {d}], prefix_k [{hkv}, r, {d}], suffix_k [{hkv}, s, {d}]; "
+                f"got {list(q.shape)}, {list(prefix_k.shape)}, {list(suffix_k.shape)}"
+            )
+        q = q.to(self.device, torch.float32)
+        prefix_k = prefix_k.to(self.device, torch.float32)
+        suffix_k = suffix_k.to(self.device, torch.float32)
+        r = prefix_k.shape[1]
+        g = c.num_query_groups
+        keys = torch.cat([prefix_k, suffix_k], dim=1)  # [Hkv, r+s, d]
+        q = q.reshape(hkv, g, s, d)  # query head h uses KV head h // g
+        mask = _attention_mask(r, s, self.device)  # [s, r+s]
+        mass = torch.zeros(r, dtype=torch.float32, device=self.device)
+        block = max(1, _MASS_BLOCK_ELEMENTS // max(1, hq * (r + s)))
+        for start in range(0, s, block):  # bounds memory; not a per-token loop
+            qb = q[:, :, start : start + block]  # [Hkv, g, b, d]
+            scores = torch.einsum("hgbd,htd->hgbt", qb, keys) / math.sqrt(d)  # [Hkv, g, b, r+s]
+            scores.masked_fill_(~mask[start : start + block], float("-inf"))
+            mass += scores.softmax(dim=-1)[..., :r].sum(dim=(0, 1, 2))
+        return mass
+
+    # ------------------------------------------------------------------ internals
+
+    def _layer(self, layer, hidden, positions, prefix_kv):
+        c = self.config
+        w = self.weights.layers[layer]
+        s = hidden.shape[0]
+        x = _rms_norm(hidden, w.input_norm, c.rms_norm_eps)
+        q, k, v = _linear(x, w.qkv_weight, w.qkv_bias).split(self._split, dim=-1)
+        q = q.view(s, c.num_attention_heads, c.head_dim).transpose(0, 1)  # [Hq, s, d]
+        k = k.view(s, c.num_key_value_heads, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
+        v = v.view(s, c.num_key_value_heads, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
+        cos, sin = self._rope(positions)
+        q = _apply_rope(q, cos, sin)
+        k = _apply_rope(k, cos, sin)
+        suffix_kv = torch.stack([k, v])  # [2, Hkv, s, d]
+        if prefix_kv is None:
+            r, keys, values = 0, k, v
+        else:
+            r = prefix_kv.shape[2]
+            keys = torch.cat([prefix_kv[0], k], dim=1)  # [Hkv, r+s, d]
+            values = torch.cat([prefix_kv[1], v], dim=1)  # [Hkv, r+s, d]
+        attn = _gqa_attention(q, keys, values, _attention_mask(r, s, self.device), c.num_query_groups)  # [Hq, s, d]
+        hidden = hidden + _linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight)
+        x = _rms_norm(hidden, w.post_norm, c.rms_norm_eps)
+        gate, up = _linear(x, w.gate_up_weight).chunk(2, dim=-1)  # [s, intermediate] each
+        hidden = hidden + _linear(F.silu(gate) * up, w.down_weight)
+        return hidden, suffix_kv
+
+    def _embed(self, tokens):
+        return F.embedding(tokens, self.weights.embed)  # [s, hidden]
+
+    def _logits(self, hidden):
+        x = _rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps)
+        return _linear(x, self.weights.lm_head).float()  # [s, vocab]
+
+    def _rope(self, positions):
+        """cos, sin ``[s, d]`` in the compute dtype for ``positions [s]``."""
+        if positions.numel():
+            top = int(positions.max())
+            if top >= self._rope_cos.shape[0]:
+                self._grow_rope(max(top + 1, 2 * self._rope_cos.shape[0]))
+        return self._rope_cos[positions].to(self.dtype), self._rope_sin[positions].to(self.dtype)
+
+    def _grow_rope(self, num_positions: int) -> None:
+        t = torch.arange(num_positions, device=self.device, dtype=torch.float32)
+        freqs = torch.outer(t, self._inv_freq)  # [P, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, d]
+        self._rope_cos, self._rope_sin = emb.cos(), emb.sin()
+
+    def _layer_weights(self, layer: int) -> LayerWeights:
+        if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.config.num_hidden_layers:
+            raise ValueError(f"layer must be in [0, {self.config.num_hidden_layers}), got {layer!r}")
+        return self.weights.layers[layer]
+
+    def _check_tokens(self, tokens) -> torch.Tensor:
+        tokens = torch.as_tensor(tokens, device=self.device)
+        if tokens.dim() != 1 or tokens.numel() == 0 or tokens.dtype not in (torch.int64, torch.int32):
+            raise ValueError(f"tokens must be a non-empty 1-D integer tensor, got shape {list(tokens.shape)} {tokens.dtype}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.config.vocab_size:
+            raise ValueError(f"token ids must be in [0, {self.config.vocab_size}), got range [{lo}, {hi}]")
+        return tokens.long()
+
+    def _check_hidden(self, hidden, positions):
+        hidden = hidden.to(self.device, self.dtype)
+        if hidden.dim() != 2 or hidden.shape[1] != self.config.hidden_size or hidden.shape[0] == 0:
+            raise ValueError(f"hidden must be [s, {self.config.hidden_size}] with s >= 1, got {list(hidden.shape)}")
+        if positions is not None:
+            positions = torch.as_tensor(positions, device=self.device)
+            s = hidden.shape[0]
+            if positions.shape != (s,) or positions.is_floating_point() or int(positions.min()) < 0:
+                raise ValueError(f"positions must be [{s}] non-negative integers, got {list(positions.shape)} {positions.dtype}")
+            positions = positions.long()
+        return hidden, positions
+
+    def _check_prefix_kv(self, prefix_kv):
+        c = self.config
+        if prefix_kv.dim() != 4 or prefix_kv.shape[:2] != (2, c.num_key_value_heads) or prefix_kv.shape[3] != c.head_dim:
+            raise ValueError(f"prefix_kv must be [2, {c.num_key_value_heads}, r, {c.head_dim}], got {list(prefix_kv.shape)}")
+        return prefix_kv.to(self.device, self.dtype)
+
+
+def _cpu_lacks_bf16() -> bool:
+    cpu = torch.cpu
+    native = getattr(cpu, "_is_avx512_bf16_supported", lambda: False)() or getattr(cpu, "_is_amx_tile_supported", lambda: False)()
+    return not native
+
+
+_CPU_LACKS_BF16 = _cpu_lacks_bf16()
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``F.linear``; bfloat16 on a CPU without bf16 instructions runs the GEMM in float32.
+
+    oneDNN's bf16 fallback on AVX2 is several times slower than its float32
+    GEMM.  Upcasting the bf16 operands is exact and the GEMM accumulates in
+    float32 either way, so the result differs from a native bf16 GEMM only by
+    summation order before the final rounding to bf16.
+    """
+    if x.dtype == torch.bfloat16 and x.device.type == "cpu" and _CPU_LACKS_BF16 and x.shape[0] >= _UPCAST_MIN_ROWS:
+        return F.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(torch.bfloat16)
+    return F.linear(x, weight, bias)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate ``x [H, s, d]`` by ``cos, sin [s, d]`` (HF ``rotate_half`` convention)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def _attention_mask(r: int, s: int, device) -> torch.Tensor:
+    """Boolean ``[s, r+s]``, True = attend: every prefix row, then the suffix causally."""
+    mask = torch.ones(s, r + s, dtype=torch.bool, device=device)
+    mask[:, r:] = torch.ones(s, s, dtype=torch.bool, device=device).tril()
+    return mask
+
+
+def _gqa_attention(q, keys, values, mask, groups: int) -> torch.Tensor:
+    """SDPA with the ``g`` query heads of one KV head folded into the query axis.
+
+    ``q [Hq, s, d]``, ``keys``/``values [Hkv, t, d]``, ``mask [s, t]`` -> ``[Hq, s, d]``.
+    Query head ``h`` reads KV head ``h // g`` (HF ``repeat_kv`` order), so no
+    KV copy is made.
+    """
+    hq, s, d = q.shape
+    hkv = keys.shape[0]
+    folded = q.reshape(hkv, groups * s, d)  # [Hkv, g*s, d]: row j*s + i is head (kv*g + j), token i
+    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask.repeat(groups, 1))  # [Hkv, g*s, d]
+    return out.reshape(hq, s, d)
