@@ -3,6 +3,9 @@
 Subcommands (a parser and a ``command_*`` function each, bound with
 ``set_defaults(run=...)``; more, such as ``reprefill``, plug in the same way):
 
+``reprefill``  Re-Prefill TTFT against full recompute and full load
+        (``reprefill``).
+
 ``io``  fio-style raw job through the store's backend (``io_jobs``), and with
         ``--compare-fio`` the same job run by fio right after on the same file
         (``fio``).  ``--chunked`` runs the chunked-read benchmark instead
@@ -98,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_compare_options(io)
     _add_chunked_options(io)
     io.set_defaults(run=lambda args: command_io(args, io))
+    from .reprefill import add_reprefill_parser
+
+    add_reprefill_parser(sub)
     return parser
 
 

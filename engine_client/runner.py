@@ -1,0 +1,269 @@
+"""The worker's model runner: prefill into kvstore, sparse Re-Prefill from it.
+
+``store_prefix`` runs the prefix once and puts its KV (period-major extents,
+key summaries and probe keys are derived by the daemon) unless the daemon
+already has it.  ``reprefill`` answers a new suffix over a stored prefix:
+
+    for each Period (``period_layers`` layers sharing one chunk selection):
+        queries of the period's first layer -> score chunks (selector)
+        -> keep sink + local + top chunks within the budget
+        -> stream that period's extents group by group from the daemon
+           (shared memory when local), computing each layer as its group
+           arrives: the suffix attends to the selected prefix rows (their
+           stored RoPE) and causally to itself
+    -> logits of the first token
+
+After the token, each selected chunk's attention mass (the period's first
+layer) is reported to the daemon, the input of its cache score.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kvstore.errors import InvalidArgument, NotFound
+from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.server.convert import geometry_from_pb
+
+from .client import KVStoreClient, KVStoreRpcError, as_numpy_kv, to_torch
+from .model.decoder import Decoder
+from .selection import PeriodInputs, get_selector, select_chunks
+
+_TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+@dataclass(frozen=True)
+class ReprefillConfig:
+    budget: float = 0.05  # fraction of the prefix's chunks, in (0, 1]
+    period_layers: int = 8  # layers sharing one selection (a multiple of the stored group)
+    selector: str = "summary"  # exact | summary | full | recent
+    sink_chunks: int = 1
+    local_chunks: int = 1
+    report_attention: bool = True
+
+
+@dataclass
+class PrefixHandle:
+    prefix_id: str
+    num_tokens: int
+    num_chunks: int
+    cache_hit: bool  # already stored: nothing was computed or written
+    bytes_written: int = 0
+    prefill_s: float = 0.0
+
+
+@dataclass
+class ReprefillResult:
+    logits: torch.Tensor  # [vocab] float32, the first token's
+    ttft_s: float
+    selected: list[torch.Tensor]  # per period: chunk ids
+    chunk_attention: list[torch.Tensor] = field(default_factory=list)  # per period: [selected] mass
+    tokens_loaded: int = 0
+    bytes_read: int = 0  # from disk, padding included
+    bytes_useful: int = 0
+    probe_bytes: int = 0  # probe keys fetched for exact selection
+    select_s: float = 0.0
+    io_wait_s: float = 0.0
+    compute_s: float = 0.0
+    reported_units: int = 0
+
+    @property
+    def read_amplification(self) -> float:
+        return self.bytes_read / self.bytes_useful if self.bytes_useful else 1.0
+
+
+def model_geometry(model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4) -> StoreGeometry:
+    """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod)."""
+    c = model.config
+    spec = ModelSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
+    return StoreGeometry(spec, chunk_tokens=chunk_tokens, period_layers=group_layers, probe_keys=True)
+
+
+class ModelRunner:
+    def __init__(self, model: Decoder, client: KVStoreClient, *, namespace: str = "", chunk_tokens: int = 16, group_layers: int = 4):
+        self.model = model
+        self.client = client
+        self.namespace = namespace
+        self.geometry = model_geometry(model, chunk_tokens=chunk_tokens, group_layers=group_layers)
+        self._summaries: dict[str, torch.Tensor] = {}  # resident key summaries, per prefix
+
+    # ------------------------------------------------------------ prefill
+    def store_prefix(self, tokens) -> PrefixHandle:
+        """Prefill ``tokens`` and store their KV, unless the daemon has them already."""
+        toks = _token_tensor(tokens)
+        m = self.geometry.num_chunks(toks.numel())
+        hit = self.client.lookup(toks.numpy(), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
+        if hit.matched_chunks == m:
+            return PrefixHandle(hit.prefix_id, toks.numel(), m, cache_hit=True)
+        t0 = time.perf_counter()
+        _, kv = chunked_prefill(self.model, toks)  # [layers, 2, kv_heads, n, head_dim]
+        res = self.client.put_prefix(
+            toks.numpy(), as_numpy_kv(kv), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint
+        )
+        return PrefixHandle(res.prefix_id, toks.numel(), m, False, res.bytes_written, time.perf_counter() - t0)
+
+    # ------------------------------------------------------------ re-prefill
+    def check_request(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig):
+        """Validate everything before any work; returns (description, suffix tensor)."""
+        if isinstance(cfg.budget, bool) or not isinstance(cfg.budget, (int, float)) or not 0 < cfg.budget <= 1:
+            raise InvalidArgument("budget", f"must be a fraction in (0, 1], got {cfg.budget!r}")
+        if cfg.period_layers < 1 or cfg.period_layers % self.geometry.period_layers:
+            raise InvalidArgument(
+                "period_layers", f"must be a positive multiple of the stored group ({self.geometry.period_layers} layers)"
+            )
+        get_selector(cfg.selector)
+        suffix = _token_tensor(suffix_tokens, field_name="suffix_tokens")
+        try:
+            desc = self.client.describe(prefix_id)
+        except KVStoreRpcError as exc:
+            if exc.code.name == "NOT_FOUND":
+                raise NotFound(f"prefix_id: {exc.message}") from None
+            raise
+        stored = geometry_from_pb(desc.geometry)
+        if stored != self.geometry or desc.model_fingerprint != self.model.fingerprint:
+            raise InvalidArgument(
+                "prefix_id",
+                f"stored for another model or layout (fingerprint {desc.model_fingerprint[:12] or '-'}, {stored}); "
+                f"this runner is {self.model.fingerprint[:12] or '-'}, {self.geometry}",
+            )
+        limit = self.model.config.max_position_embeddings
+        if desc.num_tokens + suffix.numel() > limit:
+            raise InvalidArgument(
+                "suffix_tokens", f"prefix {desc.num_tokens} + suffix {suffix.numel()} tokens exceed the model's context of {limit}"
+            )
+        return desc, suffix
+
+    def reprefill(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = ReprefillConfig()) -> ReprefillResult:
+        """First-token logits of ``suffix_tokens`` after the stored prefix, loading only selected chunks."""
+        desc, suffix = self.check_request(prefix_id, suffix_tokens, cfg)
+        t_start = time.perf_counter()
+        model, geo = self.model, self.geometry
+        n, m = desc.num_tokens, desc.num_chunks
+        positions = torch.arange(n, n + suffix.numel())
+        hidden = model.embed(suffix)  # [s, hidden]
+        selector = get_selector(cfg.selector)
+        out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[])
+        mass_inputs = []
+        for l0 in range(0, model.num_layers, cfg.period_layers):
+            t0 = time.perf_counter()
+            q = model.layer_queries(l0, hidden, positions)  # [Hq, s, d]
+            chunks = self._select(selector, desc.prefix_id, q, l0, m, cfg, out)
+            out.selected.append(chunks)
+            out.select_s += time.perf_counter() - t0
+            hidden, first_keys, chunk_tokens = self._run_period(desc.prefix_id, chunks, l0, hidden, positions, cfg, out)
+            mass_inputs.append((q, first_keys, chunk_tokens))
+        t0 = time.perf_counter()
+        out.logits = model.final_logits(hidden)
+        out.compute_s += time.perf_counter() - t0
+        out.ttft_s = time.perf_counter() - t_start
+        out.chunk_attention = [self._chunk_mass(*inp) for inp in mass_inputs]
+        if cfg.report_attention:
+            out.reported_units = self._report(desc.prefix_id, out, cfg)
+        return out
+
+    def _select(self, selector, prefix_id, q, l0, m, cfg, out) -> torch.Tensor:
+        if selector.name == "full" or cfg.budget >= 1:
+            return torch.arange(m)
+        inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens)
+        if selector.name == "exact":
+            probe = self.client.get_probe_keys(prefix_id, l0 // self.geometry.period_layers)  # [Hkv, n, d]
+            out.probe_bytes += probe.nbytes
+            inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, probe_keys=_as_torch(probe, self.geometry))
+        elif selector.name == "summary":
+            inputs = PeriodInputs.from_store_summaries(q, self.summaries(prefix_id), l0, chunk_tokens=self.geometry.chunk_tokens)
+        elif selector.name == "recent":
+            inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, key_min=torch.zeros(m, 1, 1), key_max=torch.zeros(m, 1, 1))
+        return select_chunks(selector.score(inputs), cfg.budget, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks)
+
+    def summaries(self, prefix_id: str) -> torch.Tensor:
+        """Key summaries, fetched once per prefix and kept resident."""
+        if prefix_id not in self._summaries:
+            self._summaries[prefix_id] = torch.from_numpy(self.client.get_summaries(prefix_id))
+        return self._summaries[prefix_id]
+
+    def _run_period(self, prefix_id, chunks, l0, hidden, positions, cfg, out):
+        """Stream the period's groups; compute each layer as soon as its group is here."""
+        model, geo = self.model, self.geometry
+        last = min(l0 + cfg.period_layers, model.num_layers)
+        first_keys = None
+        read = None
+        waited = time.perf_counter()
+        try:
+            for read, group in self.client.iter_groups(prefix_id, chunks.numpy(), layer_start=l0, layer_end=last):
+                out.io_wait_s += time.perf_counter() - waited
+                t0 = time.perf_counter()
+                kv = _as_torch(read.group_kv(group), geo)  # [group layers, 2, kv_heads, rows, head_dim]
+                for i, layer in enumerate(geo.group_layer_range(group)):
+                    hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i])
+                    if layer == l0:
+                        first_keys = (kv[i, 0].clone(), suffix_kv[0])
+                out.compute_s += time.perf_counter() - t0
+                waited = time.perf_counter()
+            out.tokens_loaded += int(read.chunk_tokens.sum())
+            out.bytes_read += read.bytes_read
+            out.bytes_useful += read.bytes_useful
+            chunk_tokens = read.chunk_tokens.tolist()
+        finally:
+            if read is not None:
+                read.release()
+        return hidden, first_keys, chunk_tokens
+
+    def _chunk_mass(self, q, first_keys, chunk_tokens: list[int]) -> torch.Tensor:
+        """Attention mass of each selected chunk at the period's first layer: ``[selected]``."""
+        prefix_k, suffix_k = first_keys
+        rows = self.model.attention_mass(q, prefix_k, suffix_k)  # [selected rows]
+        return torch.stack([part.sum() for part in torch.split(rows, chunk_tokens)])
+
+    def _report(self, prefix_id: str, out: ReprefillResult, cfg: ReprefillConfig) -> int:
+        units = 0
+        groups_per_period = cfg.period_layers // self.geometry.period_layers
+        for p, (chunks, mass) in enumerate(zip(out.selected, out.chunk_attention)):
+            first = p * groups_per_period
+            for g in range(first, min(first + groups_per_period, self.geometry.num_groups)):
+                units += self.client.report_attention(prefix_id, g, chunks.numpy(), mass.numpy())
+        return units
+
+    # ------------------------------------------------------------ baselines
+    def full_recompute(self, prefix_tokens, suffix_tokens) -> tuple[torch.Tensor, float]:
+        """Logits of the first token by running prefix + suffix from scratch (no store)."""
+        toks = torch.cat([_token_tensor(prefix_tokens), _token_tensor(suffix_tokens, field_name="suffix_tokens")])
+        t0 = time.perf_counter()
+        logits, _ = chunked_prefill(self.model, toks)
+        return logits, time.perf_counter() - t0
+
+
+@torch.inference_mode()
+def chunked_prefill(model: Decoder, tokens: torch.Tensor, block_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prefill in blocks of ``block_tokens``, each attending to the KV before it.
+
+    The same result as a dense prefill, with attention memory bounded by
+    ``heads x block x n`` instead of ``heads x n x n`` (16k tokens would need
+    gigabytes).  Returns ``(last logits [vocab], kv [L, 2, Hkv, n, d])``.
+    """
+    c = model.config
+    n = tokens.numel()
+    kv = torch.empty(c.num_hidden_layers, 2, c.num_key_value_heads, n, c.head_dim, dtype=model.dtype)
+    hidden = None
+    for start in range(0, n, block_tokens):
+        end = min(start + block_tokens, n)
+        positions = torch.arange(start, end)
+        hidden = model.embed(tokens[start:end])
+        for layer in range(c.num_hidden_layers):
+            prefix = kv[layer, :, :, :start] if start else None
+            hidden, kv[layer, :, :, start:end] = model.layer_forward(layer, hidden, positions, prefix)
+    return model.final_logits(hidden), kv
+
+
+def _token_tensor(tokens, field_name: str = "tokens") -> torch.Tensor:
+    t = torch.as_tensor(np.asarray(tokens), dtype=torch.long).reshape(-1)
+    if t.numel() == 0:
+        raise InvalidArgument(field_name, "must not be empty")
+    return t
+
+
+def _as_torch(arr: np.ndarray, geo: StoreGeometry) -> torch.Tensor:
+    return to_torch(np.ascontiguousarray(arr), geo.model.dtype)

@@ -1,0 +1,277 @@
+"""``kvstore-bench reprefill``: Re-Prefill TTFT against full recompute and full load.
+
+One run, one model, one daemon: the prefix is prefilled and stored once
+(or found stored), then for several suffixes each system produces the first
+token's logits:
+
+* ``full-recompute``: prefix + suffix from scratch (chunked prefill, no store);
+* ``full-load``: every chunk of every layer loaded from the daemon
+  (AttentionStore-like), then the suffix computed;
+* ``reprefill@B``: per Period, select B of the chunks (sink + local + top
+  scored), stream only those, compute.
+
+Reported per system: TTFT mean and P95, the time waiting on I/O and
+computing, tokens and bytes loaded, read amplification, and fidelity
+against full load at 100% (top-1 agreement, KL of the next-token
+distribution, recall of the chunks carrying the true top attention mass).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .io_jobs import BenchError, machine_info
+
+SYSTEMS_DOC = "full-recompute, full-load, reprefill at each budget"
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    io_wait_s: float = 0.0
+    compute_s: float = 0.0
+    select_s: float = 0.0
+    tokens_loaded: int = 0
+    bytes_read: int = 0
+    bytes_useful: int = 0
+    top1: bool | None = None
+    kl: float | None = None
+    recall: float | None = None
+
+
+def checkpoint_path(args) -> str:
+    from tools.make_checkpoint import make_checkpoint
+
+    if args.checkpoint:
+        return args.checkpoint
+    path = os.path.join(args.directory, "models", f"{args.model}-seed{args.seed}-{args.dtype}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        t0 = time.perf_counter()
+        make_checkpoint(path, args.model, args.seed, args.dtype, 1)
+        print(f"made checkpoint {path} in {time.perf_counter() - t0:.1f}s")
+    return path
+
+
+def summarize(samples: list[Sample]) -> dict:
+    ttft = np.array([s.ttft_s for s in samples])
+    out = {
+        "runs": len(samples),
+        "ttft_mean_s": float(ttft.mean()),
+        "ttft_p95_s": float(np.percentile(ttft, 95)),
+        "io_wait_mean_s": float(np.mean([s.io_wait_s for s in samples])),
+        "compute_mean_s": float(np.mean([s.compute_s for s in samples])),
+        "select_mean_s": float(np.mean([s.select_s for s in samples])),
+        "tokens_loaded": int(np.mean([s.tokens_loaded for s in samples])),
+        "bytes_read": int(np.mean([s.bytes_read for s in samples])),
+        "bytes_useful": int(np.mean([s.bytes_useful for s in samples])),
+    }
+    out["read_amplification"] = out["bytes_read"] / out["bytes_useful"] if out["bytes_useful"] else None
+    for key in ("top1", "kl", "recall"):
+        vals = [getattr(s, key) for s in samples if getattr(s, key) is not None]
+        out[key] = float(np.mean(vals)) if vals else None
+    return out
+
+
+def run_reprefill_bench(args) -> dict:
+    from engine_client.client import KVStoreClient
+    from engine_client.fidelity import chunk_recall, compare_logits
+    from engine_client.model.loader import load_checkpoint
+    from engine_client.runner import ModelRunner, ReprefillConfig
+    from engine_client.selection import exact_chunk_scores
+
+    torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    model = load_checkpoint(checkpoint_path(args), dtype=dtype)
+    gen = torch.Generator().manual_seed(args.seed)
+    vocab = model.config.vocab_size
+    prefix = torch.randint(0, vocab, (args.prefix_tokens,), generator=gen)
+    suffixes = [torch.randint(0, vocab, (args.suffix_tokens,), generator=gen) for _ in range(args.repeats)]
+    daemon = None
+    target = args.target
+    if not target:
+        from .daemon_io import _Daemon
+
+        daemon = _Daemon(os.path.join(args.directory, "reprefill-store"), _DaemonArgs(args))
+        target = f"unix:{daemon.socket}"
+    try:
+        with KVStoreClient(target) as client:
+            runner = ModelRunner(model, client, group_layers=args.group_layers)
+            handle = runner.store_prefix(prefix)
+            report = {"prefix": vars(handle).copy(), "systems": {}}
+            prefix_id = handle.prefix_id
+
+            def run(budget, selector):
+                cfg = ReprefillConfig(budget=budget, period_layers=args.period_layers, selector=selector)
+                return lambda suffix: runner.reprefill(prefix_id, suffix, cfg)
+
+            run(1.0, "full")(suffixes[0])  # warm-up: first touches, summaries resident
+            references, samples = [], []
+            for suffix in suffixes:
+                res = run(1.0, "full")(suffix)
+                references.append(res.logits)
+                samples.append(_sample(res))
+            report["systems"]["full-load"] = summarize(samples)
+            true_scores = _true_scores(runner, prefix_id, suffixes, args, exact_chunk_scores) if args.recall else None
+            for budget in args.budgets:
+                if budget >= 1:
+                    continue
+                run(budget, args.selector)(suffixes[0])
+                samples = []
+                for i, suffix in enumerate(suffixes):
+                    res = run(budget, args.selector)(suffix)
+                    s = _sample(res)
+                    s.top1, s.kl = compare_logits(references[i], res.logits)
+                    if true_scores is not None:
+                        s.recall = float(np.mean([chunk_recall(sel, t) for sel, t in zip(res.selected, true_scores[i])]))
+                    samples.append(s)
+                report["systems"][f"reprefill@{budget:g}"] = summarize(samples)
+            if args.recompute_runs:
+                samples = []
+                for i, suffix in enumerate(suffixes[: args.recompute_runs]):
+                    logits, seconds = runner.full_recompute(prefix, suffix)
+                    s = Sample(ttft_s=seconds, compute_s=seconds)
+                    s.top1, s.kl = compare_logits(references[i], logits)
+                    samples.append(s)
+                report["systems"]["full-recompute"] = summarize(samples)
+            report["daemon_stats"] = {"bytes_read": client.stats().bytes_read}
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    report["params"] = {
+        k: getattr(args, k)
+        for k in ("model", "dtype", "prefix_tokens", "suffix_tokens", "budgets", "repeats", "selector", "period_layers", "group_layers")
+    }
+    report["params"]["threads"] = torch.get_num_threads()
+    report["machine"] = machine_info(args.directory)
+    report["ratios"] = _ratios(report["systems"])
+    return report
+
+
+class _DaemonArgs:
+    """What daemon_io._Daemon reads from its args."""
+
+    def __init__(self, args):
+        self.backend = args.backend
+        self.iodepth = args.iodepth
+        self.numjobs = 1
+        self.bs = 1 << 20
+
+
+def _sample(res) -> Sample:
+    return Sample(
+        ttft_s=res.ttft_s,
+        io_wait_s=res.io_wait_s,
+        compute_s=res.compute_s,
+        select_s=res.select_s,
+        tokens_loaded=res.tokens_loaded,
+        bytes_read=res.bytes_read,
+        bytes_useful=res.bytes_useful,
+    )
+
+
+def _true_scores(runner, prefix_id, suffixes, args, exact_chunk_scores):
+    """Exact per-chunk attention mass of each period's first layer (with all chunks loaded)."""
+    from engine_client.runner import ReprefillConfig
+
+    out = []
+    for suffix in suffixes:
+        cfg = ReprefillConfig(budget=1.0, period_layers=args.period_layers, selector="full", report_attention=False)
+        res = runner.reprefill(prefix_id, suffix, cfg)
+        out.append(res.chunk_attention)
+    return out
+
+
+def _ratios(systems: dict) -> dict:
+    out = {}
+    for name, row in systems.items():
+        if not name.startswith("reprefill@"):
+            continue
+        for base in ("full-load", "full-recompute"):
+            if base in systems:
+                out[f"{base}/{name}"] = systems[base]["ttft_mean_s"] / row["ttft_mean_s"]
+        if "full-load" in systems:
+            out[f"bytes {name}/full-load"] = row["bytes_read"] / systems["full-load"]["bytes_read"]
+    return out
+
+
+def format_reprefill_report(report: dict) -> str:
+    p = report["params"]
+    pre = report["prefix"]
+    stored = "stored before" if pre["cache_hit"] else "prefilled and stored in {:.1f}s".format(pre["prefill_s"])
+    lines = [
+        f"model {p['model']} ({p['dtype']}, {p['threads']} threads), prefix {p['prefix_tokens']} tokens ({stored}), "
+        f"suffix {p['suffix_tokens']} tokens, selector {p['selector']}, period {p['period_layers']} layers "
+        f"(stored groups of {p['group_layers']}), {p['repeats']} suffixes",
+        f"{'system':<18}{'TTFT ms':>9}{'P95 ms':>9}{'I/O ms':>8}{'comp ms':>9}{'sel ms':>8}{'tokens':>8}{'MB read':>9}"
+        f"{'ampl':>6}{'top1':>6}{'KL':>9}{'recall':>8}",
+    ]
+    order = ["full-recompute", "full-load"] + sorted((k for k in report["systems"] if k.startswith("reprefill@")),
+                                                      key=lambda k: float(k.split("@")[1]))
+    for name in order:
+        r = report["systems"].get(name)
+        if r is None:
+            continue
+
+        def fmt(v, spec):
+            return format(v, spec) if v is not None else "-"
+
+        lines.append(
+            f"{name:<18}{r['ttft_mean_s'] * 1e3:>9.1f}{r['ttft_p95_s'] * 1e3:>9.1f}{r['io_wait_mean_s'] * 1e3:>8.1f}"
+            f"{r['compute_mean_s'] * 1e3:>9.1f}{r['select_mean_s'] * 1e3:>8.1f}{r['tokens_loaded']:>8}"
+            f"{r['bytes_read'] / 1e6:>9.1f}{fmt(r['read_amplification'], '.2f'):>6}{fmt(r['top1'], '.2f'):>6}"
+            f"{fmt(r['kl'], '.4f'):>9}{fmt(r['recall'], '.2f'):>8}"
+        )
+    for key, value in report["ratios"].items():
+        lines.append(f"{key} = {value:.2f}")
+    return "\n".join(lines)
+
+
+def add_reprefill_parser(sub) -> None:
+    p = sub.add_parser("reprefill", help="Re-Prefill TTFT vs full recompute and full load")
+    p.add_argument("--model", default="qwen2.5-0.5b-shape", choices=("tiny", "small", "qwen2.5-0.5b-shape"))
+    p.add_argument("--checkpoint", help="an HF-format checkpoint directory (default: a seeded one made under --directory)")
+    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--prefix-tokens", type=int, default=16384)
+    p.add_argument("--suffix-tokens", type=int, default=64)
+    p.add_argument("--budgets", type=_fractions, default=[0.05, 0.10, 0.25, 0.50, 1.0])
+    p.add_argument("--repeats", type=int, default=3, help="suffixes timed per system")
+    p.add_argument("--recompute-runs", type=int, default=1, help="full-recompute runs (slow: the whole prefix)")
+    p.add_argument("--selector", default="summary", choices=("summary", "exact", "recent"))
+    p.add_argument("--period-layers", type=int, default=8)
+    p.add_argument("--group-layers", type=int, default=4, help="stored period group (SubPeriod)")
+    p.add_argument("--no-recall", dest="recall", action="store_false", help="skip the true-top-chunk recall")
+    p.add_argument("--target", help="a running daemon (default: start one on --directory)")
+    p.add_argument("--directory", default=".kvstore/bench")
+    p.add_argument("--backend", default="auto", choices=("auto", "posix", "kvikio"))
+    p.add_argument("--iodepth", type=int, default=16)
+    p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=command_reprefill)
+
+
+def _fractions(text: str) -> list[float]:
+    import argparse
+
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated fractions, got {text!r}") from None
+    if not values or any(not 0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"budgets must be in (0, 1], got {text!r}")
+    return values
+
+
+def command_reprefill(args) -> int:
+    import json
+
+    if args.prefix_tokens < 1 or args.suffix_tokens < 1 or args.repeats < 1:
+        raise BenchError("--prefix-tokens, --suffix-tokens and --repeats must be positive")
+    report = run_reprefill_bench(args)
+    print(json.dumps(report, indent=2, sort_keys=True, default=float) if args.json else format_reprefill_report(report))
+    return 0
