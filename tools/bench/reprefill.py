@@ -19,6 +19,7 @@ distribution, recall of the chunks carrying the true top attention mass).
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import dataclass
 
@@ -53,7 +54,7 @@ def checkpoint_path(args) -> str:
     if not os.path.exists(os.path.join(path, "config.json")):
         t0 = time.perf_counter()
         make_checkpoint(path, args.model, args.seed, args.dtype, 1)
-        print(f"made checkpoint {path} in {time.perf_counter() - t0:.1f}s")
+        print(f"made checkpoint {path} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
     return path
 
 
