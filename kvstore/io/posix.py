@@ -1,8 +1,18 @@
-"""POSIX backend: O_DIRECT ``preadv``/``pwritev`` on a thread pool.
+"""POSIX backend: O_DIRECT ``preadv``/``pwritev`` on a pool of worker threads.
 
 ``os.preadv`` releases the GIL, so ``queue_depth`` worker threads keep that
 many requests in flight at the device, like fio's ``psync`` engine with as
 many jobs.  Short reads and writes are continued until done.
+
+The pool is built for small requests, where Python's per-request cost decides
+the IOPS: a request is one tuple on a ``SimpleQueue``, its future a small
+object completed on the worker thread (callbacks run there too), and the
+O_DIRECT alignment check reads the buffer address through ctypes.  Against
+``ThreadPoolExecutor`` futures and numpy's address lookup this halved the CPU
+of a 32 KiB O_DIRECT read (2-vCPU VM, QD16: ~130 -> ~55 us, user time
+~65 -> ~20 us) and lifted random-read IOPS to that of bare threads calling
+``os.preadv``.  A worker running the request its own callback submits (no
+queue round trip) measured no better and was dropped.
 """
 
 from __future__ import annotations
@@ -10,11 +20,21 @@ from __future__ import annotations
 import errno
 import logging
 import os
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+import weakref
+from _thread import allocate_lock
+from queue import SimpleQueue
 
-from .base import FileHandle, IOBackend, check_aligned
+from .base import FileHandle, IOBackend, aligned_nbytes
 
 log = logging.getLogger(__name__)
+
+_preadv = os.preadv
+_pwritev = os.pwritev
+
+# Guards each future's done-flag against add_done_callback / result() racing
+# its completion; held for a few bytecodes only.
+_state_lock = allocate_lock()
 
 
 def _direct_supported(path: str) -> bool:
@@ -31,6 +51,107 @@ def _direct_supported(path: str) -> bool:
     return True
 
 
+class PosixFuture:
+    """The future of one request: ``result``, ``done``, ``exception``, ``add_done_callback``.
+
+    Callbacks receive the future and run on the worker thread that completed
+    it (at once, on the caller's thread, when it is already done), like
+    ``concurrent.futures.Future``; an exception in one is logged.
+    """
+
+    __slots__ = ("_done", "_result", "_error", "_gate", "_callbacks")
+
+    def __init__(self):
+        self._done = False
+        self._result = None
+        self._error: BaseException | None = None
+        self._gate = None  # a held lock, made by the first waiter; released on completion
+        self._callbacks: list | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def result(self, timeout: float | None = None) -> int:
+        if not self._done:
+            self._wait(timeout)
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self._done:
+            self._wait(timeout)
+        return self._error
+
+    def add_done_callback(self, fn) -> None:
+        if not self._done:
+            with _state_lock:
+                if not self._done:
+                    if self._callbacks is None:
+                        self._callbacks = [fn]
+                    else:
+                        self._callbacks.append(fn)
+                    return
+        _call(fn, self)
+
+    def _wait(self, timeout: float | None) -> None:
+        with _state_lock:
+            if self._done:
+                return
+            gate = self._gate
+            if gate is None:
+                gate = self._gate = allocate_lock()
+                gate.acquire()
+        if not gate.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
+            raise TimeoutError(f"I/O not done after {timeout} s")
+        gate.release()  # open for the next waiter
+
+    def _complete(self, result, error: BaseException | None) -> None:
+        with _state_lock:
+            self._result, self._error, self._done = result, error, True
+            gate, callbacks = self._gate, self._callbacks
+            self._callbacks = None
+        if gate is not None:
+            gate.release()
+        if callbacks is not None:
+            for fn in callbacks:
+                _call(fn, self)
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._done else ("error" if self._error is not None else "done")
+        return f"<PosixFuture {state}>"
+
+
+def _call(fn, future: PosixFuture) -> None:
+    try:
+        fn(future)
+    except Exception:
+        log.exception("exception in a callback of %r", future)
+
+
+def _worker(queue: SimpleQueue) -> None:
+    """Take requests ``(fn, fd, buf, offset, nbytes, future)`` until a None."""
+    get = queue.get
+    while True:
+        item = get()
+        if item is None:
+            return
+        fn, fd, buf, offset, nbytes, future = item
+        item = None  # hold no buffer while idle
+        try:
+            n = fn(fd, buf, offset, nbytes)
+        except BaseException as exc:
+            future._complete(None, exc)
+        else:
+            future._complete(n, None)
+        buf = future = None
+
+
+def _stop(pool: SimpleQueue, threads: list) -> None:
+    for _ in threads:
+        pool.put(None)
+
+
 class PosixBackend(IOBackend):
     name = "posix"
 
@@ -39,8 +160,13 @@ class PosixBackend(IOBackend):
             raise ValueError("queue_depth must be >= 1")
         self.queue_depth = queue_depth
         self.direct = direct
-        self._pool = ThreadPoolExecutor(max_workers=queue_depth, thread_name_prefix="kvstore-io")
         self._direct_checked: dict[str, bool] = {}
+        self._queue: SimpleQueue = SimpleQueue()
+        self._threads: list[threading.Thread] = []  # started on demand, up to queue_depth
+        self._lock = threading.Lock()  # orders submits against shutdown
+        self._shut_down = False
+        # a backend dropped without shutdown() still lets its workers go
+        self._finalizer = weakref.finalize(self, _stop, self._queue, self._threads)
 
     def _use_direct(self, path: str) -> bool:
         if not self.direct:
@@ -61,17 +187,32 @@ class PosixBackend(IOBackend):
         fd = os.open(path, flags | os.O_CLOEXEC, 0o640)
         return FileHandle(path=path, writable=write, direct=direct, raw=fd)
 
-    def pread(self, fh: FileHandle, buf, offset: int) -> Future:
-        if fh.direct:
-            check_aligned(buf, offset)
-        return self._pool.submit(_pread_full, fh.raw, buf, offset)
+    def pread(self, fh: FileHandle, buf, offset: int) -> PosixFuture:
+        nbytes = aligned_nbytes(buf, offset) if fh.direct else memoryview(buf).nbytes
+        return self._submit(_pread_full, fh.raw, buf, offset, nbytes)
 
-    def pwrite(self, fh: FileHandle, buf, offset: int) -> Future:
+    def pwrite(self, fh: FileHandle, buf, offset: int) -> PosixFuture:
         if not fh.writable:
             raise ValueError(f"{fh.path} is not open for writing")
-        if fh.direct:
-            check_aligned(buf, offset)
-        return self._pool.submit(_pwrite_full, fh.raw, buf, offset)
+        nbytes = aligned_nbytes(buf, offset) if fh.direct else memoryview(buf).nbytes
+        return self._submit(_pwrite_full, fh.raw, buf, offset, nbytes)
+
+    def _submit(self, fn, fd: int, buf, offset: int, nbytes: int) -> PosixFuture:
+        future = PosixFuture()
+        with self._lock:
+            if self._shut_down:
+                raise RuntimeError("cannot submit I/O after shutdown")
+            if len(self._threads) < self.queue_depth:
+                self._start_worker()
+            self._queue.put((fn, fd, buf, offset, nbytes, future))
+        return future
+
+    def _start_worker(self) -> None:
+        thread = threading.Thread(
+            target=_worker, args=(self._queue,), name=f"kvstore-io_{len(self._threads)}", daemon=True
+        )
+        thread.start()
+        self._threads.append(thread)
 
     def fdatasync(self, fh: FileHandle) -> None:
         os.fdatasync(fh.raw)
@@ -84,26 +225,39 @@ class PosixBackend(IOBackend):
         os.close(fh.raw)
 
     def shutdown(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Finish the requests already submitted, then join the workers."""
+        with self._lock:  # no submit gets in behind the stop markers
+            self._shut_down = True
+            self._finalizer()  # once: one stop marker per worker, behind the requests
+        current = threading.current_thread()
+        for thread in self._threads:
+            if thread is not current:  # shutdown from a completion callback
+                thread.join()
 
 
-def _pread_full(fd: int, buf, offset: int) -> int:
+def _pread_full(fd: int, buf, offset: int, nbytes: int) -> int:
+    n = _preadv(fd, (buf,), offset)
+    if n == nbytes:
+        return n
     view = memoryview(buf).cast("B")
-    done = 0
-    while done < len(view):
-        n = os.preadv(fd, [view[done:]], offset + done)
+    done = n
+    while done < nbytes:
         if n == 0:
             raise EOFError(f"read past end of file at offset {offset + done}")
+        n = _preadv(fd, [view[done:]], offset + done)
         done += n
     return done
 
 
-def _pwrite_full(fd: int, buf, offset: int) -> int:
+def _pwrite_full(fd: int, buf, offset: int, nbytes: int) -> int:
+    n = _pwritev(fd, (buf,), offset)
+    if n == nbytes:
+        return n
     view = memoryview(buf).cast("B")
-    done = 0
-    while done < len(view):
-        n = os.pwritev(fd, [view[done:]], offset + done)
+    done = n
+    while done < nbytes:
         if n == 0:  # pragma: no cover - the kernel reports ENOSPC instead
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        n = _pwritev(fd, [view[done:]], offset + done)
         done += n
     return done

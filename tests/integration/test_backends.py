@@ -1,7 +1,12 @@
 """I/O backends on real files: alignment rules, selection, and kvikio where a GPU exists."""
 
+import errno
+import functools
+import gc
 import logging
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -9,7 +14,7 @@ from helpers import HAS_CUDA
 
 from kvstore.config import StoreConfig
 from kvstore.errors import BackendUnavailable, InvalidArgument
-from kvstore.io import PosixBackend, aligned_buffer, make_backend
+from kvstore.io import FileHandle, PosixBackend, aligned_buffer, make_backend
 from kvstore.io.kvikio_backend import unavailable_reason
 
 
@@ -50,6 +55,189 @@ def test_buffered_mode_takes_unaligned_requests(tmp_path):
         b.pread(fh, out, 9).result()
         assert out == b"world"
         b.close(fh)
+
+
+def _data_file(path, nbytes, seed=0):
+    """A file of ``nbytes`` random bytes (written buffered); returns its content."""
+    data = np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+    with open(path, "wb") as f:
+        f.write(data.tobytes())
+    return data
+
+
+def _hold_worker(b, release):
+    """Occupy one worker of ``b`` until ``release`` is set (a request that waits)."""
+    return b._submit(lambda fd, buf, offset, nbytes: int(release.wait(30)), -1, None, 0, 0)
+
+
+def test_buffer_address_is_exact_and_cheap_paths_agree():
+    from kvstore.io.base import buffer_address, check_aligned
+
+    mem = aligned_buffer(3 * 4096)
+    base = np.frombuffer(mem, np.uint8).ctypes.data
+    assert base % 4096 == 0
+    for view in (mem, mem[4096:], mem[1:4097], mem[4096:8192].cast("I")):
+        assert buffer_address(view) == np.frombuffer(view, np.uint8).ctypes.data
+    arr = np.zeros(16, np.float64)
+    assert buffer_address(arr[3:]) == arr.ctypes.data + 24
+    ro = bytes(8192)  # read-only: the numpy path
+    assert buffer_address(ro) == np.frombuffer(ro, np.uint8).ctypes.data
+    assert buffer_address(memoryview(mem)[:0]) == 0 and buffer_address(b"") == 0
+    check_aligned(mem[:0], 0)  # empty: nothing to misalign
+    check_aligned(mem[4096:], 4096)
+    check_aligned(mem[4096:8192].cast("I"), 0)
+    with pytest.raises(ValueError, match="aligned"):
+        check_aligned(mem[4096 + 512 : 8192 + 512], 0)
+    with pytest.raises(ValueError, match="contiguous"):
+        check_aligned(np.zeros((1024, 2), np.float32)[:, 0], 0)
+
+
+def test_posix_futures_complete_callbacks_and_report_errors(tmp_path, caplog):
+    path = str(tmp_path / "f")
+    data = _data_file(path, 1 << 16)
+    release = threading.Event()
+    with PosixBackend(queue_depth=1) as b:
+        fh = b.open(path)
+        seen = []
+        out = aligned_buffer(8192)
+        _hold_worker(b, release)
+        fut = b.pread(fh, out, 4096)  # queued behind the held request: not done yet
+        fut.add_done_callback(lambda f: seen.append((f, f.result(), threading.current_thread().name)))
+        release.set()
+        assert fut.result(timeout=10) == 8192 and fut.done() and fut.exception() is None
+        for _ in range(1000):  # the callback runs just after completion, on the worker
+            if seen:
+                break
+            time.sleep(0.01)
+        assert seen[0][:2] == (fut, 8192) and seen[0][2].startswith("kvstore-io")
+        late = []
+        fut.add_done_callback(late.append)  # already done: called at once, here
+        assert late == [fut]
+        assert bytes(out) == data[4096 : 4096 + 8192].tobytes()
+
+        caplog.set_level(logging.ERROR, logger="kvstore.io")
+        bad = b.pread(fh, aligned_buffer(8192), (1 << 16) - 4096)
+        bad.add_done_callback(lambda f: 1 / 0)  # logged, the worker lives on
+        with pytest.raises(EOFError):
+            bad.result()
+        assert isinstance(bad.exception(), EOFError)
+        # the kernel's error comes out of result(), not pwrite(): a read-only fd
+        lying = FileHandle(path=path, writable=True, direct=fh.direct, raw=fh.raw)
+        failed = b.pwrite(lying, out, 0)
+        with pytest.raises(OSError) as info:
+            failed.result(timeout=10)
+        assert info.value.errno == errno.EBADF
+        assert b.pread(fh, out, 0).result(timeout=10) == 8192  # still serving
+        b.close(fh)
+    for _ in range(1000):
+        if "ZeroDivisionError" in caplog.text:
+            break
+        time.sleep(0.01)
+    assert "exception in a callback" in caplog.text and "ZeroDivisionError" in caplog.text
+
+
+def test_posix_pending_future_times_out_and_queues_past_queue_depth(tmp_path):
+    path = str(tmp_path / "f")
+    _data_file(path, 1 << 16)
+    release = threading.Event()
+    with PosixBackend(queue_depth=1) as b:
+        fh = b.open(path)
+        first = _hold_worker(b, release)
+        second = b.pread(fh, aligned_buffer(4096), 4096)
+        assert not second.done()
+        with pytest.raises(TimeoutError):
+            second.result(timeout=0.05)
+        with pytest.raises(TimeoutError):
+            second.result(timeout=0)
+        assert len(b._threads) == 1  # never more workers than queue_depth
+        release.set()
+        assert second.result(timeout=10) == 4096 and first.result() == 1
+        b.close(fh)
+
+
+def test_posix_concurrent_callers_and_callback_chains(tmp_path):
+    """Reader threads sharing one backend get their own bytes; chains resubmitting
+    from callbacks (the bench's pattern) run alongside."""
+    path = str(tmp_path / "f")
+    size = 4 << 20
+    data = _data_file(path, size)
+    errors = []
+    with PosixBackend(queue_depth=4) as b:
+        fh = b.open(path)
+
+        def reader(seed):
+            rng = np.random.default_rng(seed)
+            try:
+                for _ in range(150):
+                    blocks = int(rng.integers(1, 5))
+                    offset = int(rng.integers(0, size // 4096 - blocks)) * 4096
+                    out = aligned_buffer(blocks * 4096)
+                    assert b.pread(fh, out, offset).result(timeout=30) == blocks * 4096
+                    assert bytes(out) == data[offset : offset + blocks * 4096].tobytes()
+            except BaseException as exc:
+                errors.append(exc)
+
+        chain_done = threading.Event()
+        chain_reads = []
+
+        def on_done(buf, offset, fut):
+            try:
+                fut.result()
+                assert bytes(buf) == data[offset : offset + 4096].tobytes()
+                chain_reads.append(offset)
+                if len(chain_reads) < 200:  # (a callback may run on the submitter: stay shallow)
+                    nxt = (offset + 8192) % size
+                    b.pread(fh, buf, nxt).add_done_callback(functools.partial(on_done, buf, nxt))
+                    return
+            except BaseException as exc:
+                errors.append(exc)
+            chain_done.set()
+
+        chain_buf = aligned_buffer(4096)
+        b.pread(fh, chain_buf, 0).add_done_callback(functools.partial(on_done, chain_buf, 0))
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert chain_done.wait(60)
+        assert not errors, errors[0]
+        assert len(chain_reads) == 200
+        assert 1 <= len(b._threads) <= 4
+        b.close(fh)
+
+
+def test_posix_shutdown_finishes_queued_io_and_joins_workers(tmp_path):
+    path = str(tmp_path / "f")
+    data = _data_file(path, 1 << 20)
+    b = PosixBackend(queue_depth=3)
+    fh = b.open(path)
+    bufs = [aligned_buffer(65536) for _ in range(16)]
+    futures = [b.pread(fh, buf, i * 65536) for i, buf in enumerate(bufs)]
+    workers = list(b._threads)
+    assert len(workers) == 3
+    b.shutdown()
+    assert all(f.done() for f in futures) and not any(t.is_alive() for t in workers)
+    assert all(bytes(buf) == data[i * 65536 : (i + 1) * 65536].tobytes() for i, buf in enumerate(bufs))
+    with pytest.raises(RuntimeError, match="shutdown"):
+        b.pread(fh, bufs[0], 0)
+    b.shutdown()  # twice is fine
+    b.close(fh)
+
+
+def test_posix_backend_dropped_without_shutdown_lets_workers_go(tmp_path):
+    path = str(tmp_path / "f")
+    _data_file(path, 1 << 16)
+    b = PosixBackend(queue_depth=2)
+    fh = b.open(path)
+    assert b.pread(fh, aligned_buffer(4096), 0).result(timeout=10) == 4096
+    workers = list(b._threads)
+    b.close(fh)
+    del b
+    gc.collect()
+    for t in workers:
+        t.join(10)
+        assert not t.is_alive()
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only fallback")
