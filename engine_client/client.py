@@ -255,9 +255,27 @@ class KVStoreClient:
             raise KVStoreRpcError(exc.code(), exc.details() or "") from None
         finally:
             if not done_ok:
-                if call is not None:
-                    call.cancel()
-                self._release_leases(leases)
+                self._abandon(call, use_shm, leases)
+
+    def _abandon(self, call, use_shm: bool, leases: set) -> None:
+        """End a read the caller stopped early and return every lease it holds.
+
+        On the shared-memory path the daemon may have finished the stream
+        already, handing over leases in messages not read yet; draining the
+        (descriptor-only) rest collects them.  The bytes path holds no lease:
+        the call is just cancelled.
+        """
+        if call is not None:
+            if use_shm:
+                try:
+                    for msg in call:
+                        if msg.HasField("shm_group"):
+                            leases.update(ref.lease_id for ref in msg.shm_group.refs)
+                except grpc.RpcError:
+                    pass  # cancelled or failed: the daemon released what it had not handed over
+            else:
+                call.cancel()
+        self._release_leases(leases)
 
     def _new_read(self, prefix_id: str, h, zero_copy: bool) -> ChunkRead:
         return ChunkRead(
