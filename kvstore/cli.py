@@ -308,7 +308,7 @@ def run_demo(args) -> int:
 
 
 # ------------------------------------------------------------ arguments
-def _fractions(text: str) -> list[float]:
+def fractions_arg(text: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
@@ -344,7 +344,7 @@ def _demo_parser(sub) -> None:
     w.add_argument("--in-process", action="store_true", help="use the store library in this process, no daemon")
     w.add_argument("--target", help="an already running daemon, e.g. unix:.kvstore/run/kvstore.sock")
     w.add_argument("--socket-path", help="socket of the daemon the demo starts (default: the [server] socket_path)")
-    g.add_argument("--budgets", type=_fractions, default=list(DEMO_BUDGETS), help="comma-separated fractions (default: 0.05,0.25,1)")
+    g.add_argument("--budgets", type=fractions_arg, default=list(DEMO_BUDGETS), help="comma-separated fractions (default: 0.05,0.25,1)")
     g.add_argument("--repeats", type=_positive_int, default=3, help="timed reads per budget (median is shown)")
     add_config_args(p, StoreConfig)
     p.set_defaults(func=run_demo)

@@ -239,7 +239,9 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--prefix-tokens", type=int, default=16384)
     p.add_argument("--suffix-tokens", type=int, default=64)
-    p.add_argument("--budgets", type=_fractions, default=[0.05, 0.10, 0.25, 0.50, 1.0])
+    from kvstore.cli import fractions_arg
+
+    p.add_argument("--budgets", type=fractions_arg, default=[0.05, 0.10, 0.25, 0.50, 1.0])
     p.add_argument("--repeats", type=int, default=3, help="suffixes timed per system")
     p.add_argument("--recompute-runs", type=int, default=1, help="full-recompute runs (slow: the whole prefix)")
     p.add_argument("--selector", default="summary", choices=("summary", "exact", "recent"))
@@ -254,18 +256,6 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=command_reprefill)
-
-
-def _fractions(text: str) -> list[float]:
-    import argparse
-
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated fractions, got {text!r}") from None
-    if not values or any(not 0 < v <= 1 for v in values):
-        raise argparse.ArgumentTypeError(f"budgets must be in (0, 1], got {text!r}")
-    return values
 
 
 def command_reprefill(args) -> int:
