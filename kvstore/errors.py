@@ -64,3 +64,9 @@ class BackendUnavailable(KVStoreError):
     """The configured I/O backend cannot run on this machine."""
 
     code = "FAILED_PRECONDITION"
+
+
+class FailedPrecondition(KVStoreError):
+    """The request refers to state that no longer allows it (e.g. a released lease)."""
+
+    code = "FAILED_PRECONDITION"

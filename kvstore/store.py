@@ -484,8 +484,8 @@ class ChunkStore:
         return arr
 
     # ------------------------------------------------------------ delete
-    def delete(self, prefix_id: str) -> None:
-        """Unlist the prefix, then free segments no other prefix references."""
+    def delete(self, prefix_id: str) -> list[int]:
+        """Unlist the prefix, then free segments no other prefix references; returns those."""
         self._check_writable()
         key = _prefix_key(prefix_id)
 
@@ -518,6 +518,7 @@ class ChunkStore:
             with self._state_lock:
                 self._quarantined.pop(seg_id, None)
         self._count(deletes=1)
+        return freed
 
     # ------------------------------------------------------------ scores
     def units(self, prefix_id: str, chunks, groups) -> list[Unit]:

@@ -190,6 +190,98 @@ class ReadChunksResponse(_message.Message):
     shm_group: ShmGroup
     def __init__(self, header: _Optional[_Union[ReadHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ..., shm_group: _Optional[_Union[ShmGroup, _Mapping]] = ...) -> None: ...
 
+class PrefetchOpen(_message.Message):
+    __slots__ = ("prefix_id", "shm_session", "period_layers", "no_speculation", "no_coalesce")
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    NO_SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    NO_COALESCE_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    shm_session: int
+    period_layers: int
+    no_speculation: bool
+    no_coalesce: bool
+    def __init__(self, prefix_id: _Optional[str] = ..., shm_session: _Optional[int] = ..., period_layers: _Optional[int] = ..., no_speculation: _Optional[bool] = ..., no_coalesce: _Optional[bool] = ...) -> None: ...
+
+class PeriodSet(_message.Message):
+    __slots__ = ("period", "chunks")
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    period: int
+    chunks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, period: _Optional[int] = ..., chunks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PrefetchRequest(_message.Message):
+    __slots__ = ("open", "period")
+    OPEN_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    open: PrefetchOpen
+    period: PeriodSet
+    def __init__(self, open: _Optional[_Union[PrefetchOpen, _Mapping]] = ..., period: _Optional[_Union[PeriodSet, _Mapping]] = ...) -> None: ...
+
+class PrefetchHeader(_message.Message):
+    __slots__ = ("geometry", "num_tokens", "num_chunks", "num_periods", "groups_per_period", "lease_id", "cache_policy")
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PERIODS_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_PER_PERIOD_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    geometry: Geometry
+    num_tokens: int
+    num_chunks: int
+    num_periods: int
+    groups_per_period: int
+    lease_id: int
+    cache_policy: str
+    def __init__(self, geometry: _Optional[_Union[Geometry, _Mapping]] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., num_periods: _Optional[int] = ..., groups_per_period: _Optional[int] = ..., lease_id: _Optional[int] = ..., cache_policy: _Optional[str] = ...) -> None: ...
+
+class PrefetchStats(_message.Message):
+    __slots__ = ("bytes_gpu", "bytes_cpu", "bytes_disk", "bytes_useful", "spec_bytes_used", "spec_bytes_wasted", "units_gpu", "units_cpu", "units_disk", "spec_units_cancelled", "num_reads", "daemon_wait_s", "units_admitted")
+    BYTES_GPU_FIELD_NUMBER: _ClassVar[int]
+    BYTES_CPU_FIELD_NUMBER: _ClassVar[int]
+    BYTES_DISK_FIELD_NUMBER: _ClassVar[int]
+    BYTES_USEFUL_FIELD_NUMBER: _ClassVar[int]
+    SPEC_BYTES_USED_FIELD_NUMBER: _ClassVar[int]
+    SPEC_BYTES_WASTED_FIELD_NUMBER: _ClassVar[int]
+    UNITS_GPU_FIELD_NUMBER: _ClassVar[int]
+    UNITS_CPU_FIELD_NUMBER: _ClassVar[int]
+    UNITS_DISK_FIELD_NUMBER: _ClassVar[int]
+    SPEC_UNITS_CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    NUM_READS_FIELD_NUMBER: _ClassVar[int]
+    DAEMON_WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    UNITS_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    bytes_gpu: int
+    bytes_cpu: int
+    bytes_disk: int
+    bytes_useful: int
+    spec_bytes_used: int
+    spec_bytes_wasted: int
+    units_gpu: int
+    units_cpu: int
+    units_disk: int
+    spec_units_cancelled: int
+    num_reads: int
+    daemon_wait_s: float
+    units_admitted: int
+    def __init__(self, bytes_gpu: _Optional[int] = ..., bytes_cpu: _Optional[int] = ..., bytes_disk: _Optional[int] = ..., bytes_useful: _Optional[int] = ..., spec_bytes_used: _Optional[int] = ..., spec_bytes_wasted: _Optional[int] = ..., units_gpu: _Optional[int] = ..., units_cpu: _Optional[int] = ..., units_disk: _Optional[int] = ..., spec_units_cancelled: _Optional[int] = ..., num_reads: _Optional[int] = ..., daemon_wait_s: _Optional[float] = ..., units_admitted: _Optional[int] = ...) -> None: ...
+
+class PrefetchResponse(_message.Message):
+    __slots__ = ("header", "extent", "group", "period", "stats")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    header: PrefetchHeader
+    extent: ExtentData
+    group: ShmGroup
+    period: int
+    stats: PrefetchStats
+    def __init__(self, header: _Optional[_Union[PrefetchHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., group: _Optional[_Union[ShmGroup, _Mapping]] = ..., period: _Optional[int] = ..., stats: _Optional[_Union[PrefetchStats, _Mapping]] = ...) -> None: ...
+
 class ReleaseRequest(_message.Message):
     __slots__ = ("shm_session", "lease_ids")
     SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
@@ -347,7 +439,7 @@ class LatencySummary(_message.Message):
     def __init__(self, rpc: _Optional[str] = ..., count: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p90_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version")
+    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version", "cache_policy", "cpu_tier_bytes", "cpu_tier_used_bytes", "gpu_tier_bytes", "gpu_tier_used_bytes", "prefetch_reserve_bytes", "tier_hit_units", "tier_miss_units", "tier_units", "pinned_units")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     NUM_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -364,6 +456,16 @@ class StatsResponse(_message.Message):
     LATENCY_FIELD_NUMBER: _ClassVar[int]
     INDEX_MAP_BYTES_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    CACHE_POLICY_FIELD_NUMBER: _ClassVar[int]
+    CPU_TIER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    CPU_TIER_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_TIER_BYTES_FIELD_NUMBER: _ClassVar[int]
+    GPU_TIER_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    PREFETCH_RESERVE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TIER_HIT_UNITS_FIELD_NUMBER: _ClassVar[int]
+    TIER_MISS_UNITS_FIELD_NUMBER: _ClassVar[int]
+    TIER_UNITS_FIELD_NUMBER: _ClassVar[int]
+    PINNED_UNITS_FIELD_NUMBER: _ClassVar[int]
     backend: str
     num_prefixes: int
     num_segments: int
@@ -380,7 +482,17 @@ class StatsResponse(_message.Message):
     latency: _containers.RepeatedCompositeFieldContainer[LatencySummary]
     index_map_bytes: int
     version: str
-    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ...) -> None: ...
+    cache_policy: str
+    cpu_tier_bytes: int
+    cpu_tier_used_bytes: int
+    gpu_tier_bytes: int
+    gpu_tier_used_bytes: int
+    prefetch_reserve_bytes: int
+    tier_hit_units: int
+    tier_miss_units: int
+    tier_units: int
+    pinned_units: int
+    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ..., cache_policy: _Optional[str] = ..., cpu_tier_bytes: _Optional[int] = ..., cpu_tier_used_bytes: _Optional[int] = ..., gpu_tier_bytes: _Optional[int] = ..., gpu_tier_used_bytes: _Optional[int] = ..., prefetch_reserve_bytes: _Optional[int] = ..., tier_hit_units: _Optional[int] = ..., tier_miss_units: _Optional[int] = ..., tier_units: _Optional[int] = ..., pinned_units: _Optional[int] = ...) -> None: ...
 
 class InspectResponse(_message.Message):
     __slots__ = ("json",)

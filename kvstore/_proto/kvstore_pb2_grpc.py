@@ -49,6 +49,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReadChunksRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReadChunksResponse.FromString,
                 _registered_method=True)
+        self.Prefetch = channel.stream_stream(
+                '/kvstore.v1.KVStore/Prefetch',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PrefetchResponse.FromString,
+                _registered_method=True)
         self.Release = channel.unary_unary(
                 '/kvstore.v1.KVStore/Release',
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReleaseRequest.SerializeToString,
@@ -112,6 +117,12 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def ReadChunks(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Prefetch(self, request_iterator, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -188,6 +199,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.ReadChunks,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReadChunksRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReadChunksResponse.SerializeToString,
+            ),
+            'Prefetch': grpc.stream_stream_rpc_method_handler(
+                    servicer.Prefetch,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PrefetchRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefetchResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
@@ -316,6 +332,33 @@ class KVStore:
             '/kvstore.v1.KVStore/ReadChunks',
             kvstore_dot___proto_dot_kvstore__pb2.ReadChunksRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.ReadChunksResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Prefetch(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/kvstore.v1.KVStore/Prefetch',
+            kvstore_dot___proto_dot_kvstore__pb2.PrefetchRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.PrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,6 +23,7 @@ from .auth import BearerTokenInterceptor
 from .config import ServerConfig
 from .servicer import AdminServicer, KVStoreServicer, Service
 from .shm_sessions import ShmSessions
+from .tiers import TierManager, gpu_memory
 
 log = logging.getLogger(__name__)
 
@@ -41,14 +42,28 @@ class Daemon:
     async def start(self) -> None:
         cfg = self.config
         self.store = ChunkStore(self.store_config)
-        self.arena = Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes) if cfg.shm_arena_bytes and cfg.socket_path else None
+        self.arena = (
+            Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes, tier_bytes=cfg.cpu_tier_bytes) if cfg.shm_arena_bytes and cfg.socket_path else None
+        )
+        self.tiers = TierManager(
+            self.arena, self.store.scores, policy=cfg.cache_policy, gpu=gpu_memory(cfg.gpu_tier_bytes, cfg.gpu_tier_device)
+        )
+        log.info(
+            "memory tiers (%s policy): gpu %d bytes%s, cpu %d bytes, prefetch reserve %d bytes (of a %d-byte arena)",
+            cfg.cache_policy,
+            self.tiers.capacity("gpu"),
+            f" ({self.tiers.gpu.kind})" if self.tiers.gpu is not None else "",
+            self.tiers.capacity("cpu"),
+            self.arena.lease_bytes if self.arena else 0,
+            cfg.shm_arena_bytes if self.arena else 0,
+        )
         self.sessions = None
         if cfg.socket_path:
             _prepare_socket_dir(cfg.socket_path)
         if self.arena is not None:
             self.sessions = ShmSessions(self.arena, cfg.shm_socket)
             self.sessions.start()
-        self.service = Service(self.store, cfg, self.arena, self.sessions)
+        self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
         if cfg.socket_path:
             server = self._server([])
             server.add_insecure_port(f"unix:{os.path.abspath(cfg.socket_path)}")
@@ -140,6 +155,7 @@ class Daemon:
         if self.sessions is not None:
             self.sessions.stop()
         self.service.pool.shutdown(wait=True)
+        self.service.delivery_pool.shutdown(wait=True)
         self.store.close()
         if self.arena is not None:
             self.arena.close()

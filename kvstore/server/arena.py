@@ -74,15 +74,25 @@ class SlotAllocator:
 
 
 class Arena:
-    def __init__(self, nbytes: int, slot_bytes: int):
+    """One memfd: leased buffers in ``[0, nbytes - tier_bytes)``, the CPU tier after them.
+
+    The CPU tier region is managed by the tier manager (its own allocator);
+    clients map the whole memfd, so a cached extent is read in place.
+    """
+
+    def __init__(self, nbytes: int, slot_bytes: int, tier_bytes: int = 0):
+        if tier_bytes < 0 or tier_bytes % slot_bytes or tier_bytes > nbytes:
+            raise ValueError(f"tier_bytes {tier_bytes} must be a multiple of {slot_bytes} within {nbytes}")
         self.nbytes = nbytes
         self.slot_bytes = slot_bytes
+        self.tier_bytes = tier_bytes
+        self.tier_offset = nbytes - tier_bytes
         self.fd = os.memfd_create("kvstore-arena", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         os.ftruncate(self.fd, nbytes)
         fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
         self.map = mmap.mmap(self.fd, nbytes)
         self.view = memoryview(self.map)
-        self._alloc = SlotAllocator(nbytes // slot_bytes)
+        self._alloc = SlotAllocator(self.tier_offset // slot_bytes)
         self._cond = threading.Condition()
         self._leases: dict[int, Lease] = {}
         self._ids = itertools.count(1)
@@ -100,7 +110,7 @@ class Arena:
         """Reserve ``nbytes`` (rounded up to slots), waiting for space if needed."""
         count = max(1, -(-nbytes // self.slot_bytes))
         if count > self._alloc.num_slots:
-            raise ArenaExhausted(f"read of {nbytes} bytes exceeds the shared-memory arena ({self.nbytes} bytes)")
+            raise ArenaExhausted(f"read of {nbytes} bytes exceeds the arena's lease space ({self.tier_offset} bytes)")
         deadline = time.monotonic() + wait_seconds
         with self._cond:
             while (start := self._alloc.allocate(count)) is None:
@@ -111,6 +121,11 @@ class Arena:
             lease = Lease(next(self._ids), session_id, start * self.slot_bytes, nbytes, (start, count))
             self._leases[lease.lease_id] = lease
             return lease
+
+    @property
+    def lease_bytes(self) -> int:
+        """Capacity for leased buffers (the prefetch reserve)."""
+        return self.tier_offset
 
     def buffer(self, lease: Lease) -> memoryview:
         return self.view[lease.offset : lease.offset + lease.nbytes]

@@ -20,6 +20,13 @@ class ServerConfig:
     enable_admin: bool = _opt(False, "serve the KVStoreAdmin service (inspect, verify)")
     enable_reflection: bool = _opt(False, "serve gRPC server reflection")
     shm_arena_bytes: int = _opt(256 * MiB, "size of the shared-memory arena for same-host reads; 0 disables it")
+    prefetch_reserve_fraction: float = _opt(
+        0.25, "share of the arena kept for stream buffers (reads in flight, extents the policy keeps out); the rest is the CPU tier"
+    )
+    gpu_tier_bytes: int = _opt(0, "GPU tier capacity; ignored (0) without a CUDA device")
+    gpu_tier_device: str = _opt("auto", "GPU tier memory: auto (CUDA if present) | cuda | host (a host-memory stand-in, for tests)")
+    cache_policy: str = _opt("score", "tier eviction policy: score (attention x frequency) | lru | lfu | impress")
+    max_periods_ahead: int = _opt(2, "period sets a Prefetch client may send beyond the last delivered period")
     shm_slot_bytes: int = _opt(64 * 1024, "allocation unit of the arena (multiple of 4096)")
     lease_wait_seconds: float = _opt(10.0, "how long a read waits for arena space before RESOURCE_EXHAUSTED")
     frame_bytes: int = _opt(2 * MiB, "largest payload of one streamed message (below the 4 MiB gRPC default)")
@@ -44,8 +51,26 @@ class ServerConfig:
             raise InvalidArgument("tls_key_file", "tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file and not self.tls_cert_file:
             raise InvalidArgument("tls_client_ca_file", "mTLS needs tls_cert_file and tls_key_file")
+        if not 0.0 < self.prefetch_reserve_fraction <= 1.0:
+            raise InvalidArgument("prefetch_reserve_fraction", "must be in (0, 1]")
+        if self.gpu_tier_bytes < 0:
+            raise InvalidArgument("gpu_tier_bytes", "must be >= 0")
+        if self.gpu_tier_device not in ("auto", "cuda", "host"):
+            raise InvalidArgument("gpu_tier_device", "must be auto, cuda or host")
+        from ..policy import POLICIES
+
+        if self.cache_policy not in POLICIES:
+            raise InvalidArgument("cache_policy", f"must be one of {', '.join(POLICIES)}, got {self.cache_policy!r}")
+        if self.max_periods_ahead < 1:
+            raise InvalidArgument("max_periods_ahead", "must be >= 1")
         if self.io_threads < 1:
             raise InvalidArgument("io_threads", "must be positive")
+
+    @property
+    def cpu_tier_bytes(self) -> int:
+        """The CPU tier: the arena minus the prefetch reserve, in whole slots."""
+        tier = int(self.shm_arena_bytes * (1.0 - self.prefetch_reserve_fraction))
+        return tier // self.shm_slot_bytes * self.shm_slot_bytes
 
     @property
     def shm_socket(self) -> str:

@@ -22,19 +22,27 @@ from .config import ServerConfig
 from .convert import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
 from .metrics import Metrics
 from .shm_sessions import ShmSessions
+from .prefetch import serve_prefetch
 from .status import Draining, streaming, unary
+from .tiers import TierManager
 
 
 class Service:
     """What every servicer shares: the store, its thread pool, drain state."""
 
-    def __init__(self, store: ChunkStore, config: ServerConfig, arena: Arena | None, sessions: ShmSessions | None):
+    def __init__(
+        self, store: ChunkStore, config: ServerConfig, arena: Arena | None, sessions: ShmSessions | None, tiers: TierManager | None = None
+    ):
         self.store = store
         self.config = config
         self.arena = arena
         self.sessions = sessions
+        self.tiers = tiers
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvstore-svc")
+        # Prefetch deliveries (tier placement, descriptors) free buffers that
+        # reads may be waiting for: they never queue behind those reads.
+        self.delivery_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="kvstore-deliver")
         self.draining = False
         self.active_calls = 0
         self._idle = asyncio.Event()
@@ -65,6 +73,9 @@ class Service:
 
     async def run(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+
+    async def deliver(self, fn, *args):
+        return await asyncio.get_running_loop().run_in_executor(self.delivery_pool, functools.partial(fn, *args))
 
 
 class KVStoreServicer(pb_grpc.KVStoreServicer):
@@ -186,6 +197,11 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         finally:
             reader.finish()
 
+    @streaming
+    async def Prefetch(self, request_iterator, context):
+        async for msg in serve_prefetch(self.svc, request_iterator, context, self.svc.config.max_periods_ahead):
+            yield msg
+
     @unary
     async def Release(self, request, context):
         if self.svc.arena is None:
@@ -212,6 +228,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         store = self.svc.store
         pid = store.resolve(request.prefix_id)
         n = store.report_attention(pid, request.group, list(request.chunks), list(request.attention))
+        if self.svc.tiers is not None:
+            self.svc.tiers.rescore(store.units(pid, list(request.chunks), [request.group]))
         return pb.ReportAttentionResponse(units=n)
 
     @unary
@@ -244,7 +262,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @unary
     async def Delete(self, request, context):
         pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
-        await self.svc.run(self.svc.store.delete, pid)
+        freed = await self.svc.run(self.svc.store.delete, pid)
+        if self.svc.tiers is not None:
+            for seg in freed:  # extents of freed segments leave memory (pinned ones age out)
+                self.svc.tiers.drop_segment(seg)
         return pb.DeleteResponse(prefix_id=pid)
 
     @unary
@@ -268,6 +289,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             latency=[pb.LatencySummary(**row) for row in svc.metrics.summary()],
             index_map_bytes=s["index_map_bytes"],
             version=__version__,
+            **_tier_stats(svc),
         )
 
     @unary
@@ -280,6 +302,24 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 if not request.namespace or r["namespace"] == request.namespace
             ]
         )
+
+
+def _tier_stats(svc: Service) -> dict:
+    t = svc.tiers
+    if t is None:
+        return {}
+    return dict(
+        cache_policy=t.policy_name,
+        cpu_tier_bytes=t.capacity("cpu"),
+        cpu_tier_used_bytes=t.used("cpu"),
+        gpu_tier_bytes=t.capacity("gpu"),
+        gpu_tier_used_bytes=t.used("gpu"),
+        prefetch_reserve_bytes=svc.arena.lease_bytes if svc.arena else 0,
+        tier_hit_units=t.hit_units,
+        tier_miss_units=t.miss_units,
+        tier_units=len(t),
+        pinned_units=t.pinned_units(),
+    )
 
 
 class AdminServicer(pb_grpc.KVStoreAdminServicer):

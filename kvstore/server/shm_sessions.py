@@ -18,7 +18,7 @@ import socket
 import struct
 import threading
 
-from ..errors import InvalidArgument
+from ..errors import FailedPrecondition, InvalidArgument
 from .arena import Arena
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ class ShmSessions:
         self.path = path
         self._lock = threading.Lock()
         self._conns: dict[int, socket.socket] = {}
+        self._ended: set[int] = set()  # sessions that closed: their leases are gone
         self._sock: socket.socket | None = None
         self._closed = False
 
@@ -50,6 +51,10 @@ class ShmSessions:
 
     def check(self, session_id: int) -> None:
         with self._lock:
+            if session_id in self._ended:
+                raise FailedPrecondition(
+                    f"shm_session: session {session_id} has closed and its leases were released; open a new session"
+                )
             if session_id not in self._conns:
                 raise InvalidArgument("shm_session", f"unknown or closed shared-memory session {session_id}")
 
@@ -85,6 +90,7 @@ class ShmSessions:
             pass
         with self._lock:
             self._conns.pop(session_id, None)
+            self._ended.add(session_id)
         released = self.arena.release_session(session_id)
         conn.close()
         if released:

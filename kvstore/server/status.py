@@ -26,11 +26,19 @@ class ArenaExhausted(errors.KVStoreError):
     code = "RESOURCE_EXHAUSTED"
 
 
+class Backpressure(errors.KVStoreError):
+    """A stream's peer sends faster than the daemon is allowed to queue."""
+
+    code = "RESOURCE_EXHAUSTED"
+
+
 CODES: dict[type, grpc.StatusCode] = {
     errors.InvalidArgument: grpc.StatusCode.INVALID_ARGUMENT,
     errors.NotFound: grpc.StatusCode.NOT_FOUND,
     errors.StoreFull: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ArenaExhausted: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    Backpressure: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    errors.FailedPrecondition: grpc.StatusCode.FAILED_PRECONDITION,
     errors.ReadOnly: grpc.StatusCode.FAILED_PRECONDITION,
     errors.StoreLocked: grpc.StatusCode.FAILED_PRECONDITION,
     errors.DataLoss: grpc.StatusCode.DATA_LOSS,
