@@ -44,6 +44,12 @@ class ReprefillConfig:
     sink_chunks: int = 1
     local_chunks: int = 1
     report_attention: bool = True
+    # speculate: the daemon loads period i's set for period i+1 as soon as
+    # it is known (inter-period prefetch).  overlap: each stored group is
+    # computed as soon as it arrives (intra-period); off, a period's layers
+    # wait for all its groups.  Both off is the no-prefetch ablation.
+    speculate: bool = True
+    overlap: bool = True
 
 
 @dataclass
@@ -62,9 +68,16 @@ class ReprefillResult:
     ttft_s: float
     selected: list[torch.Tensor]  # per period: chunk ids
     chunk_attention: list[torch.Tensor] = field(default_factory=list)  # per period: [selected] mass
-    tokens_loaded: int = 0
-    bytes_read: int = 0  # from disk, padding included
-    bytes_useful: int = 0
+    tokens_loaded: int = 0  # selected tokens, summed over periods
+    bytes_read: int = 0  # from disk, padding included (speculation included)
+    bytes_useful: int = 0  # extent bytes delivered
+    bytes_gpu: int = 0  # delivered from the GPU tier
+    bytes_cpu: int = 0  # delivered from the CPU tier
+    units_disk: int = 0
+    units_cpu: int = 0
+    units_gpu: int = 0
+    spec_bytes_used: int = 0
+    spec_bytes_wasted: int = 0
     probe_bytes: int = 0  # probe keys fetched for exact selection
     select_s: float = 0.0
     io_wait_s: float = 0.0
@@ -137,8 +150,14 @@ class ModelRunner:
             )
         return desc, suffix
 
-    def reprefill(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = ReprefillConfig()) -> ReprefillResult:
-        """First-token logits of ``suffix_tokens`` after the stored prefix, loading only selected chunks."""
+    def reprefill(
+        self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = ReprefillConfig(), *, choose=None
+    ) -> ReprefillResult:
+        """First-token logits of ``suffix_tokens`` after the stored prefix, loading only selected chunks.
+
+        ``choose(period, first_layer, queries, num_chunks) -> chunk ids`` replaces
+        the configured selector (the baselines' token-level selections).
+        """
         desc, suffix = self.check_request(prefix_id, suffix_tokens, cfg)
         t_start = time.perf_counter()
         model, geo = self.model, self.geometry
@@ -148,18 +167,31 @@ class ModelRunner:
         selector = get_selector(cfg.selector)
         out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[])
         mass_inputs = []
-        for l0 in range(0, model.num_layers, cfg.period_layers):
+        with self.client.prefetch(desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate) as stream:
+            for p, l0 in enumerate(range(0, model.num_layers, cfg.period_layers)):
+                t0 = time.perf_counter()
+                q = model.layer_queries(l0, hidden, positions)  # [Hq, s, d]
+                if choose is not None:
+                    chunks = torch.as_tensor(choose(p, l0, q, m), dtype=torch.long)
+                else:
+                    chunks = self._select(selector, desc.prefix_id, q, l0, m, cfg, out)
+                out.selected.append(chunks)
+                out.select_s += time.perf_counter() - t0
+                stream.send(p, chunks.numpy())
+                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out)
+                chunk_tokens = stream.chunk_tokens(p).tolist()
+                out.tokens_loaded += sum(chunk_tokens)
+                mass_inputs.append((q, first_keys, chunk_tokens))
             t0 = time.perf_counter()
-            q = model.layer_queries(l0, hidden, positions)  # [Hq, s, d]
-            chunks = self._select(selector, desc.prefix_id, q, l0, m, cfg, out)
-            out.selected.append(chunks)
-            out.select_s += time.perf_counter() - t0
-            hidden, first_keys, chunk_tokens = self._run_period(desc.prefix_id, chunks, l0, hidden, positions, cfg, out)
-            mass_inputs.append((q, first_keys, chunk_tokens))
-        t0 = time.perf_counter()
-        out.logits = model.final_logits(hidden)
-        out.compute_s += time.perf_counter() - t0
-        out.ttft_s = time.perf_counter() - t_start
+            out.logits = model.final_logits(hidden)
+            out.compute_s += time.perf_counter() - t0
+            out.ttft_s = time.perf_counter() - t_start
+        st = stream.stats
+        out.io_wait_s = stream.io_wait_s
+        out.bytes_read, out.bytes_useful = st.bytes_disk, st.bytes_useful
+        out.bytes_gpu, out.bytes_cpu = st.bytes_gpu, st.bytes_cpu
+        out.units_disk, out.units_cpu, out.units_gpu = st.units_disk, st.units_cpu, st.units_gpu
+        out.spec_bytes_used, out.spec_bytes_wasted = st.spec_bytes_used, st.spec_bytes_wasted
         out.chunk_attention = [self._chunk_mass(*inp) for inp in mass_inputs]
         if cfg.report_attention:
             out.reported_units = self._report(desc.prefix_id, out, cfg)
@@ -185,32 +217,22 @@ class ModelRunner:
             self._summaries[prefix_id] = torch.from_numpy(self.client.get_summaries(prefix_id))
         return self._summaries[prefix_id]
 
-    def _run_period(self, prefix_id, chunks, l0, hidden, positions, cfg, out):
-        """Stream the period's groups; compute each layer as soon as its group is here."""
+    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out):
+        """Compute the period's layers, each group as soon as it has arrived."""
         model, geo = self.model, self.geometry
-        last = min(l0 + cfg.period_layers, model.num_layers)
         first_keys = None
-        read = None
-        waited = time.perf_counter()
-        try:
-            for read, group in self.client.iter_groups(prefix_id, chunks.numpy(), layer_start=l0, layer_end=last):
-                out.io_wait_s += time.perf_counter() - waited
-                t0 = time.perf_counter()
-                kv = _as_torch(read.group_kv(group), geo)  # [group layers, 2, kv_heads, rows, head_dim]
-                for i, layer in enumerate(geo.group_layer_range(group)):
-                    hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i])
-                    if layer == l0:
-                        first_keys = (kv[i, 0].clone(), suffix_kv[0])
-                out.compute_s += time.perf_counter() - t0
-                waited = time.perf_counter()
-            out.tokens_loaded += int(read.chunk_tokens.sum())
-            out.bytes_read += read.bytes_read
-            out.bytes_useful += read.bytes_useful
-            chunk_tokens = read.chunk_tokens.tolist()
-        finally:
-            if read is not None:
-                read.release()
-        return hidden, first_keys, chunk_tokens
+        groups = stream.groups(period)
+        if not cfg.overlap:  # the whole period before any layer
+            groups = list(groups)
+        for group, raw in groups:
+            t0 = time.perf_counter()
+            kv = _as_torch(raw, geo)  # [group layers, 2, kv_heads, rows, head_dim]
+            for i, layer in enumerate(geo.group_layer_range(group)):
+                hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i])
+                if layer == l0:
+                    first_keys = (kv[i, 0].clone(), suffix_kv[0])
+            out.compute_s += time.perf_counter() - t0
+        return hidden, first_keys
 
     def _chunk_mass(self, q, first_keys, chunk_tokens: list[int]) -> torch.Tensor:
         """Attention mass of each selected chunk at the period's first layer: ``[selected]``."""

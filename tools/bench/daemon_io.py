@@ -125,7 +125,7 @@ def _loop_args(args, num_chunks: int, geo: StoreGeometry) -> dict:
 class _Daemon:
     """A daemon child process serving ``data_dir`` on a private socket."""
 
-    def __init__(self, data_dir: str, args):
+    def __init__(self, data_dir: str, args, extra=()):
         self.run_dir = tempfile.mkdtemp(prefix="kvbench", dir="/tmp")
         self.socket = os.path.join(self.run_dir, "kvstore.sock")
         ready = os.path.join(self.run_dir, "ready")
@@ -134,6 +134,7 @@ class _Daemon:
             "--data-dir", data_dir, "--socket-path", self.socket, "--ready-file", ready,
             "--min-free-bytes", "0", "--backend", args.backend, "--io-queue-depth", str(args.iodepth),
             "--shm-arena-bytes", str(max(64 << 20, 4 * args.numjobs * args.iodepth * args.bs)),
+            *extra,  # later flags win
         ]
         self.log = open(os.path.join(self.run_dir, "daemon.log"), "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)

@@ -97,7 +97,9 @@ def run_reprefill_bench(args) -> dict:
     if not target:
         from .daemon_io import _Daemon
 
-        daemon = _Daemon(os.path.join(args.directory, "reprefill-store"), _DaemonArgs(args))
+        # no CPU tier: every system reads from disk, request after request
+        # (the tiers are measured by --workload zipf)
+        daemon = _Daemon(os.path.join(args.directory, "reprefill-store"), _DaemonArgs(args), extra=["--prefetch-reserve-fraction", "1"])
         target = f"unix:{daemon.socket}"
     try:
         with KVStoreClient(target) as client:
@@ -255,6 +257,18 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    from .workload import SYSTEMS, systems_arg
+
+    z = p.add_argument_group("shared-prefix workload (--workload zipf): systems side by side")
+    z.add_argument("--workload", choices=("single", "zipf"), default="single", help="single: one prefix (default); zipf: many")
+    z.add_argument("--systems", type=systems_arg, default=["contiguouskv", "impress", "as-h2o", "as-lru"], help=f"from {', '.join(SYSTEMS)}")
+    z.add_argument("--prefixes", type=int, default=20)
+    z.add_argument("--requests", type=int, default=40, help="timed requests per system and budget")
+    z.add_argument("--warmup", type=int, default=10, help="requests before timing (they fill the tiers)")
+    z.add_argument("--alpha", type=float, default=1.0, help="Zipf exponent of prefix popularity")
+    z.add_argument(
+        "--memory-fraction", type=float, default=0.10, help="daemon memory (CPU tier + prefetch reserve) as a share of stored bytes"
+    )
     p.set_defaults(run=command_reprefill)
 
 
@@ -263,6 +277,13 @@ def command_reprefill(args) -> int:
 
     if args.prefix_tokens < 1 or args.suffix_tokens < 1 or args.repeats < 1:
         raise BenchError("--prefix-tokens, --suffix-tokens and --repeats must be positive")
+    if args.workload == "zipf":
+        from .workload import check_zipf_args, format_zipf_report, run_zipf_bench
+
+        check_zipf_args(args)
+        report = run_zipf_bench(args)
+        print(json.dumps(report, indent=2, sort_keys=True, default=float) if args.json else format_zipf_report(report))
+        return 0
     report = run_reprefill_bench(args)
     print(json.dumps(report, indent=2, sort_keys=True, default=float) if args.json else format_reprefill_report(report))
     return 0

@@ -1,0 +1,170 @@
+"""Client side of the daemon's Prefetch stream (one per Re-Prefill request).
+
+    with client.prefetch(prefix_id, period_layers=8) as stream:
+        for p in range(stream.num_periods):
+            stream.send(p, chunks)                # this period's selection
+            for group, kv in stream.groups(p):    # as each SubPeriod arrives
+                ...                               # compute its layers
+    stream.stats                                  # the daemon's PrefetchStats
+
+Group KV arrays are copies (``[layers_in_group, 2, kv_heads, rows, d]``),
+so they stay valid after the stream ends; the stream's pins and buffers in
+the daemon are released when it closes (or is cancelled).  ``io_wait_s`` is
+the time this process spent blocked waiting for groups.
+"""
+
+from __future__ import annotations
+
+import queue
+import time
+
+import grpc
+import numpy as np
+
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore.server.convert import geometry_from_pb
+
+from .client import KVStoreRpcError
+
+_CLOSE = object()
+
+
+class PrefetchStream:
+    def __init__(self, client, prefix_id: str, *, period_layers: int, speculate: bool = True, shm=None, coalesce=True, timeout=None):
+        use_shm = client.shm if shm is None else shm
+        if use_shm and not client.shm:
+            raise ValueError("no shared-memory session is open")
+        self._client = client
+        self._zero_copy = use_shm
+        self._q: queue.Queue = queue.Queue()
+        self._q.put(
+            pb.PrefetchRequest(
+                open=pb.PrefetchOpen(
+                    prefix_id=prefix_id,
+                    shm_session=client.session_id if use_shm else 0,
+                    period_layers=period_layers,
+                    no_speculation=not speculate,
+                    no_coalesce=not coalesce,
+                )
+            )
+        )
+        self._closed = False
+        self.stats: pb.PrefetchStats | None = None
+        self.io_wait_s = 0.0
+        self._pending: dict = {}  # (group, chunk) -> partial bytes
+        self._extents: dict = {}  # (group, chunk) -> uint8 array (this period's)
+        self._ready: dict[int, tuple] = {}  # group -> (chunks, refs or None)
+        try:
+            self._call = client.stub.Prefetch(self._requests(), **client._kw(timeout))
+            h = self._next().header
+        except BaseException:
+            self.cancel()
+            raise
+        self.geometry = geometry_from_pb(h.geometry)
+        self.num_tokens = h.num_tokens
+        self.num_chunks = h.num_chunks
+        self.num_periods = h.num_periods
+        self.groups_per_period = h.groups_per_period
+        self.lease_id = h.lease_id
+        self.cache_policy = h.cache_policy
+        self._chunk_tokens = self.geometry.chunk_token_counts(self.num_tokens)
+        self._sets: dict[int, np.ndarray] = {}
+
+    # ------------------------------------------------------------ sending
+    def _requests(self):
+        while (item := self._q.get()) is not _CLOSE:
+            yield item
+
+    def send(self, period: int, chunks) -> None:
+        """This period's chunk set (any order; the daemon validates it)."""
+        arr = np.asarray(chunks, dtype=np.int64).reshape(-1)
+        self._sets[period] = np.sort(arr)
+        self._q.put(pb.PrefetchRequest(period=pb.PeriodSet(period=period, chunks=arr.tolist())))
+
+    def period_groups(self, period: int) -> list[int]:
+        first = period * self.groups_per_period
+        return list(range(first, min(first + self.groups_per_period, self.geometry.num_groups)))
+
+    # ------------------------------------------------------------ receiving
+    def _next(self) -> pb.PrefetchResponse:
+        try:
+            return next(self._call)
+        except StopIteration:
+            raise KVStoreRpcError(grpc.StatusCode.INTERNAL, "Prefetch stream ended early") from None
+        except grpc.RpcError as exc:
+            raise KVStoreRpcError(exc.code(), exc.details() or "") from None
+
+    def _wait_group(self, group: int) -> None:
+        t0 = time.perf_counter()
+        while group not in self._ready:
+            msg = self._next()
+            if msg.HasField("extent"):
+                e = msg.extent
+                key = (e.group, e.chunk)
+                buf = self._pending.get(key)
+                if buf is None:
+                    buf = self._pending[key] = np.empty(e.extent_bytes, dtype=np.uint8)
+                buf[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
+                if e.offset + len(e.data) == e.extent_bytes:
+                    self._extents[key] = self._pending.pop(key)
+            if msg.HasField("group"):
+                g = msg.group
+                self._ready[g.group] = (list(g.chunks), list(g.refs) if g.refs else None)
+        self.io_wait_s += time.perf_counter() - t0
+
+    def group_kv(self, group: int) -> np.ndarray:
+        """Wait for ``group`` and return its selected rows: ``[layers, 2, kv_heads, rows, d]`` (a copy)."""
+        self._wait_group(group)
+        chunks, refs = self._ready.pop(group)
+        geo = self.geometry
+        dtype = geo.model.numpy_dtype()
+        parts = []
+        for i, j in enumerate(chunks):
+            if refs is not None:
+                ref = refs[i]
+                raw = np.frombuffer(self._client._arena, dtype=np.uint8, count=ref.length, offset=ref.offset)
+            else:
+                raw = self._extents.pop((group, j))
+            parts.append(raw.view(dtype).reshape(geo.extent_shape(group, int(self._chunk_tokens[j]))))
+        return np.concatenate(parts, axis=3)
+
+    def groups(self, period: int):
+        """Yield ``(group, kv)`` for the period's groups, each as soon as it has arrived."""
+        for g in self.period_groups(period):
+            yield g, self.group_kv(g)
+
+    def chunk_tokens(self, period: int) -> np.ndarray:
+        """Tokens of each chunk of the period's set (ascending chunk order)."""
+        return self._chunk_tokens[self._sets[period]]
+
+    # ------------------------------------------------------------ end
+    def close(self) -> pb.PrefetchStats:
+        """Half-close; the daemon releases the stream's pins and buffers and sends its stats."""
+        if not self._closed:
+            self._closed = True
+            self._q.put(_CLOSE)
+            while True:
+                msg = self._next()
+                if msg.HasField("stats"):
+                    self.stats = msg.stats
+                    break
+            for _ in self._call:  # the end of the call
+                pass
+        return self.stats
+
+    def cancel(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._q.put(_CLOSE)
+            call = getattr(self, "_call", None)
+            if call is not None:
+                call.cancel()
+
+    def __enter__(self) -> "PrefetchStream":
+        return self
+
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.cancel()
