@@ -43,3 +43,25 @@ def test_reprefill_bench_smoke(tmp_path):
     assert systems["full-recompute"]["top1"] == 1.0 and systems["full-recompute"]["kl"] < 1e-6
     assert 0 <= systems["reprefill@0.25"]["recall"] <= 1
     assert "full-load/reprefill@0.25" in report["ratios"]
+
+
+def test_zipf_workload_runs_every_system_side_by_side(tmp_path):
+    systems = "contiguouskv,contiguouskv-noprefetch,contiguouskv-lfu,impress,as-h2o,as-lru"
+    proc = run_bench("reprefill", "--workload", "zipf", "--systems", systems, "--model", "tiny", "--dtype", "float32",
+                     "--prefix-tokens", "512", "--suffix-tokens", "8", "--prefixes", "3", "--requests", "4", "--warmup", "2",
+                     "--budgets", "0.25", "--period-layers", "2", "--group-layers", "1", "--memory-fraction", "0.5",
+                     "--directory", str(tmp_path), "--json")
+    report = json.loads(proc.stdout)
+    rows = report["systems"]
+    assert set(rows) == {f"{s}@0.25" for s in systems.split(",") if s != "as-lru"} | {"as-lru@1"}
+    assert rows["as-lru@1"]["tokens_loaded"] == 512 and rows["as-lru@1"]["top1"] == 1.0
+    for name, r in rows.items():
+        assert r["requests"] == 4 and 0 <= r["hit_rate"] <= 1 and r["ttft_p95_s"] >= r["ttft_mean_s"] * 0.5
+        assert r["cpu_tier_bytes"] > 0
+    ck = rows["contiguouskv@0.25"]
+    assert ck["tokens_loaded"] <= 512 * 0.25 + 16 and ck["read_amplification"] == 1.0
+    assert rows["contiguouskv-noprefetch@0.25"]["spec_used_bytes"] == 0
+    # 64-token blocks holding the selected tokens load at least those tokens
+    assert rows["as-h2o@0.25"]["read_amplification"] >= 1.0 and rows["impress@0.25"]["tokens_loaded"] >= 128
+    assert "impress/contiguouskv ttft @0.25" in report["ratios"] and "as-lru/contiguouskv ttft @0.25" in report["ratios"]
+    assert sum(report["workload"]["prefix_popularity"]) == 4

@@ -267,7 +267,7 @@ def add_reprefill_parser(sub) -> None:
     z.add_argument("--warmup", type=int, default=10, help="requests before timing (they fill the tiers)")
     z.add_argument("--alpha", type=float, default=1.0, help="Zipf exponent of prefix popularity")
     z.add_argument(
-        "--memory-fraction", type=float, default=0.10, help="daemon memory (CPU tier + prefetch reserve) as a share of stored bytes"
+        "--memory-fraction", type=float, default=0.10, help="CPU tier as a share of the stored bytes (the prefetch reserve comes on top, from the same arena)"
     )
     p.set_defaults(run=command_reprefill)
 
