@@ -18,6 +18,7 @@ from .baselines import FullSelector, RecencySelector
 from .budget import budget_count, select_chunks
 from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
 from .summary import SummarySelector, chunk_upper_bounds, summaries_for_layer, summary_chunk_scores
+from .tokens import h2o_token_scores, impress_token_scores, select_blocks_for_tokens, token_budget
 
 SELECTORS: dict[str, type[Selector]] = {
     cls.name: cls for cls in (ExactSelector, SummarySelector, FullSelector, RecencySelector)
@@ -44,9 +45,13 @@ __all__ = [
     "chunk_upper_bounds",
     "exact_chunk_scores",
     "get_selector",
+    "h2o_token_scores",
+    "impress_token_scores",
+    "select_blocks_for_tokens",
     "select_chunks",
     "sum_per_chunk",
     "summaries_for_layer",
     "summary_chunk_scores",
     "token_attention_mass",
+    "token_budget",
 ]
