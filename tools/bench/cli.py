@@ -104,6 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .reprefill import add_reprefill_parser
 
     add_reprefill_parser(sub)
+    from .accuracy import add_accuracy_parser
+
+    add_accuracy_parser(sub)
     return parser
 
 

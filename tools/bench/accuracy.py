@@ -1,0 +1,272 @@
+"""``kvstore-bench accuracy``: answer accuracy of a checkpoint on the held-out synthetic recall tasks.
+
+    kvstore-bench accuracy --task kv|multiturn|fewshot --path PATH [--examples N] [--tokens 2048]
+                           [--checkpoint DIR] [--seed S] [--json]
+
+``PATH`` says which KV the question is answered over:
+
+``full``            dense attention over the whole prefix, in process;
+``drop-answer``     the whole prefix except the 16-token chunks that overlap the
+                    answer record(s), in process (the check that the answer
+                    really has to be read from the prefix; expect chance);
+``SELECTOR@BUDGET`` the real Re-Prefill: a daemon is started on a private
+                    socket, ``ModelRunner.store_prefix`` stores each prefix and
+                    ``ModelRunner.reprefill`` answers the suffix from the chunks
+                    that ``SELECTOR`` (summary, exact, recent) picks within
+                    ``BUDGET`` (a fraction of the prefix's chunks).
+
+Examples come from the tasks' "eval" seed stream, disjoint from the stream
+the model was trained on.  The prediction is the argmax of the first
+answer-token logits; the accuracy is printed with its Wilson 95% interval.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "recall-small")
+SELECTORS = ("summary", "exact", "recent")
+CHUNK_TOKENS = 16
+PERIOD_LAYERS = 4
+
+
+@dataclass(frozen=True)
+class EvalPath:
+    kind: str  # "full" | "drop-answer" | "reprefill"
+    selector: str = ""
+    budget: float = 1.0
+
+    @property
+    def name(self) -> str:
+        return f"{self.selector}@{self.budget:g}" if self.kind == "reprefill" else self.kind
+
+
+def parse_path(text: str) -> EvalPath:
+    """``full``, ``drop-answer`` or ``SELECTOR@BUDGET``; ValueError otherwise."""
+    if text in ("full", "drop-answer"):
+        return EvalPath(text)
+    selector, sep, budget = text.partition("@")
+    if not sep or selector not in SELECTORS:
+        raise ValueError(f"path must be full, drop-answer or SELECTOR@BUDGET with SELECTOR in {', '.join(SELECTORS)}; got {text!r}")
+    try:
+        value = float(budget)
+    except ValueError:
+        raise ValueError(f"budget of {text!r} is not a number") from None
+    if not 0 < value <= 1:
+        raise ValueError(f"budget of {text!r} must be a fraction in (0, 1]")
+    return EvalPath("reprefill", selector, value)
+
+
+def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95% for z = 1.96)."""
+    if total == 0:
+        return 0.0, 1.0
+    p = correct / total
+    denom = 1 + z * z / total
+    centre = (p + z * z / (2 * total)) / denom
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def chance_level(task: str) -> float:
+    """Accuracy of a uniform guess among the task's possible answers."""
+    from engine_client.tasks import fewshot, vocab
+
+    return 1.0 / (fewshot.NUM_LABELS if task == "fewshot" else vocab.NUM_VALUES)
+
+
+def held_out_examples(task: str, num_examples: int, num_tokens: int, seed: int, *, need_prefix_answer: bool = False):
+    """The first ``num_examples`` examples of the eval stream (those whose answer is in the prefix, if asked)."""
+    from engine_client import tasks
+
+    module = tasks.get_task(task)
+    rng = tasks.rng_for("eval", seed, task)
+    out = []
+    for _ in range(100 * num_examples):
+        ex = module.example(rng, num_tokens)
+        if ex.answer_spans or not need_prefix_answer:
+            out.append(ex)
+        if len(out) == num_examples:
+            break
+    return out
+
+
+# ---------------------------------------------------------------------------- in-process paths
+
+
+@torch.inference_mode()
+def answer_logits(model, prefix_kv: torch.Tensor, num_prefix: int, suffix: np.ndarray, keep_rows: torch.Tensor | None = None) -> torch.Tensor:
+    """Logits ``[vocab]`` at the last suffix token, attending to the prefix rows ``keep_rows`` (all if None).
+
+    ``prefix_kv [L, 2, Hkv, n, d]`` post-RoPE; the suffix takes positions ``n, n+1, ...``.
+    """
+    toks = torch.as_tensor(suffix, dtype=torch.long)
+    positions = torch.arange(num_prefix, num_prefix + toks.numel())
+    kv = prefix_kv if keep_rows is None else prefix_kv.index_select(3, keep_rows)
+    hidden = model.embed(toks)
+    for layer in range(model.num_layers):
+        hidden, _ = model.layer_forward(layer, hidden, positions, kv[layer])
+    return model.final_logits(hidden)
+
+
+def keep_rows_without(num_prefix: int, drop_chunks: np.ndarray, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
+    """Prefix row ids outside the chunks ``drop_chunks``."""
+    keep = np.ones(num_prefix, dtype=bool)
+    for c in drop_chunks:
+        keep[c * chunk_tokens : (c + 1) * chunk_tokens] = False
+    return torch.from_numpy(np.flatnonzero(keep))
+
+
+def predict_in_process(model, examples, path: EvalPath):
+    from engine_client.runner import chunked_prefill
+
+    for ex in examples:
+        _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix))
+        keep = keep_rows_without(ex.prefix.size, ex.answer_chunks(CHUNK_TOKENS)) if path.kind == "drop-answer" else None
+        yield int(answer_logits(model, kv, ex.prefix.size, ex.suffix, keep).argmax()), {}
+
+
+# ---------------------------------------------------------------------------- Re-Prefill through a daemon
+
+
+class _DaemonArgs:
+    """What tools.bench.daemon_io._Daemon reads from its args."""
+
+    backend = "auto"
+    iodepth = 16
+    numjobs = 1
+    bs = 1 << 20
+
+
+def predict_reprefill(model, examples, path: EvalPath, directory: str):
+    """Store each prefix in a fresh daemon and answer its suffix by ``ModelRunner.reprefill``."""
+    from engine_client.client import KVStoreClient
+    from engine_client.runner import ModelRunner, ReprefillConfig
+
+    from .daemon_io import _Daemon
+
+    os.makedirs(directory, exist_ok=True)
+    data_dir = tempfile.mkdtemp(prefix="accuracy-store-", dir=directory)
+    daemon = _Daemon(data_dir, _DaemonArgs())
+    try:
+        with KVStoreClient(f"unix:{daemon.socket}") as client:
+            runner = ModelRunner(model, client, chunk_tokens=CHUNK_TOKENS)
+            cfg = ReprefillConfig(budget=path.budget, selector=path.selector, period_layers=PERIOD_LAYERS)
+            for ex in examples:
+                handle = runner.store_prefix(ex.prefix)
+                res = runner.reprefill(handle.prefix_id, ex.suffix, cfg)
+                wanted = set(ex.answer_chunks(CHUNK_TOKENS).tolist())
+                got = [set(sel.tolist()) for sel in res.selected]
+                hit = min(len(wanted & g) / len(wanted) for g in got) if wanted else None
+                yield int(res.logits.argmax()), {"answer_chunk_recall": hit, "tokens_loaded": res.tokens_loaded}
+    finally:
+        daemon.stop()
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- the benchmark
+
+
+def run_accuracy(args) -> dict:
+    from engine_client.model.loader import load_checkpoint
+
+    path = parse_path(args.path)
+    torch.set_num_threads(max(1, args.threads))
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    model = load_checkpoint(args.checkpoint, dtype=dtype)
+    examples = held_out_examples(args.task, args.examples, args.tokens, args.seed, need_prefix_answer=path.kind == "drop-answer")
+    start = time.perf_counter()
+    if path.kind == "reprefill":
+        predictions = predict_reprefill(model, examples, path, args.directory)
+    else:
+        predictions = predict_in_process(model, examples, path)
+    rows = []
+    for ex, (pred, extra) in zip(examples, predictions):
+        rows.append({"correct": pred == ex.answer, **{k: v for k, v in ex.meta.items() if isinstance(v, (str, bool))}, **extra})
+    correct = sum(r["correct"] for r in rows)
+    lo, hi = wilson_interval(correct, len(rows))
+    report = {
+        "task": args.task,
+        "path": path.name,
+        "tokens": args.tokens,
+        "examples": len(rows),
+        "correct": correct,
+        "accuracy": correct / len(rows) if rows else 0.0,
+        "wilson95": [lo, hi],
+        "chance": chance_level(args.task),
+        "seed": args.seed,
+        "checkpoint": os.path.normpath(args.checkpoint),
+        "model_fingerprint": model.fingerprint,
+        "dtype": args.dtype,
+        "seconds": time.perf_counter() - start,
+        "breakdown": _breakdown(rows),
+    }
+    recalls = [r["answer_chunk_recall"] for r in rows if r.get("answer_chunk_recall") is not None]
+    if recalls:
+        report["answer_chunk_recall"] = float(np.mean(recalls))
+    return report
+
+
+def _breakdown(rows: list[dict]) -> dict:
+    """Accuracy per value of each string/bool example fact (e.g. multi-turn question position)."""
+    out = {}
+    keys = sorted({k for r in rows for k, v in r.items() if k != "correct" and isinstance(v, (str, bool))})
+    for key in keys:
+        for value in sorted({r[key] for r in rows if key in r}, key=str):
+            sel = [r["correct"] for r in rows if r.get(key) == value]
+            out[f"{key}={value}"] = {"examples": len(sel), "accuracy": sum(sel) / len(sel)}
+    return out
+
+
+def format_report(r: dict) -> str:
+    lo, hi = r["wilson95"]
+    lines = [
+        f"{r['task']} @ {r['tokens']} tokens, path {r['path']}: {r['correct']}/{r['examples']} = {r['accuracy']:.1%} "
+        f"(Wilson 95% {lo:.1%}..{hi:.1%}; chance {r['chance']:.1%}) in {r['seconds']:.0f}s"
+    ]
+    if "answer_chunk_recall" in r:
+        lines.append(f"  answer chunks selected (worst period): {r['answer_chunk_recall']:.1%}")
+    for key, b in r["breakdown"].items():
+        lines.append(f"  {key}: {b['accuracy']:.1%} of {b['examples']}")
+    return "\n".join(lines)
+
+
+def add_accuracy_parser(sub) -> argparse.ArgumentParser:
+    from engine_client.tasks import TASKS
+
+    p = sub.add_parser("accuracy", help="answer accuracy on the held-out synthetic recall tasks, full / drop-answer / Re-Prefill")
+    p.add_argument("--task", required=True, choices=list(TASKS))
+    p.add_argument("--path", required=True, help="full | drop-answer | SELECTOR@BUDGET (summary, exact, recent; budget in (0, 1])")
+    p.add_argument("--examples", type=int, default=200, help="held-out examples")
+    p.add_argument("--tokens", type=int, default=2048, help="prefix + suffix tokens of each example")
+    p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="HF checkpoint directory (default: checkpoints/recall-small)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the held-out (eval) stream")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype (and stored KV dtype)")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--directory", default=".kvstore/bench", help="where the Re-Prefill paths put their temporary store")
+    p.add_argument("--json", action="store_true", help="print only machine-readable JSON")
+    p.set_defaults(run=lambda args: command_accuracy(args, p))
+    return p
+
+
+def command_accuracy(args, parser) -> int:
+    import json
+
+    try:
+        parse_path(args.path)
+    except ValueError as exc:
+        parser.error(str(exc))  # exits 2
+    if args.examples < 1 or args.tokens < 64:
+        parser.error("--examples must be >= 1 and --tokens >= 64")
+    report = run_accuracy(args)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    return 0

@@ -1,0 +1,308 @@
+"""Train a small Qwen2 decoder on the synthetic recall tasks, on CPU, and write it as a HF checkpoint.
+
+    python -m tools.train_recall_model --out checkpoints/recall-small [--seed 0] [--steps N] [--threads 2]
+    python -m tools.train_recall_model --measure      # seconds per step at each curriculum length, then exit
+
+The model is a ``Qwen2ForCausalLM`` (GQA, RoPE, SwiGLU, q/k/v bias) whose
+weights carry the Hugging Face names that ``engine_client.model.load_checkpoint``
+reads; ``forward`` below is the decoder's math (RMSNorm, ``rotate_half`` RoPE,
+softmax scale ``1/sqrt(d)``, query head ``h`` on KV head ``h // g``) written
+with autograd, and a test checks its logits against ``Decoder.forward_full``.
+
+Training is multi-query associative recall: every sequence carries many
+question -> answer pairs (``engine_client.tasks`` training sequences) and the
+loss is the cross-entropy at the answer positions only.  Sequences grow over a
+curriculum from 256 to 2048 tokens at a constant number of tokens per step;
+AdamW with linear warmup and cosine decay.  Everything (initialization, data,
+order) follows from ``--seed``: the same seed and step count give the same
+checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+
+from engine_client import tasks
+from engine_client.model.config import ModelConfig
+from engine_client.model.loader import CONFIG_FILE, SINGLE_FILE, expected_tensors
+from engine_client.tasks import vocab
+
+
+def model_config_dict(num_layers: int = 4) -> dict:
+    """``config.json`` of the recall model."""
+    if num_layers % 4:
+        raise ValueError(f"num_layers must be a multiple of 4 (the store's layer group), got {num_layers}")
+    return {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "hidden_act": "silu",
+        "vocab_size": vocab.VOCAB_SIZE,
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "rope_theta": 10000.0,
+        "rms_norm_eps": 1e-6,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "rope_scaling": None,
+        "use_sliding_window": False,
+        "sliding_window": 4096,
+        "attention_dropout": 0.0,
+        "torch_dtype": "bfloat16",
+    }
+
+
+@dataclass
+class TrainConfig:
+    seed: int = 0
+    steps: int = 1400
+    num_layers: int = 4
+    tokens_per_step: int = 4096  # sequences per step = tokens_per_step // sequence length
+    lr: float = 2e-3
+    min_lr_fraction: float = 0.05
+    warmup_steps: int = 100
+    weight_decay: float = 0.05
+    grad_clip: float = 1.0
+    # (fraction of steps at which the phase ends, sequence lengths drawn in it)
+    curriculum: list = field(default_factory=lambda: [(0.25, [256]), (0.45, [512]), (0.65, [1024]), (1.0, [1024, 2048, 2048])])
+    task_mix: dict = field(default_factory=lambda: {"kv": 0.5, "multiturn": 0.3, "fewshot": 0.2})
+    threads: int = 2
+
+
+# ---------------------------------------------------------------------------- model
+
+
+def init_params(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """HF tensor name -> float32 leaf tensor (normal 0.02; residual outputs scaled by 1/sqrt(2L); norms 1; biases 0)."""
+    gen = torch.Generator().manual_seed(seed)
+    out_std = 0.02 / math.sqrt(2 * config.num_hidden_layers)
+    params = {}
+    for name, shape in sorted(expected_tensors(config).items()):
+        if name.endswith("norm.weight"):
+            t = torch.ones(shape)
+        elif name.endswith(".bias"):
+            t = torch.zeros(shape)
+        else:
+            std = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
+            t = torch.empty(shape).normal_(0.0, std, generator=gen)
+        params[name] = t.requires_grad_(True)
+    return params
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def rope_tables(config: ModelConfig, num_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin ``[T, d]`` float32, built as the decoder builds them."""
+    d = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    freqs = torch.outer(torch.arange(num_tokens, dtype=torch.float32), inv_freq)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos(), emb.sin()
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
+
+
+def forward(params: dict[str, torch.Tensor], config: ModelConfig, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal forward of ``tokens [B, T]``; logits ``[B, T, vocab]``, or ``[a, vocab]`` at ``positions`` (``[a, 2]`` rows of (batch, t))."""
+    c = config
+    b, t = tokens.shape
+    hq, hkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+    cos, sin = rope_tables(c, t)
+    h = F.embedding(tokens, params["model.embed_tokens.weight"])  # [B, T, hidden]
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        x = _rms_norm(h, params[p + "input_layernorm.weight"], c.rms_norm_eps)
+        q = F.linear(x, params[p + "self_attn.q_proj.weight"], params.get(p + "self_attn.q_proj.bias"))
+        k = F.linear(x, params[p + "self_attn.k_proj.weight"], params.get(p + "self_attn.k_proj.bias"))
+        v = F.linear(x, params[p + "self_attn.v_proj.weight"], params.get(p + "self_attn.v_proj.bias"))
+        q = _rope(q.view(b, t, hq, d).transpose(1, 2), cos, sin)  # [B, Hq, T, d]
+        k = _rope(k.view(b, t, hkv, d).transpose(1, 2), cos, sin)  # [B, Hkv, T, d]
+        v = v.view(b, t, hkv, d).transpose(1, 2)
+        g = hq // hkv  # query head h reads KV head h // g
+        k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+        attn = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [B, Hq, T, d]
+        h = h + F.linear(attn.transpose(1, 2).reshape(b, t, hq * d), params[p + "self_attn.o_proj.weight"])
+        x = _rms_norm(h, params[p + "post_attention_layernorm.weight"], c.rms_norm_eps)
+        mlp = F.silu(F.linear(x, params[p + "mlp.gate_proj.weight"])) * F.linear(x, params[p + "mlp.up_proj.weight"])
+        h = h + F.linear(mlp, params[p + "mlp.down_proj.weight"])
+    if positions is not None:
+        h = h[positions[:, 0], positions[:, 1]]  # [a, hidden]
+    lm_head = params["model.embed_tokens.weight" if c.tie_word_embeddings else "lm_head.weight"]
+    return F.linear(_rms_norm(h, params["model.norm.weight"], c.rms_norm_eps), lm_head).float()
+
+
+def save_checkpoint(params: dict[str, torch.Tensor], raw_config: dict, out_dir, dtype: torch.dtype = torch.bfloat16) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / CONFIG_FILE).write_text(json.dumps(raw_config, indent=2) + "\n", encoding="utf-8")
+    tensors = {name: t.detach().to(dtype).contiguous() for name, t in sorted(params.items())}
+    save_file(tensors, str(out / SINGLE_FILE), metadata={"format": "pt"})
+    return out
+
+
+# ---------------------------------------------------------------------------- data and schedule
+
+
+def sequence_length(cfg: TrainConfig, step: int, rng: np.random.Generator) -> int:
+    frac = step / max(1, cfg.steps)
+    for end, lengths in cfg.curriculum:
+        if frac < end:
+            return int(rng.choice(lengths))
+    return int(cfg.curriculum[-1][1][-1])
+
+
+def batch(cfg: TrainConfig, step: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(tokens [B, T], positions [a, 2], targets [a])`` for ``step``."""
+    length = sequence_length(cfg, step, rng)
+    names = list(cfg.task_mix)
+    weights = np.array([cfg.task_mix[n] for n in names], dtype=float)
+    rows, positions = [], []
+    for i in range(max(1, cfg.tokens_per_step // length)):
+        task = names[int(rng.choice(len(names), p=weights / weights.sum()))]
+        seq = tasks.get_task(task).training_sequence(rng, length)
+        rows.append(seq.tokens)
+        positions.append(np.stack([np.full(seq.answer_positions.size, i), seq.answer_positions], axis=1))
+    tokens = torch.from_numpy(np.stack(rows))
+    pos = torch.from_numpy(np.concatenate(positions))
+    return tokens, pos, tokens[pos[:, 0], pos[:, 1] + 1]
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    frac = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_fraction + (1 - cfg.min_lr_fraction) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+@torch.no_grad()
+def quick_accuracy(params, config: ModelConfig, task: str, num_tokens: int, num_examples: int = 16) -> float:
+    """Held-out accuracy with the training forward (a progress signal; the harness is the measurement)."""
+    exs = tasks.examples(task, num_examples, num_tokens, seed=10_000)
+    right = 0
+    for ex in exs:
+        toks = torch.from_numpy(np.concatenate([ex.prefix, ex.suffix]))[None]
+        logits = forward(params, config, toks, torch.tensor([[0, toks.shape[1] - 1]]))
+        right += int(logits[0].argmax()) == ex.answer
+    return right / len(exs)
+
+
+# ---------------------------------------------------------------------------- training
+
+
+def train(cfg: TrainConfig, out_dir=None, log=print) -> dict:
+    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    raw = model_config_dict(cfg.num_layers)
+    config = ModelConfig.from_dict(raw)
+    params = init_params(config, cfg.seed)
+    decay = [t for n, t in params.items() if t.dim() == 2]
+    no_decay = [t for n, t in params.items() if t.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8,
+    )
+    rng = tasks.rng_for("train", cfg.seed)
+    start = time.perf_counter()
+    history = []
+    loss_avg = acc_avg = None
+    for step in range(cfg.steps):
+        tokens, pos, targets = batch(cfg, step, rng)
+        for group in opt.param_groups:
+            group["lr"] = lr_at(cfg, step)
+        logits = forward(params, config, tokens, pos)
+        loss = F.cross_entropy(logits, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
+        opt.step()
+        acc = float((logits.argmax(-1) == targets).float().mean())
+        loss_value = float(loss.detach())
+        loss_avg = loss_value if loss_avg is None else 0.95 * loss_avg + 0.05 * loss_value
+        acc_avg = acc if acc_avg is None else 0.95 * acc_avg + 0.05 * acc
+        if step % 25 == 0 or step == cfg.steps - 1:
+            elapsed = time.perf_counter() - start
+            log(f"step {step:5d} T={tokens.shape[1]:4d} lr={lr_at(cfg, step):.2e} loss={loss_avg:.3f} acc={acc_avg:.3f} {elapsed:7.0f}s")
+            history.append({"step": step, "seq_tokens": tokens.shape[1], "loss": loss_avg, "acc": acc_avg, "elapsed_s": elapsed})
+        if out_dir is not None and step > 0 and step % 200 == 0:
+            save_checkpoint(params, raw, out_dir)
+            log(f"  held-out kv@1024 {quick_accuracy(params, config, 'kv', 1024):.2f}")
+    wall = time.perf_counter() - start
+    summary = {"train_config": asdict(cfg), "wall_time_s": wall, "threads": torch.get_num_threads(), "history": history}
+    if out_dir is not None:
+        save_checkpoint(params, raw, out_dir)
+        for task in tasks.TASKS:
+            summary[f"quick_{task}@2048"] = quick_accuracy(params, config, task, 2048)
+        log(f"done in {wall:.0f}s; quick held-out accuracy at 2048: " + ", ".join(f"{t}={summary[f'quick_{t}@2048']:.2f}" for t in tasks.TASKS))
+    return summary
+
+
+def measure(cfg: TrainConfig, log=print) -> None:
+    """Seconds per step at each sequence length (3 timed steps after one warm-up)."""
+    torch.set_num_threads(cfg.threads)
+    config = ModelConfig.from_dict(model_config_dict(cfg.num_layers))
+    params = init_params(config, cfg.seed)
+    opt = torch.optim.AdamW(list(params.values()), lr=1e-4)
+    rng = tasks.rng_for("train", cfg.seed)
+    for length in (256, 512, 1024, 2048):
+        probe = TrainConfig(**{**asdict(cfg), "curriculum": [(1.0, [length])]})
+        times = []
+        for i in range(4):
+            t0 = time.perf_counter()
+            tokens, pos, targets = batch(probe, 0, rng)
+            t1 = time.perf_counter()
+            loss = F.cross_entropy(forward(params, config, tokens, pos), targets)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            times.append((t1 - t0, time.perf_counter() - t1))
+        data_s = np.mean([t[0] for t in times[1:]])
+        step_s = np.mean([t[1] for t in times[1:]])
+        log(f"T={length:5d} batch={tokens.shape[0]:3d}: data {data_s:.3f}s + step {step_s:.3f}s ({cfg.tokens_per_step / (data_s + step_s):.0f} tok/s)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.train_recall_model", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", help="checkpoint directory (config.json + model.safetensors)")
+    parser.add_argument("--seed", type=int, default=TrainConfig.seed)
+    parser.add_argument("--steps", type=int, default=TrainConfig.steps)
+    parser.add_argument("--layers", type=int, default=TrainConfig.num_layers)
+    parser.add_argument("--tokens-per-step", type=int, default=TrainConfig.tokens_per_step)
+    parser.add_argument("--lr", type=float, default=TrainConfig.lr)
+    parser.add_argument("--threads", type=int, default=TrainConfig.threads)
+    parser.add_argument("--measure", action="store_true", help="time one step per curriculum length and exit")
+    args = parser.parse_args(argv)
+    cfg = TrainConfig(
+        seed=args.seed, steps=args.steps, num_layers=args.layers, tokens_per_step=args.tokens_per_step, lr=args.lr, threads=args.threads
+    )
+    if args.measure:
+        measure(cfg, log=lambda s: print(s, flush=True))
+        return 0
+    if not args.out:
+        parser.error("--out is required unless --measure")
+    summary = train(cfg, args.out, log=lambda s: print(s, flush=True))
+    (Path(args.out) / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
