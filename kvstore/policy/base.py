@@ -63,9 +63,9 @@ class CachePolicy(ABC):
         stamp = self._stamp[unit] if unit in self._sizes else self._clock + 1
         return (self.primary(stats), stamp)
 
-    def smallest_unleased(self):
-        """Unleased residents in eviction order, ``(unit, priority)`` (no side effects)."""
-        return self._heap.smallest()
+    def smallest(self, k: int | None = None):
+        """Unleased residents in eviction order, ``(unit, priority)``, the first ``k`` if given (no side effects)."""
+        return self._heap.smallest(k)
 
     def min_priority(self):
         top = self._heap.peek()
@@ -98,6 +98,8 @@ class CachePolicy(ABC):
 
     # ------------------------------------------------------------ updates
     def admit(self, unit, nbytes: int, stats) -> None:
+        if nbytes < 0:
+            raise ValueError(f"{unit!r}: negative size {nbytes}")
         if unit in self._sizes:
             raise ValueError(f"{unit!r} is already resident")
         if nbytes > self.free_bytes:
@@ -110,14 +112,22 @@ class CachePolicy(ABC):
 
     def touch(self, unit, stats) -> None:
         """An access: the unit becomes the most recent, its key follows ``stats``."""
+        if unit not in self._sizes:
+            raise KeyError(f"{unit!r} is not resident")
         self._clock += 1
         self._stamp[unit] = self._clock
         self._set(unit, (self.primary(stats), self._clock))
 
     def update_score(self, unit, stats) -> None:
+        """The statistics changed without an access (importance reported): re-key, recency kept."""
+        if unit not in self._sizes:
+            raise KeyError(f"{unit!r} is not resident")
         self._set(unit, (self.primary(stats), self._stamp[unit]))
 
     def remove(self, unit) -> int:
+        """Forget a resident unit; returns its size.  A leased unit cannot be removed."""
+        if unit not in self._sizes:
+            raise KeyError(f"{unit!r} is not resident")
         if unit in self._leases:
             raise ValueError(f"{unit!r} is leased and cannot be removed")
         self._heap.remove(unit)

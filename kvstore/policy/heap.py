@@ -1,4 +1,9 @@
-"""An indexed binary min-heap: O(log n) push, update, remove by key."""
+"""An indexed binary min-heap: O(log n) push, update, remove by key.
+
+Keys are any hashables; priorities anything ordered by ``<`` (the policies
+use tuples ``(primary key, recency stamp)``).  ``_pos`` maps each key to its
+slot, so update and remove need no search.
+"""
 
 from __future__ import annotations
 
@@ -63,14 +68,23 @@ class IndexedMinHeap:
         self.remove(key)
         return key, prio
 
-    def smallest(self) -> Iterator[tuple]:
-        """Entries in ascending priority, without changing the heap."""
-        if not self._keys:
+    def smallest(self, k: int | None = None) -> Iterator[tuple]:
+        """``(key, priority)`` in ascending priority (the first ``k`` if given), heap untouched.
+
+        A frontier heap over positions: taking ``m`` entries costs
+        O(m log m), not a sort of the whole heap.  Do not change the heap
+        while iterating.
+        """
+        if not self._keys or (k is not None and k <= 0):
             return
         frontier = [(self._prios[0], 0)]
+        taken = 0
         while frontier:
             prio, i = heapq.heappop(frontier)
             yield self._keys[i], prio
+            taken += 1
+            if taken == k:
+                return
             for c in (2 * i + 1, 2 * i + 2):
                 if c < len(self._keys):
                     heapq.heappush(frontier, (self._prios[c], c))

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 from .base import CachePolicy
 
+_END = object()
+
 
 @dataclass
 class Placement:
@@ -54,38 +56,53 @@ class TierPair:
         return Placement("upper", list(victims), demote, evict_lower, promote=True)
 
     def _demotions(self, victims, stats_fn, *, extra_free: int, exclude) -> tuple[list, list]:
-        """Which upper victims fit in lower, best first, and what lower evicts for them."""
+        """Which upper victims move to lower, best first, and what lower drops for them.
+
+        A victim goes down if it fits in the free room or if lower units of
+        strictly lower priority (in lower's own order) can be dropped to make
+        room; lower units are only dropped for a victim that then fits, so
+        nothing leaves memory for nothing.  ``extra_free``: bytes the caller
+        frees in lower anyway (a promoted unit, ``exclude``).
+        """
         lower = self.lower
-        if not lower.capacity_bytes:
+        if not lower.capacity_bytes or not victims:
             return [], []
         free = lower.free_bytes + extra_free
-        candidates = (u for u, _ in lower.smallest_unleased() if u != exclude)
-        pending = None  # a lower unit looked at but not yet taken
-        demote, evict = [], []
+        stream = (u for u, _ in lower.smallest() if u != exclude)
+        seen: list = []  # lower candidates pulled from the heap so far, ascending
+        taken = 0  # seen[:taken] are dropped
+        demote = []
         ranked = sorted(victims, key=lambda u: lower.priority(u, stats_fn(u)), reverse=True)
         for u in ranked:
             size = self.upper.size(u)
             if size > lower.capacity_bytes:
                 continue
             limit = lower.priority(u, stats_fn(u))
-            while free < size:
-                if pending is None:
-                    pending = next(candidates, None)
-                    if pending is None:
+            room, j = free, taken
+            while room < size:
+                if j == len(seen):
+                    nxt = next(stream, _END)
+                    if nxt is _END:
                         break
-                if not lower.priority(pending, stats_fn(pending)) < limit:
+                    seen.append(nxt)
+                cand = seen[j]
+                if not lower.priority(cand, stats_fn(cand)) < limit:
                     break
-                evict.append(pending)
-                free += lower.size(pending)
-                pending = None
-            if free >= size:
+                room += lower.size(cand)
+                j += 1
+            if room >= size:
                 demote.append(u)
-                free -= size
-        return demote, evict
+                free, taken = room - size, j
+        return demote, seen[:taken]
 
     def apply(self, placement: Placement, unit, nbytes: int, stats_fn) -> None:
+        """Carry out a plan in both policies' books: drops first, then demotions, then the unit.
+
+        The plan must be fresh (nothing changed in either policy since it was
+        made); ``nbytes`` is ignored for a promotion (the unit keeps its size).
+        """
         if placement.promote:
-            self.lower.remove(unit)
+            nbytes = self.lower.remove(unit)
         for u in placement.evict_lower:
             self.lower.remove(u)
         demoted = set(placement.demote)

@@ -1,6 +1,5 @@
 """Cache policies: one contract over every policy, orderings, heap invariants, the tier pair."""
 
-import copy
 import random
 
 import pytest
@@ -13,7 +12,34 @@ from kvstore.scores import UnitScore
 
 
 def state(policy):
-    return copy.deepcopy((policy.used_bytes, policy._sizes, policy._stamp, policy._heap.items(), policy._held, policy._leases, policy._clock))
+    """Everything a policy holds (values are immutable, so shallow copies suffice)."""
+    heap = policy._heap
+    return (
+        policy.used_bytes,
+        dict(policy._sizes),
+        dict(policy._stamp),
+        list(heap._keys),
+        list(heap._prios),
+        dict(heap._pos),
+        dict(policy._held),
+        dict(policy._leases),
+        policy._clock,
+    )
+
+
+def reference_victims(policy, nbytes, limit):
+    """The lowest-priority unleased units below ``limit`` that make room, by brute force."""
+    if nbytes > policy.capacity_bytes:
+        return None
+    out, room = [], policy.free_bytes
+    for unit in sorted((u for u in policy.units() if not policy.leased(u)), key=policy._heap.priority):
+        if room >= nbytes:
+            break
+        if not policy._heap.priority(unit) < limit:
+            return None
+        out.append(unit)
+        room += policy.size(unit)
+    return out if room >= nbytes else None
 
 
 @pytest.mark.parametrize("name", POLICIES)
@@ -31,6 +57,7 @@ class TestContract:
                 before = state(pol)
                 victims = pol.victims(size, incoming=(u, s))
                 assert state(pol) == before  # looking has no side effects
+                assert victims == reference_victims(pol, size, pol.priority(u, s))
                 assert pol.can_admit(u, size, s) == (victims is not None)
                 assert state(pol) == before
                 if victims is None:
@@ -54,9 +81,14 @@ class TestContract:
             assert pol.used_bytes <= pol.capacity_bytes
             assert pol.used_bytes == sum(pol._sizes.values())
             pol._heap.check()
+            before = state(pol)
             top = pol.min_priority()
-            if top is not None:
-                assert top == min(p for _, p in pol._heap.items())
+            order = list(pol.smallest())
+            assert state(pol) == before  # neither does reading the order
+            assert [p for _, p in order] == sorted(p for _, p in pol._heap.items())
+            assert top == (order[0][1] if order else None)
+            assert not any(pol.leased(v) for v, _ in order)
+            assert sorted(v for v, _ in order) == sorted(v for v in pol.units() if not pol.leased(v))
         assert len(pol) > 0
 
     def test_leased_units_are_never_victims(self, name):
@@ -85,7 +117,28 @@ class TestContract:
             pol.unlease("a")
         with pytest.raises(KeyError):
             pol.lease("zzz")
-        assert pol.victims(101) is None
+        for call in (pol.touch, pol.update_score):
+            with pytest.raises(KeyError):
+                call("zzz", UnitScore())
+        with pytest.raises(KeyError):
+            pol.remove("zzz")
+        with pytest.raises(ValueError):
+            pol.admit("c", -1, UnitScore())
+        assert pol.victims(101) is None and not pol.can_admit("c", 101, UnitScore(1e9, 10**6))
+        assert pol.victims(40) == [] and pol.used_bytes == 60 and pol.free_bytes == 40
+        assert "zzz" not in pol and len(pol) == 1 and pol.units() == ["a"]
+
+
+    def test_recency_breaks_ties(self, name):
+        pol = make_policy(name, 30)
+        same = UnitScore(2.0, 3)
+        fill(pol, [("a", same), ("b", same), ("c", same)])
+        pol.touch("a", same)
+        assert pol.victims(20) == ["b", "c"]
+        assert [u for u, _ in pol.smallest()] == ["b", "c", "a"] and [u for u, _ in pol.smallest(1)] == ["b"]
+        assert pol.can_admit("d", 10, same)  # an equal newcomer is more recent than b
+        pol.update_score("b", same)  # a re-key without an access keeps b's age
+        assert pol.victims(10) == ["b"]
 
 
 def fill(pol, items):
@@ -131,6 +184,8 @@ def test_heap_matches_a_dict_under_random_operations(ops):
         heap.check()
         assert len(heap) == len(ref)
         assert [p for _, p in heap.smallest()] == sorted(ref.values())
+        assert [p for _, p in heap.smallest(3)] == sorted(ref.values())[:3]
+        assert heap.peek() == (min(ref.items(), key=lambda kv: kv[1]) if ref else None)
         heap.check()  # smallest() did not change it
 
 
@@ -182,3 +237,74 @@ def test_promotion_moves_a_hit_up_and_demotes_the_gpu_victim():
     assert gpu.units() == ["b"] and cpu.units() == ["a"]
     cpu.lease("a")
     assert pair.plan_promote("a", sf).tier is None  # leased: stays where it is
+
+
+def test_tier_pair_drops_nothing_for_a_demotion_that_cannot_happen():
+    gpu, cpu = make_policy("score", 20), make_policy("score", 20)
+    pair = TierPair(gpu, cpu)
+    sf = scores(a=5, x=9, c=3, e=7)
+    gpu.admit("a", 20, sf("a"))
+    cpu.admit("c", 10, sf("c"))
+    cpu.admit("e", 10, sf("e"))
+    plan = pair.plan("x", 20, sf)
+    # a (5) would need both c (3) and e (7) gone; e beats it, so a leaves memory and c stays
+    assert plan.tier == "upper" and plan.evict_upper == ["a"] and plan.demote == [] and plan.evict_lower == []
+
+
+def test_tier_pair_never_plans_around_a_leased_gpu_unit():
+    gpu, cpu = make_policy("score", 20), make_policy("score", 20)
+    pair = TierPair(gpu, cpu)
+    sf = scores(a=1, b=2, x=9)
+    for u in "ab":
+        gpu.admit(u, 10, sf(u))
+    gpu.lease("a")
+    plan = pair.plan("x", 10, sf)
+    assert plan.tier == "upper" and plan.evict_upper == ["b"] and plan.demote == ["b"]
+    plan = pair.plan("x", 20, sf)  # room only by evicting the leased a: the CPU tier instead
+    assert plan.tier == "lower" and plan.evict_upper == [] and plan.evict_lower == []
+
+
+@pytest.mark.parametrize("upper_bytes", [0, 100])
+@pytest.mark.parametrize("name", POLICIES)
+def test_tier_pair_random_plans_are_consistent(name, upper_bytes):
+    rng = random.Random(f"pair-{name}-{upper_bytes}")
+    upper, lower = make_policy(name, upper_bytes), make_policy(name, 200)
+    pair = TierPair(upper, lower)
+    table: dict = {}
+
+    def sf(u):
+        return table.setdefault(u, UnitScore(rng.random(), rng.randrange(1, 5)))
+
+    for _ in range(500):
+        u = rng.randrange(30)
+        tier = upper if u in upper else lower if u in lower else None
+        sf(u).frequency += rng.random() < 0.5  # the daemon counts the access before placing
+        sf(u).importance += rng.random()
+        before = (state(upper), state(lower))
+        if tier is None:
+            nbytes = rng.randrange(1, 70)
+            plan = pair.plan(u, nbytes, sf)
+        elif tier is lower and rng.random() < 0.5:
+            nbytes = lower.size(u)
+            plan = pair.plan_promote(u, sf)
+        else:
+            op = rng.random()
+            if op < 0.3:
+                tier.lease(u)
+            elif tier.leased(u):
+                tier.unlease(u)
+            else:
+                tier.touch(u, sf(u))
+            continue
+        assert (state(upper), state(lower)) == before  # planning only looks
+        moved = plan.evict_upper + plan.evict_lower
+        assert not any(upper.leased(v) for v in plan.evict_upper) and not any(lower.leased(v) for v in plan.evict_lower)
+        assert set(plan.demote) <= set(plan.evict_upper) and len(set(moved)) == len(moved)
+        assert all(v in upper for v in plan.evict_upper) and all(v in lower for v in plan.evict_lower)
+        if not upper.capacity_bytes:
+            assert plan.tier != "upper"
+        pair.apply(plan, u, nbytes, sf)  # admit raises if the plan overfills a tier
+        assert upper.used_bytes <= upper.capacity_bytes and lower.used_bytes <= lower.capacity_bytes
+        assert not set(upper.units()) & set(lower.units())
+        assert (u in upper) == (plan.tier == "upper") or (tier is lower and plan.tier is None and u in lower)
+    assert len(lower) > 0
