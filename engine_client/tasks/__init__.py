@@ -1,7 +1,7 @@
 """Synthetic long-context recall tasks over a fixed vocabulary (``vocab``), seeded, no downloads.
 
 Each task module offers ``example(rng, num_tokens) -> Example`` (a held-out
-question over a prefix of exactly ``num_tokens`` tokens) and
+question; prefix and suffix together are ``num_tokens`` tokens) and
 ``training_sequence(rng, num_tokens) -> TrainingSequence`` (a sequence of
 ``num_tokens`` with many supervised answer positions).
 
@@ -38,7 +38,7 @@ def rng_for(purpose: str, seed: int, task: str = "") -> np.random.Generator:
 
 
 def examples(task: str, num_examples: int, num_tokens: int, seed: int = 0) -> list[Example]:
-    """``num_examples`` held-out examples of ``task`` with prefixes of ``num_tokens`` tokens."""
+    """``num_examples`` held-out examples of ``task``, each ``num_tokens`` tokens of prefix and suffix."""
     module = get_task(task)
     rng = rng_for("eval", seed, task)
     return [module.example(rng, num_tokens) for _ in range(num_examples)]

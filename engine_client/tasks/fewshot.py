@@ -41,12 +41,13 @@ class _Rule:
 
 
 def example(rng: np.random.Generator, num_tokens: int) -> Example:
-    """A prefix of exactly ``num_tokens`` tokens: BOS, a little filler, then labelled examples."""
+    """BOS, a little filler, labelled examples, then the query: ``num_tokens`` tokens in all."""
     rule = _Rule(rng)
-    num_examples = (num_tokens - 1) // EXAMPLE_TOKENS
+    prefix_tokens = num_tokens - (EXAMPLE_TOKENS - 1)
+    num_examples = (prefix_tokens - 1) // EXAMPLE_TOKENS
     if num_examples < 1:
         raise ValueError(f"num_tokens={num_tokens} holds no example")
-    lead = num_tokens - 1 - num_examples * EXAMPLE_TOKENS
+    lead = prefix_tokens - 1 - num_examples * EXAMPLE_TOKENS
     rows, keys = rule.draw(rng, num_examples)
     # the query's rule input must have been seen at the rule position
     query_key = int(rng.choice(np.unique(keys)))

@@ -16,6 +16,7 @@ from .base import Example, TrainingSequence, as_tokens
 
 NAME = "kv"
 RECORD_TOKENS = 3  # REC key value
+QUESTION_TOKENS = 2  # QUERY key
 
 
 def _num_records(rng: np.random.Generator, doc_tokens: int) -> int:
@@ -45,8 +46,8 @@ def document(rng: np.random.Generator, doc_tokens: int, num_records: int | None 
 
 
 def example(rng: np.random.Generator, num_tokens: int, num_records: int | None = None) -> Example:
-    """A prefix of exactly ``num_tokens`` tokens and one question about one of its records."""
-    doc, keys, values, starts = document(rng, num_tokens - 1, num_records)
+    """A prefix and a question about one of its records, ``num_tokens`` tokens in all."""
+    doc, keys, values, starts = document(rng, num_tokens - 1 - QUESTION_TOKENS, num_records)
     target = int(rng.integers(keys.size))
     start = 1 + int(starts[target])  # after BOS
     return Example(

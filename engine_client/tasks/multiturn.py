@@ -89,7 +89,8 @@ def example(rng: np.random.Generator, num_tokens: int) -> Example:
     the suffix and the history is padded with filler (between the last
     history turn and the final turn) to the requested length.
     """
-    conv = _Conversation(rng)
+    # filler runs stay short enough for several turns in short conversations
+    conv = _Conversation(rng, max_gap=min(int(rng.choice(MAX_GAP_CHOICES)), max(2, num_tokens // 64)))
     turns, total = [], 1
     while True:
         turn = conv.draw_turn()
