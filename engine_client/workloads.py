@@ -13,6 +13,7 @@ Everything is a pure function of its arguments and the seed.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,12 +25,13 @@ from kvstore.errors import InvalidArgument
 class Request:
     index: int
     prefix: int  # which shared prefix
-    suffix: np.ndarray  # int64 tokens
+    suffix: np.ndarray  # [suffix_tokens] int64 token ids
+    rank: int  # the prefix's popularity rank, 1 = most requested
 
 
 @dataclass(frozen=True)
 class TurnEvent:
-    time_s: float
+    time_s: float  # when the turn's input arrives, from the start of the trace
     conversation: int
     turn: int
     history_tokens: int  # tokens of the conversation before this turn
@@ -44,7 +46,13 @@ def _positive_int(name: str, value) -> int:
 
 
 def _range(name: str, value) -> tuple[int, int]:
-    lo, hi = (value, value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else tuple(value)
+    """``(lo, hi)`` inclusive, or one integer for both."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        value = (value, value)
+    try:
+        lo, hi = value
+    except (TypeError, ValueError):
+        raise InvalidArgument(name, f"must be an integer or a (lo, hi) pair, got {value!r}") from None
     _positive_int(name, lo)
     _positive_int(name, hi)
     if lo > hi:
@@ -52,11 +60,24 @@ def _range(name: str, value) -> tuple[int, int]:
     return int(lo), int(hi)
 
 
+def _number(name: str, value, *, minimum: float, inclusive: bool) -> float:
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    ok = ok and bool(np.isfinite(value)) and (value >= minimum if inclusive else value > minimum)
+    if not ok:
+        raise InvalidArgument(name, f"must be a finite number {'>=' if inclusive else '>'} {minimum}, got {value!r}")
+    return float(value)
+
+
+def _rng(seed) -> np.random.Generator:
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise InvalidArgument("seed", f"must be an integer >= 0, got {seed!r}")
+    return np.random.default_rng(int(seed))
+
+
 def zipf_probabilities(n: int, alpha: float) -> np.ndarray:
-    """``P(rank k) ∝ 1 / k**alpha`` for ranks 1..n."""
-    _positive_int("num_prefixes", n)
-    if not np.isfinite(alpha) or alpha < 0:
-        raise InvalidArgument("alpha", f"must be a finite number >= 0, got {alpha!r}")
+    """``P(rank k) ∝ 1 / k**alpha`` for ranks 1..n (index ``k - 1``); ``alpha = 0`` is uniform."""
+    n = _positive_int("n", n)
+    alpha = _number("alpha", alpha, minimum=0.0, inclusive=True)
     w = 1.0 / np.arange(1, n + 1, dtype=np.float64) ** alpha
     return w / w.sum()
 
@@ -70,19 +91,27 @@ def zipf_requests(
     suffix_tokens=(32, 64),
     vocab_size: int,
 ) -> list[Request]:
-    """Requests whose prefix follows Zipf popularity (which prefix holds which rank is seeded)."""
+    """``num_requests`` requests over prefixes ``0..num_prefixes-1`` with Zipf popularity.
+
+    Which prefix holds which rank is a seeded permutation; each request
+    draws its own suffix of ``suffix_tokens`` tokens (an int or an inclusive
+    ``(lo, hi)`` range) uniformly from ``[0, vocab_size)``.
+    """
     n = _positive_int("num_prefixes", num_prefixes)
-    _positive_int("num_requests", num_requests)
-    _positive_int("vocab_size", vocab_size)
+    num_requests = _positive_int("num_requests", num_requests)
+    vocab_size = _positive_int("vocab_size", vocab_size)
     lo, hi = _range("suffix_tokens", suffix_tokens)
-    rng = np.random.default_rng(seed)
+    p = zipf_probabilities(n, alpha)
+    rng = _rng(seed)
     rank_to_prefix = rng.permutation(n)
-    ranks = rng.choice(n, size=num_requests, p=zipf_probabilities(n, alpha))
-    out = []
-    for i, r in enumerate(ranks.tolist()):
-        length = int(rng.integers(lo, hi + 1))
-        out.append(Request(i, int(rank_to_prefix[r]), rng.integers(0, vocab_size, length, dtype=np.int64)))
-    return out
+    ranks = rng.choice(n, size=num_requests, p=p)  # 0-based
+    lengths = rng.integers(lo, hi + 1, size=num_requests)
+    tokens = rng.integers(0, vocab_size, size=int(lengths.sum()), dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(lengths)))
+    return [
+        Request(i, int(rank_to_prefix[r]), tokens[starts[i] : starts[i + 1]].copy(), int(r) + 1)
+        for i, r in enumerate(ranks.tolist())
+    ]
 
 
 def conversation_trace(
@@ -95,43 +124,52 @@ def conversation_trace(
     later_input_tokens=(16, 128),
     output_ratio: float = 6.5,
     ratio_sigma: float = 0.6,
-    max_output_tokens: int = 4096,
+    max_output_tokens: int | None = None,
     seed: int,
 ) -> list[TurnEvent]:
     """Turn events of ``num_conversations`` conversations, in time order.
 
-    Each turn's output is ``input x ratio`` with a lognormal ratio whose mean
-    is ``output_ratio``; at most ``concurrency`` conversations are open at
-    once (a new one starts when one ends); between a conversation's turns
-    the user is inactive for an exponential time of mean ``mean_gap_s``.
+    * Each turn's output is ``input x ratio`` (at least 1 token, at most
+      ``max_output_tokens`` if given) with a lognormal ratio of mean
+      ``output_ratio`` and log-spread ``ratio_sigma``, drawn independently of
+      the input, so mean output / mean input is ``output_ratio`` too (an
+      output cap lowers both).
+    * The first turn's input is drawn from ``first_input_tokens`` (the
+      document or opening question), later ones from ``later_input_tokens``;
+      ``history_tokens`` is the sum of all earlier inputs and outputs.
+    * ``concurrency`` slots: a conversation is active from its first turn to
+      its last; a slot's next conversation starts an inactivity gap after
+      its previous one's last turn.  Gaps (between turns too) are
+      exponential with mean ``mean_gap_s``.
     """
     n = _positive_int("num_conversations", num_conversations)
     t_lo, t_hi = _range("turns", turns)
     conc = _positive_int("concurrency", concurrency)
     f_lo, f_hi = _range("first_input_tokens", first_input_tokens)
     l_lo, l_hi = _range("later_input_tokens", later_input_tokens)
-    if not mean_gap_s > 0:
-        raise InvalidArgument("mean_gap_s", f"must be > 0, got {mean_gap_s!r}")
-    if not output_ratio > 0:
-        raise InvalidArgument("output_ratio", f"must be > 0, got {output_ratio!r}")
-    if not ratio_sigma >= 0:
-        raise InvalidArgument("ratio_sigma", f"must be >= 0, got {ratio_sigma!r}")
-    _positive_int("max_output_tokens", max_output_tokens)
-    rng = np.random.default_rng(seed)
-    mu = np.log(output_ratio) - ratio_sigma**2 / 2  # lognormal with mean output_ratio
-    slots = [0.0] * conc  # when each concurrency slot is free again
+    mean_gap_s = _number("mean_gap_s", mean_gap_s, minimum=0.0, inclusive=False)
+    output_ratio = _number("output_ratio", output_ratio, minimum=0.0, inclusive=False)
+    ratio_sigma = _number("ratio_sigma", ratio_sigma, minimum=0.0, inclusive=True)
+    cap = _positive_int("max_output_tokens", max_output_tokens) if max_output_tokens is not None else None
+    rng = _rng(seed)
+    mu = np.log(output_ratio) - ratio_sigma**2 / 2  # E[lognormal(mu, sigma)] = output_ratio
+    slots = [(0.0, k) for k in range(conc)]  # (when the slot is free, slot): a min-heap
     events = []
     for c in range(n):
-        k = min(range(conc), key=lambda i: slots[i])
-        t = slots[k]
+        free_at, k = heapq.heappop(slots)
+        t = free_at + float(rng.exponential(mean_gap_s))
         history = 0
-        for turn in range(int(rng.integers(t_lo, t_hi + 1))):
+        num_turns = int(rng.integers(t_lo, t_hi + 1))
+        for turn in range(num_turns):
+            if turn:
+                t += float(rng.exponential(mean_gap_s))
             lo, hi = (f_lo, f_hi) if turn == 0 else (l_lo, l_hi)
             inp = int(rng.integers(lo, hi + 1))
-            out = int(min(max_output_tokens, max(1, round(inp * rng.lognormal(mu, ratio_sigma)))))
-            events.append(TurnEvent(float(t), c, turn, history, inp, out))
+            out = max(1, round(inp * float(rng.lognormal(mu, ratio_sigma))))
+            if cap is not None:
+                out = min(cap, out)
+            events.append(TurnEvent(t, c, turn, history, inp, out))
             history += inp + out
-            t += float(rng.exponential(mean_gap_s))
-        slots[k] = t
+        heapq.heappush(slots, (t, k))
     events.sort(key=lambda e: (e.time_s, e.conversation, e.turn))
     return events
