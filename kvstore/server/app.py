@@ -46,7 +46,9 @@ class Daemon:
             Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes, tier_bytes=cfg.cpu_tier_bytes) if cfg.shm_arena_bytes and cfg.socket_path else None
         )
         self.tiers = TierManager(
-            self.arena, self.store.scores, policy=cfg.cache_policy, gpu=gpu_memory(cfg.gpu_tier_bytes, cfg.gpu_tier_device)
+            self.arena, self.store.scores, policy=cfg.cache_policy,
+            # GPU hits reach clients through the arena: no arena, no GPU tier
+            gpu=gpu_memory(cfg.gpu_tier_bytes, cfg.gpu_tier_device) if self.arena is not None else None,
         )
         log.info(
             "memory tiers (%s policy): gpu %d bytes%s, cpu %d bytes, prefetch reserve %d bytes (of a %d-byte arena)",

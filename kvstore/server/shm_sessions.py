@@ -30,7 +30,7 @@ class ShmSessions:
         self.path = path
         self._lock = threading.Lock()
         self._conns: dict[int, socket.socket] = {}
-        self._ended: set[int] = set()  # sessions that closed: their leases are gone
+        self._ended: dict[int, None] = {}  # recently closed sessions (their leases are gone), oldest first
         self._sock: socket.socket | None = None
         self._closed = False
 
@@ -90,7 +90,9 @@ class ShmSessions:
             pass
         with self._lock:
             self._conns.pop(session_id, None)
-            self._ended.add(session_id)
+            self._ended[session_id] = None
+            if len(self._ended) > 65536:
+                del self._ended[next(iter(self._ended))]
         released = self.arena.release_session(session_id)
         conn.close()
         if released:
