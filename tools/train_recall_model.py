@@ -1,6 +1,6 @@
 """Train a small Qwen2 decoder on the synthetic recall tasks, on CPU, and write it as a HF checkpoint.
 
-    python -m tools.train_recall_model --out checkpoints/recall-small [--seed 0] [--steps N] [--threads 2]
+    python -m tools.train_recall_model --out checkpoints/recall-small [--seed 0] [--steps N] [--threads 1]
     python -m tools.train_recall_model --measure      # seconds per step at each curriculum length, then exit
 
 The model is a ``Qwen2ForCausalLM`` (GQA, RoPE, SwiGLU, q/k/v bias) whose
@@ -11,7 +11,10 @@ with autograd, and a test checks its logits against ``Decoder.forward_full``.
 
 Training is multi-query associative recall: every sequence carries many
 question -> answer pairs (``engine_client.tasks`` training sequences) and the
-loss is the cross-entropy at the answer positions only.  Sequences grow over a
+loss is the cross-entropy at the answer positions only, averaged per task so
+that every task weighs the same.  An auxiliary ``copy`` task (a random segment
+repeated, every repeated token supervised) grows the induction heads that
+recall is read with long before the sparse answers alone would.  Sequences grow over a
 curriculum from 256 to 2048 tokens at a constant number of tokens per step;
 AdamW with linear warmup and cosine decay.  Everything (initialization, data,
 order) follows from ``--seed``: the same seed and step count give the same
@@ -66,10 +69,13 @@ def model_config_dict(num_layers: int = 4) -> dict:
     }
 
 
+COPY = "copy"  # auxiliary training-only task: a random segment repeated, every repeated token supervised
+
+
 @dataclass
 class TrainConfig:
     seed: int = 0
-    steps: int = 1400
+    steps: int = 1100
     num_layers: int = 4
     tokens_per_step: int = 4096  # sequences per step = tokens_per_step // sequence length
     lr: float = 2e-3
@@ -78,9 +84,11 @@ class TrainConfig:
     weight_decay: float = 0.05
     grad_clip: float = 1.0
     # (fraction of steps at which the phase ends, sequence lengths drawn in it)
-    curriculum: list = field(default_factory=lambda: [(0.25, [256]), (0.45, [512]), (0.65, [1024]), (1.0, [1024, 2048, 2048])])
-    task_mix: dict = field(default_factory=lambda: {"kv": 0.5, "multiturn": 0.3, "fewshot": 0.2})
-    threads: int = 2
+    curriculum: list = field(default_factory=lambda: [(0.2, [256]), (0.4, [512]), (0.6, [1024]), (1.0, [1024, 2048, 2048])])
+    task_mix: dict = field(default_factory=lambda: {"kv": 0.4, "multiturn": 0.25, "fewshot": 0.15, COPY: 0.2})
+    # One intra-op thread: on a shared 2-core machine two threads stall each other
+    # as soon as another process takes a core (measured 7.2 s vs 1.7 s per step).
+    threads: int = 1
 
 
 # ---------------------------------------------------------------------------- model
@@ -171,20 +179,51 @@ def sequence_length(cfg: TrainConfig, step: int, rng: np.random.Generator) -> in
     return int(cfg.curriculum[-1][1][-1])
 
 
-def batch(cfg: TrainConfig, step: int, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(tokens [B, T], positions [a, 2], targets [a])`` for ``step``."""
+
+
+def copy_sequence(rng: np.random.Generator, num_tokens: int) -> tasks.TrainingSequence:
+    """BOS and a random segment repeated to fill ``num_tokens``; each token after the first copy is supervised.
+
+    Dense next-token supervision of pure copying grows the previous-token and
+    induction heads that key-value recall is read with, far sooner than the
+    sparse answers of the recall tasks alone.
+    """
+    period = int(rng.integers(8, max(9, num_tokens // 2)))
+    segment = rng.integers(16, vocab.VOCAB_SIZE, size=period)
+    body = np.resize(segment, num_tokens - 1)
+    tokens = np.concatenate([[vocab.BOS], body]).astype(np.int64)
+    return tasks.TrainingSequence(tokens=tokens, answer_positions=np.arange(period, num_tokens - 1, dtype=np.int64))
+
+
+def batch(cfg: TrainConfig, step: int, rng: np.random.Generator):
+    """``(tokens [B, T], positions [a, 2], targets [a], task index of each answer [a])`` for ``step``."""
     length = sequence_length(cfg, step, rng)
     names = list(cfg.task_mix)
     weights = np.array([cfg.task_mix[n] for n in names], dtype=float)
-    rows, positions = [], []
+    rows, positions, task_ids = [], [], []
     for i in range(max(1, cfg.tokens_per_step // length)):
-        task = names[int(rng.choice(len(names), p=weights / weights.sum()))]
-        seq = tasks.get_task(task).training_sequence(rng, length)
+        t = int(rng.choice(len(names), p=weights / weights.sum()))
+        seq = copy_sequence(rng, length) if names[t] == COPY else tasks.get_task(names[t]).training_sequence(rng, length)
         rows.append(seq.tokens)
         positions.append(np.stack([np.full(seq.answer_positions.size, i), seq.answer_positions], axis=1))
+        task_ids.append(np.full(seq.answer_positions.size, t))
     tokens = torch.from_numpy(np.stack(rows))
     pos = torch.from_numpy(np.concatenate(positions))
-    return tokens, pos, tokens[pos[:, 0], pos[:, 1] + 1]
+    return tokens, pos, tokens[pos[:, 0], pos[:, 1] + 1], torch.from_numpy(np.concatenate(task_ids))
+
+
+def task_balanced_loss(logits: torch.Tensor, targets: torch.Tensor, task_ids: torch.Tensor, num_tasks: int) -> torch.Tensor:
+    """Mean over the tasks present of each task's mean answer cross-entropy.
+
+    Tasks supervise very different numbers of positions per sequence (a copy
+    sequence hundreds, a conversation a few dozen); balancing keeps the sparse
+    recall answers from being drowned out.
+    """
+    per_answer = F.cross_entropy(logits, targets, reduction="none")
+    counts = torch.bincount(task_ids, minlength=num_tasks).float()
+    sums = torch.zeros(num_tasks).index_add_(0, task_ids, per_answer)
+    present = counts > 0
+    return (sums[present] / counts[present]).mean()
 
 
 def lr_at(cfg: TrainConfig, step: int) -> float:
@@ -209,7 +248,7 @@ def quick_accuracy(params, config: ModelConfig, task: str, num_tokens: int, num_
 # ---------------------------------------------------------------------------- training
 
 
-def train(cfg: TrainConfig, out_dir=None, log=print) -> dict:
+def train(cfg: TrainConfig, out_dir=None, log=print, final_eval: bool = False) -> dict:
     torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     raw = model_config_dict(cfg.num_layers)
@@ -224,35 +263,40 @@ def train(cfg: TrainConfig, out_dir=None, log=print) -> dict:
     rng = tasks.rng_for("train", cfg.seed)
     start = time.perf_counter()
     history = []
-    loss_avg = acc_avg = None
+    loss_avg, acc_avg = None, {}
     for step in range(cfg.steps):
-        tokens, pos, targets = batch(cfg, step, rng)
+        tokens, pos, targets, task_ids = batch(cfg, step, rng)
         for group in opt.param_groups:
             group["lr"] = lr_at(cfg, step)
         logits = forward(params, config, tokens, pos)
-        loss = F.cross_entropy(logits, targets)
+        loss = task_balanced_loss(logits, targets, task_ids, len(cfg.task_mix))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(list(params.values()), cfg.grad_clip)
         opt.step()
-        acc = float((logits.argmax(-1) == targets).float().mean())
+        hits = (logits.argmax(-1) == targets).float()
         loss_value = float(loss.detach())
         loss_avg = loss_value if loss_avg is None else 0.95 * loss_avg + 0.05 * loss_value
-        acc_avg = acc if acc_avg is None else 0.95 * acc_avg + 0.05 * acc
+        for t, name in enumerate(cfg.task_mix):  # running answer accuracy per task
+            sel = hits[task_ids == t]
+            if sel.numel():
+                acc_avg[name] = float(sel.mean()) if name not in acc_avg else 0.9 * acc_avg[name] + 0.1 * float(sel.mean())
         if step % 25 == 0 or step == cfg.steps - 1:
             elapsed = time.perf_counter() - start
-            log(f"step {step:5d} T={tokens.shape[1]:4d} lr={lr_at(cfg, step):.2e} loss={loss_avg:.3f} acc={acc_avg:.3f} {elapsed:7.0f}s")
-            history.append({"step": step, "seq_tokens": tokens.shape[1], "loss": loss_avg, "acc": acc_avg, "elapsed_s": elapsed})
-        if out_dir is not None and step > 0 and step % 200 == 0:
-            save_checkpoint(params, raw, out_dir)
+            accs = " ".join(f"{k}={v:.3f}" for k, v in acc_avg.items())
+            log(f"step {step:5d} T={tokens.shape[1]:4d} lr={lr_at(cfg, step):.2e} loss={loss_avg:.3f} acc {accs} {elapsed:7.0f}s")
+            history.append({"step": step, "seq_tokens": tokens.shape[1], "loss": loss_avg, "acc": dict(acc_avg), "elapsed_s": elapsed})
+        if final_eval and step > 0 and step % 200 == 0:
             log(f"  held-out kv@1024 {quick_accuracy(params, config, 'kv', 1024):.2f}")
     wall = time.perf_counter() - start
     summary = {"train_config": asdict(cfg), "wall_time_s": wall, "threads": torch.get_num_threads(), "history": history}
     if out_dir is not None:
         save_checkpoint(params, raw, out_dir)
+    log(f"done in {wall:.0f}s")
+    if final_eval:
         for task in tasks.TASKS:
             summary[f"quick_{task}@2048"] = quick_accuracy(params, config, task, 2048)
-        log(f"done in {wall:.0f}s; quick held-out accuracy at 2048: " + ", ".join(f"{t}={summary[f'quick_{t}@2048']:.2f}" for t in tasks.TASKS))
+        log("quick held-out accuracy at 2048: " + ", ".join(f"{t}={summary[f'quick_{t}@2048']:.2f}" for t in tasks.TASKS))
     return summary
 
 
@@ -268,7 +312,7 @@ def measure(cfg: TrainConfig, log=print) -> None:
         times = []
         for i in range(4):
             t0 = time.perf_counter()
-            tokens, pos, targets = batch(probe, 0, rng)
+            tokens, pos, targets, _ = batch(probe, 0, rng)
             t1 = time.perf_counter()
             loss = F.cross_entropy(forward(params, config, tokens, pos), targets)
             opt.zero_grad()
@@ -299,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not args.out:
         parser.error("--out is required unless --measure")
-    summary = train(cfg, args.out, log=lambda s: print(s, flush=True))
+    summary = train(cfg, args.out, log=lambda s: print(s, flush=True), final_eval=True)
     (Path(args.out) / "training.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return 0
 
