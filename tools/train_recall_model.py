@@ -107,8 +107,35 @@ def init_params(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
         else:
             std = out_std if name.endswith(("o_proj.weight", "down_proj.weight")) else 0.02
             t = torch.empty(shape).normal_(0.0, std, generator=gen)
-        params[name] = t.requires_grad_(True)
-    return params
+        params[name] = t
+    _init_previous_token_head(params, config)
+    return {name: t.requires_grad_(True) for name, t in params.items()}
+
+
+PREV_TOKEN_BIAS = 5.0  # |q|, |k| per RoPE pair of the previous-token head: ~0.9 of its attention on t-1 at init
+
+
+def _init_previous_token_head(params: dict[str, torch.Tensor], config: ModelConfig) -> None:
+    """Start layer 0's first KV head (and its query heads) as a previous-token head, through q/k biases only.
+
+    With the RoPE pair ``i`` of a key at position ``n`` set to ``a`` and of a
+    query at ``m`` to ``a e^{-i theta_i}``, their score is
+    ``a^2 / sqrt(d) * sum_i cos((m - n - 1) theta_i)``: largest at ``n = m - 1``
+    for every frequency.  That is the first half of the induction circuit
+    recall is read with; the rest of the weights stay random and all of it
+    is trained.
+    """
+    if not config.attention_bias:
+        return
+    d, half, g = config.head_dim, config.head_dim // 2, config.num_query_groups
+    theta = 1.0 / (config.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))  # [d/2]
+    a = PREV_TOKEN_BIAS
+    k_bias = params["model.layers.0.self_attn.k_proj.bias"]
+    q_bias = params["model.layers.0.self_attn.q_proj.bias"]
+    k_bias[:half] = a  # KV head 0: pair i = a + 0j
+    for h in range(g):  # the query heads that read KV head 0
+        q_bias[h * d : h * d + half] = a * torch.cos(theta)
+        q_bias[h * d + half : (h + 1) * d] = -a * torch.sin(theta)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

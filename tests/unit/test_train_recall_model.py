@@ -59,3 +59,22 @@ def test_same_seed_same_weights(tmp_path):
     b = trm.train(cfg, tmp_path / "b", log=lambda s: None)
     assert (tmp_path / "a" / "model.safetensors").read_bytes() == (tmp_path / "b" / "model.safetensors").read_bytes()
     assert a["history"][-1]["loss"] == b["history"][-1]["loss"]
+
+
+def test_layer0_first_kv_head_starts_as_previous_token_head():
+    config = ModelConfig.from_dict(trm.model_config_dict(4))
+    params = trm.init_params(config, seed=0)
+    t, d = 200, config.head_dim
+    tokens = torch.randint(16, config.vocab_size, (1, t), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        x = torch.nn.functional.embedding(tokens, params["model.embed_tokens.weight"])
+        x = trm._rms_norm(x, params["model.layers.0.input_layernorm.weight"], config.rms_norm_eps)
+        q = torch.nn.functional.linear(x, params["model.layers.0.self_attn.q_proj.weight"], params["model.layers.0.self_attn.q_proj.bias"])
+        k = torch.nn.functional.linear(x, params["model.layers.0.self_attn.k_proj.weight"], params["model.layers.0.self_attn.k_proj.bias"])
+        cos, sin = trm.rope_tables(config, t)
+        q0 = trm._rope(q[0, :, :d], cos, sin)  # query head 0 -> KV head 0
+        k0 = trm._rope(k[0, :, :d], cos, sin)
+        scores = (q0 @ k0.T / d**0.5).masked_fill(torch.ones(t, t).triu(1).bool(), float("-inf"))
+        probs = scores.softmax(-1)
+    on_previous = probs[torch.arange(1, t), torch.arange(0, t - 1)]
+    assert on_previous.mean() > 0.7
