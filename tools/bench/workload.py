@@ -117,7 +117,7 @@ def run_zipf_bench(args) -> dict:
         "prefill_s": prefill_s,
     }
     report["params"] = {
-        k: getattr(args, k) for k in ("model", "dtype", "budgets", "period_layers", "group_layers", "seed", "systems")
+        k: getattr(args, k) for k in ("model", "dtype", "budgets", "period_layers", "group_layers", "seed", "systems", "selector")
     }
     report["params"]["threads"] = torch.get_num_threads()
     report["machine"] = machine_info(args.directory)
@@ -228,7 +228,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     cfg = ReprefillConfig(
         budget=budget,
         period_layers=args.period_layers,
-        selector="summary" if sysdef.selection == "summary" else "full",
+        selector=args.selector if sysdef.selection == "summary" else "full",  # --selector: the chunk systems' scorer
         speculate=sysdef.speculate,
         overlap=sysdef.overlap,
     )
@@ -371,7 +371,7 @@ def format_zipf_report(report: dict) -> str:
     w = report["workload"]
     p = report["params"]
     lines = [
-        f"model {p['model']} ({p['dtype']}, {p['threads']} threads); {w['prefixes']} prefixes x {w['prefix_tokens']} tokens, "
+        f"model {p['model']} ({p['dtype']}, {p['threads']} threads), chunk selector {p.get('selector', 'summary')}; {w['prefixes']} prefixes x {w['prefix_tokens']} tokens, "
         f"Zipf alpha {w['alpha']}, {w['requests']} requests timed after {w['warmup']} warm-up, suffix {w['suffix_tokens']} tokens; "
         f"CPU tier {w['memory_fraction']:.0%} of stored bytes, plus a prefetch reserve of 3 periods' extents carved from the same arena",
         f"{'system@budget':<28}{'TTFT ms':>9}{'P95 ms':>9}{'I/O ms':>8}{'comp ms':>9}{'tokens':>8}{'MB disk':>9}"
