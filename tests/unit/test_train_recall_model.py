@@ -32,7 +32,7 @@ def test_training_forward_matches_decoder(trained_like):
         at = trm.forward(params, config, tokens, torch.tensor([[1, 96], [0, 5]]))
     for b in range(2):
         ref = decoder.forward_full(tokens[b])
-        torch.testing.assert_close(ours[b], ref, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(ours[b], ref, rtol=1e-4, atol=2e-4)  # float32 summation order; logits ~10
     torch.testing.assert_close(at, torch.stack([ours[1, 96], ours[0, 5]]))
 
 
@@ -78,3 +78,14 @@ def test_layer0_first_kv_head_starts_as_previous_token_head():
         probs = scores.softmax(-1)
     on_previous = probs[torch.arange(1, t), torch.arange(0, t - 1)]
     assert on_previous.mean() > 0.7
+
+
+def test_seeded_circuit_copies_at_init():
+    config = ModelConfig.from_dict(trm.model_config_dict(4))
+    params = trm.init_params(config, seed=1)
+    seq = trm.copy_sequence(np.random.default_rng(0), 200)
+    tokens = torch.from_numpy(seq.tokens)[None]
+    pos = torch.stack([torch.zeros(seq.answer_positions.size, dtype=torch.long), torch.from_numpy(seq.answer_positions)], 1)
+    with torch.no_grad():
+        logits = trm.forward(params, config, tokens, pos)
+    assert (logits.argmax(-1) == tokens[0, pos[:, 1] + 1]).float().mean() > 0.5
