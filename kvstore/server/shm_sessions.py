@@ -66,14 +66,17 @@ class ShmSessions:
                 return
             session_id = secrets.randbits(63) or 1
             hello = json.dumps({"session": session_id, "arena_bytes": self.arena.nbytes, "version": 1}) + "\n"
+            # known before the client hears its id: its first call may come at once
+            with self._lock:
+                self._conns[session_id] = conn
             try:
                 socket.send_fds(conn, [hello.encode()], [self.arena.fd])
             except OSError as exc:
                 log.warning("shm handoff failed: %s", exc)
+                with self._lock:
+                    self._conns.pop(session_id, None)
                 conn.close()
                 continue
-            with self._lock:
-                self._conns[session_id] = conn
             threading.Thread(target=self._watch, args=(session_id, conn), name="kvstore-shm-session", daemon=True).start()
 
     def _watch(self, session_id: int, conn: socket.socket) -> None:
