@@ -106,14 +106,19 @@ class Arena:
         with self._cond:
             return sum(1 for lease in self._leases.values() if session_id in (None, lease.session_id))
 
-    def lease(self, session_id: int, nbytes: int, *, wait_seconds: float) -> Lease:
-        """Reserve ``nbytes`` (rounded up to slots), waiting for space if needed."""
+    def lease(self, session_id: int, nbytes: int, *, wait_seconds: float, keep_free_bytes: int = 0) -> Lease:
+        """Reserve ``nbytes`` (rounded up to slots), waiting for space if needed.
+
+        ``keep_free_bytes``: succeed only if that much lease space stays free
+        afterwards (opportunistic reads must not starve required ones).
+        """
         count = max(1, -(-nbytes // self.slot_bytes))
+        keep = -(-keep_free_bytes // self.slot_bytes)
         if count > self._alloc.num_slots:
             raise ArenaExhausted(f"read of {nbytes} bytes exceeds the arena's lease space ({self.tier_offset} bytes)")
         deadline = time.monotonic() + wait_seconds
         with self._cond:
-            while (start := self._alloc.allocate(count)) is None:
+            while (start := self._alloc.allocate(count) if self._alloc.free_slots - count >= keep else None) is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise ArenaExhausted(f"shared-memory arena busy: no {nbytes} free bytes within {wait_seconds}s")

@@ -231,10 +231,12 @@ class PrefetchStream:
 
             # A speculative read never waits for buffer space (waiting reads
             # could hold the reserve hostage); without room it is dropped.
+            # It also leaves half the reserve free for the reads that are needed.
             wait = 0.0 if job.speculative else self.svc.config.lease_wait_seconds
+            keep = self.arena.lease_bytes // 2 if job.speculative else 0
 
             def alloc(nbytes: int):
-                lease = self.arena.lease(0, nbytes, wait_seconds=wait)
+                lease = self.arena.lease(0, nbytes, wait_seconds=wait, keep_free_bytes=keep)
                 holder.append(lease)
                 return self.arena.buffer(lease)
 

@@ -153,13 +153,16 @@ class TierManager:
         with self._lock:
             for u in units:
                 res = self._where.get(u)
-                if res is None:
-                    continue
-                pol = self._policy[res.tier]
-                pol.touch(u, self.scores.get(u))
-                pol.lease(u)
-                hits[u] = res
+                if res is not None:
+                    hits[u] = self._pin(u, res)
         return hits
+
+    def _pin(self, unit: Unit, res: Resident) -> Resident:
+        """An access by a stream: the unit is touched and held until the stream lets go."""
+        pol = self._policy[res.tier]
+        pol.touch(unit, self.scores.get(unit))
+        pol.lease(unit)
+        return res
 
     def count(self, hits: int, misses: int) -> None:
         with self._lock:
@@ -175,10 +178,7 @@ class TierManager:
         with self._lock:
             res = self._where.get(unit)
             if res is not None:
-                pol = self._policy[res.tier]
-                pol.touch(unit, self.scores.get(unit))
-                pol.lease(unit)
-                return res
+                return self._pin(unit, res)
             if not self.enabled:
                 return None
             plan = self.pair.plan(unit, size, self.scores.get)

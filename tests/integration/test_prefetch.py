@@ -75,7 +75,8 @@ def test_stream_bytes_equal_one_shot_reads_cold_and_cached(daemon_factory, geo, 
 
 
 def test_speculation_is_used_when_the_set_repeats_and_cancelled_or_wasted_when_not(daemon_factory):
-    d = daemon_factory()
+    # room for speculation: it only takes buffers that leave half the reserve free
+    d = daemon_factory("--shm-arena-bytes", str(128 << 20))
     geo, n = GEO24, 2048
     with KVStoreClient(d.target) as client:
         a = client.put_prefix(make_tokens(n, 1), make_kv(geo, n, 1), geo).prefix_id
