@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._proto import kvstore_pb2 as pb
-from ..errors import InvalidArgument
+from ..errors import DataLoss, InvalidArgument
 from ..reader import validate_chunks
 from .convert import geometry_to_pb
 from .status import ArenaExhausted, Backpressure
@@ -77,8 +77,6 @@ class PrefetchStream:
         view = self.store.describe(self.prefix_id)
         q = self.store.prefix_quarantine(view)
         if q:
-            from ..errors import DataLoss
-
             raise DataLoss(f"prefix {self.prefix_id} is quarantined ({q}); delete and store it again")
         self.view = view
         geo = self.geometry = view.geometry
