@@ -208,12 +208,16 @@ class KVStoreClient:
             pass
         return result
 
-    def prefetch(self, prefix_id: str, *, period_layers: int, speculate: bool = True, shm=None, coalesce=True, timeout=None):
+    def prefetch(
+        self, prefix_id: str, *, period_layers: int, speculate: bool = True, shm=None, coalesce=True,
+        hints: bool = False, push: bool | None = None, timeout=None,
+    ):
         """Open a Prefetch stream for one Re-Prefill request (see ``engine_client.prefetch``)."""
         from .prefetch import PrefetchStream
 
         return PrefetchStream(
-            self, prefix_id, period_layers=period_layers, speculate=speculate, shm=shm, coalesce=coalesce, timeout=timeout
+            self, prefix_id, period_layers=period_layers, speculate=speculate, shm=shm, coalesce=coalesce,
+            hints=hints, push=push, timeout=timeout,
         )
 
     def iter_groups(self, prefix_id: str, chunks, *, layer_start=0, layer_end=0, shm=None, coalesce=True, timeout=None):

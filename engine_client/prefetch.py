@@ -11,11 +11,18 @@ Group KV arrays are copies (``[layers_in_group, 2, kv_heads, rows, d]``),
 so they stay valid after the stream ends; the stream's pins and buffers in
 the daemon are released when it closes (or is cancelled).  ``io_wait_s`` is
 the time this process spent blocked waiting for groups.
+
+``hints=True``: the daemon speculates only from ``stream.hint(p, chunks)``
+(the caller's guess of period ``p``'s set, sent before the set).  Over
+shared memory the daemon pushes speculative groups as they come into
+memory; ``send`` serves a group from its push when the real set lies within
+it (``covered``), so that group costs no round trip.
 """
 
 from __future__ import annotations
 
 import queue
+import threading
 import time
 
 import grpc
@@ -27,16 +34,23 @@ from kvstore.server.convert import geometry_from_pb
 from .client import KVStoreRpcError
 
 _CLOSE = object()
+_EOF = object()
 
 
 class PrefetchStream:
-    def __init__(self, client, prefix_id: str, *, period_layers: int, speculate: bool = True, shm=None, coalesce=True, timeout=None):
+    def __init__(
+        self, client, prefix_id: str, *, period_layers: int, speculate: bool = True, shm=None, coalesce=True,
+        hints: bool = False, push: bool | None = None, timeout=None,
+    ):
         use_shm = client.shm if shm is None else shm
         if use_shm and not client.shm:
             raise ValueError("no shared-memory session is open")
+        push = use_shm and speculate if push is None else push
         self._client = client
         self._zero_copy = use_shm
         self._q: queue.Queue = queue.Queue()
+        self._inbox: queue.Queue = queue.Queue()
+        self._eof: BaseException | None = None
         self._q.put(
             pb.PrefetchRequest(
                 open=pb.PrefetchOpen(
@@ -45,6 +59,8 @@ class PrefetchStream:
                     period_layers=period_layers,
                     no_speculation=not speculate,
                     no_coalesce=not coalesce,
+                    hints=hints,
+                    push_speculation=push,
                 )
             )
         )
@@ -54,9 +70,14 @@ class PrefetchStream:
         self._pending: dict = {}  # (group, chunk) -> partial bytes
         self._extents: dict = {}  # (group, chunk) -> uint8 array (this period's)
         self._ready: dict[int, tuple] = {}  # group -> (chunks, refs or None)
+        self._pushed: dict[int, tuple] = {}  # group -> (period, chunks, refs) pushed by the daemon
+        self._sent = -1  # last period whose set was sent
+        self.covered = 0  # groups served from a push
         try:
             self._call = client.stub.Prefetch(self._requests(), **client._kw(timeout))
-            h = self._next().header
+            self._reader = threading.Thread(target=self._read, name="kvstore-prefetch-reader", daemon=True)
+            self._reader.start()
+            h = self._message().header
         except BaseException:
             self.cancel()
             raise
@@ -76,40 +97,109 @@ class PrefetchStream:
             yield item
 
     def send(self, period: int, chunks) -> None:
-        """This period's chunk set (any order; the daemon validates it)."""
+        """This period's chunk set (any order; the daemon validates it).
+
+        Groups whose set lies within what the daemon pushed for them are
+        ready at once and named in ``covered_groups``.
+        """
         arr = np.asarray(chunks, dtype=np.int64).reshape(-1)
         self._sets[period] = np.sort(arr)
-        self._q.put(pb.PrefetchRequest(period=pb.PeriodSet(period=period, chunks=arr.tolist())))
+        while True:  # what has arrived so far (pushes included), without waiting
+            try:
+                self._handle(self._next(block=False))
+            except queue.Empty:
+                break
+        covered = []
+        want = self._sets[period].tolist()
+        for g in self.period_groups(period):
+            push = self._pushed.pop(g, None)
+            if push is None or push[0] != period or len(set(want)) != len(want):
+                continue
+            where = {j: i for i, j in enumerate(push[1])}
+            if all(j in where for j in want):
+                covered.append(g)
+                self._ready[g] = (want, [push[2][where[j]] for j in want])
+        self.covered += len(covered)
+        self._sent = period
+        self._q.put(pb.PrefetchRequest(period=pb.PeriodSet(period=period, chunks=arr.tolist(), covered_groups=covered)))
+
+    def pushed(self, period: int, wait_s: float = 0.0) -> list[int]:
+        """Groups of ``period`` pushed so far, waiting up to ``wait_s`` for all of them."""
+        deadline = time.monotonic() + wait_s
+        want = self.period_groups(period)
+        while True:
+            have = [g for g in want if g in self._pushed and self._pushed[g][0] == period]
+            left = deadline - time.monotonic()
+            if len(have) == len(want) or left <= 0:
+                return have
+            try:
+                self._handle(self._next(timeout=left))
+            except queue.Empty:
+                pass
+
+    def hint(self, period: int, chunks) -> None:
+        """A guess of ``period``'s set, for the daemon to read ahead (streams opened with ``hints``)."""
+        arr = np.asarray(chunks, dtype=np.int64).reshape(-1)
+        self._q.put(pb.PrefetchRequest(hint=pb.PeriodHint(period=period, chunks=arr.tolist())))
 
     def period_groups(self, period: int) -> list[int]:
         first = period * self.groups_per_period
         return list(range(first, min(first + self.groups_per_period, self.geometry.num_groups)))
 
     # ------------------------------------------------------------ receiving
-    def _next(self) -> pb.PrefetchResponse:
+    def _read(self) -> None:
+        """Reader thread: responses in arrival order, then the end (or the error)."""
         try:
-            return next(self._call)
-        except StopIteration:
-            raise KVStoreRpcError(grpc.StatusCode.INTERNAL, "Prefetch stream ended early") from None
+            for msg in self._call:
+                self._inbox.put(msg)
+            self._inbox.put(_EOF)
         except grpc.RpcError as exc:
-            raise KVStoreRpcError(exc.code(), exc.details() or "") from None
+            self._inbox.put(KVStoreRpcError(exc.code(), exc.details() or ""))
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            self._inbox.put(exc)
+
+    def _next(self, block: bool = True, timeout: float | None = None):
+        """The next response; ``_EOF`` at the end of the call.  Raises queue.Empty when
+        nothing came (``block=False``, or within ``timeout``)."""
+        if self._eof is not None:
+            raise self._eof
+        item = self._inbox.get(block, timeout)
+        if isinstance(item, BaseException):
+            self._eof = item
+            raise item
+        return item
+
+    def _message(self) -> pb.PrefetchResponse:
+        msg = self._next()
+        if msg is _EOF:
+            self._eof = KVStoreRpcError(grpc.StatusCode.INTERNAL, "Prefetch stream ended early")
+            raise self._eof
+        return msg
+
+    def _handle(self, msg) -> None:
+        if msg is _EOF:
+            self._eof = KVStoreRpcError(grpc.StatusCode.INTERNAL, "Prefetch stream ended early")
+            raise self._eof
+        if msg.HasField("extent"):
+            e = msg.extent
+            key = (e.group, e.chunk)
+            buf = self._pending.get(key)
+            if buf is None:
+                buf = self._pending[key] = np.empty(e.extent_bytes, dtype=np.uint8)
+            buf[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
+            if e.offset + len(e.data) == e.extent_bytes:
+                self._extents[key] = self._pending.pop(key)
+        if msg.HasField("group"):
+            g = msg.group
+            self._ready[g.group] = (list(g.chunks), list(g.refs) if g.refs else None)
+        if msg.HasField("speculative") and msg.period > self._sent:
+            g = msg.speculative
+            self._pushed[g.group] = (msg.period, list(g.chunks), list(g.refs))
 
     def _wait_group(self, group: int) -> None:
         t0 = time.perf_counter()
         while group not in self._ready:
-            msg = self._next()
-            if msg.HasField("extent"):
-                e = msg.extent
-                key = (e.group, e.chunk)
-                buf = self._pending.get(key)
-                if buf is None:
-                    buf = self._pending[key] = np.empty(e.extent_bytes, dtype=np.uint8)
-                buf[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
-                if e.offset + len(e.data) == e.extent_bytes:
-                    self._extents[key] = self._pending.pop(key)
-            if msg.HasField("group"):
-                g = msg.group
-                self._ready[g.group] = (list(g.chunks), list(g.refs) if g.refs else None)
+            self._handle(self._message())
         self.io_wait_s += time.perf_counter() - t0
 
     def group_kv(self, group: int) -> np.ndarray:
@@ -144,12 +234,13 @@ class PrefetchStream:
             self._closed = True
             self._q.put(_CLOSE)
             while True:
-                msg = self._next()
+                msg = self._message()
                 if msg.HasField("stats"):
                     self.stats = msg.stats
                     break
-            for _ in self._call:  # the end of the call
+            while self._next() is not _EOF:  # the end of the call
                 pass
+            self._reader.join()
         return self.stats
 
     def cancel(self) -> None:

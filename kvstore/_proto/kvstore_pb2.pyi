@@ -191,20 +191,34 @@ class ReadChunksResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[ReadHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ..., shm_group: _Optional[_Union[ShmGroup, _Mapping]] = ...) -> None: ...
 
 class PrefetchOpen(_message.Message):
-    __slots__ = ("prefix_id", "shm_session", "period_layers", "no_speculation", "no_coalesce")
+    __slots__ = ("prefix_id", "shm_session", "period_layers", "no_speculation", "no_coalesce", "hints", "push_speculation")
     PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
     SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
     PERIOD_LAYERS_FIELD_NUMBER: _ClassVar[int]
     NO_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     NO_COALESCE_FIELD_NUMBER: _ClassVar[int]
+    HINTS_FIELD_NUMBER: _ClassVar[int]
+    PUSH_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     prefix_id: str
     shm_session: int
     period_layers: int
     no_speculation: bool
     no_coalesce: bool
-    def __init__(self, prefix_id: _Optional[str] = ..., shm_session: _Optional[int] = ..., period_layers: _Optional[int] = ..., no_speculation: _Optional[bool] = ..., no_coalesce: _Optional[bool] = ...) -> None: ...
+    hints: bool
+    push_speculation: bool
+    def __init__(self, prefix_id: _Optional[str] = ..., shm_session: _Optional[int] = ..., period_layers: _Optional[int] = ..., no_speculation: _Optional[bool] = ..., no_coalesce: _Optional[bool] = ..., hints: _Optional[bool] = ..., push_speculation: _Optional[bool] = ...) -> None: ...
 
 class PeriodSet(_message.Message):
+    __slots__ = ("period", "chunks", "covered_groups")
+    PERIOD_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    COVERED_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    period: int
+    chunks: _containers.RepeatedScalarFieldContainer[int]
+    covered_groups: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, period: _Optional[int] = ..., chunks: _Optional[_Iterable[int]] = ..., covered_groups: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PeriodHint(_message.Message):
     __slots__ = ("period", "chunks")
     PERIOD_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
@@ -213,12 +227,14 @@ class PeriodSet(_message.Message):
     def __init__(self, period: _Optional[int] = ..., chunks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrefetchRequest(_message.Message):
-    __slots__ = ("open", "period")
+    __slots__ = ("open", "period", "hint")
     OPEN_FIELD_NUMBER: _ClassVar[int]
     PERIOD_FIELD_NUMBER: _ClassVar[int]
+    HINT_FIELD_NUMBER: _ClassVar[int]
     open: PrefetchOpen
     period: PeriodSet
-    def __init__(self, open: _Optional[_Union[PrefetchOpen, _Mapping]] = ..., period: _Optional[_Union[PeriodSet, _Mapping]] = ...) -> None: ...
+    hint: PeriodHint
+    def __init__(self, open: _Optional[_Union[PrefetchOpen, _Mapping]] = ..., period: _Optional[_Union[PeriodSet, _Mapping]] = ..., hint: _Optional[_Union[PeriodHint, _Mapping]] = ...) -> None: ...
 
 class PrefetchHeader(_message.Message):
     __slots__ = ("geometry", "num_tokens", "num_chunks", "num_periods", "groups_per_period", "lease_id", "cache_policy")
@@ -239,7 +255,7 @@ class PrefetchHeader(_message.Message):
     def __init__(self, geometry: _Optional[_Union[Geometry, _Mapping]] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., num_periods: _Optional[int] = ..., groups_per_period: _Optional[int] = ..., lease_id: _Optional[int] = ..., cache_policy: _Optional[str] = ...) -> None: ...
 
 class PrefetchStats(_message.Message):
-    __slots__ = ("bytes_gpu", "bytes_cpu", "bytes_disk", "bytes_useful", "spec_bytes_used", "spec_bytes_wasted", "units_gpu", "units_cpu", "units_disk", "spec_units_cancelled", "num_reads", "daemon_wait_s", "units_admitted")
+    __slots__ = ("bytes_gpu", "bytes_cpu", "bytes_disk", "bytes_useful", "spec_bytes_used", "spec_bytes_wasted", "units_gpu", "units_cpu", "units_disk", "spec_units_cancelled", "num_reads", "daemon_wait_s", "units_admitted", "groups_pushed", "groups_covered")
     BYTES_GPU_FIELD_NUMBER: _ClassVar[int]
     BYTES_CPU_FIELD_NUMBER: _ClassVar[int]
     BYTES_DISK_FIELD_NUMBER: _ClassVar[int]
@@ -253,6 +269,8 @@ class PrefetchStats(_message.Message):
     NUM_READS_FIELD_NUMBER: _ClassVar[int]
     DAEMON_WAIT_S_FIELD_NUMBER: _ClassVar[int]
     UNITS_ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_PUSHED_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_COVERED_FIELD_NUMBER: _ClassVar[int]
     bytes_gpu: int
     bytes_cpu: int
     bytes_disk: int
@@ -266,21 +284,25 @@ class PrefetchStats(_message.Message):
     num_reads: int
     daemon_wait_s: float
     units_admitted: int
-    def __init__(self, bytes_gpu: _Optional[int] = ..., bytes_cpu: _Optional[int] = ..., bytes_disk: _Optional[int] = ..., bytes_useful: _Optional[int] = ..., spec_bytes_used: _Optional[int] = ..., spec_bytes_wasted: _Optional[int] = ..., units_gpu: _Optional[int] = ..., units_cpu: _Optional[int] = ..., units_disk: _Optional[int] = ..., spec_units_cancelled: _Optional[int] = ..., num_reads: _Optional[int] = ..., daemon_wait_s: _Optional[float] = ..., units_admitted: _Optional[int] = ...) -> None: ...
+    groups_pushed: int
+    groups_covered: int
+    def __init__(self, bytes_gpu: _Optional[int] = ..., bytes_cpu: _Optional[int] = ..., bytes_disk: _Optional[int] = ..., bytes_useful: _Optional[int] = ..., spec_bytes_used: _Optional[int] = ..., spec_bytes_wasted: _Optional[int] = ..., units_gpu: _Optional[int] = ..., units_cpu: _Optional[int] = ..., units_disk: _Optional[int] = ..., spec_units_cancelled: _Optional[int] = ..., num_reads: _Optional[int] = ..., daemon_wait_s: _Optional[float] = ..., units_admitted: _Optional[int] = ..., groups_pushed: _Optional[int] = ..., groups_covered: _Optional[int] = ...) -> None: ...
 
 class PrefetchResponse(_message.Message):
-    __slots__ = ("header", "extent", "group", "period", "stats")
+    __slots__ = ("header", "extent", "group", "period", "stats", "speculative")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EXTENT_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     PERIOD_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_FIELD_NUMBER: _ClassVar[int]
     header: PrefetchHeader
     extent: ExtentData
     group: ShmGroup
     period: int
     stats: PrefetchStats
-    def __init__(self, header: _Optional[_Union[PrefetchHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., group: _Optional[_Union[ShmGroup, _Mapping]] = ..., period: _Optional[int] = ..., stats: _Optional[_Union[PrefetchStats, _Mapping]] = ...) -> None: ...
+    speculative: ShmGroup
+    def __init__(self, header: _Optional[_Union[PrefetchHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., group: _Optional[_Union[ShmGroup, _Mapping]] = ..., period: _Optional[int] = ..., stats: _Optional[_Union[PrefetchStats, _Mapping]] = ..., speculative: _Optional[_Union[ShmGroup, _Mapping]] = ...) -> None: ...
 
 class ReleaseRequest(_message.Message):
     __slots__ = ("shm_session", "lease_ids")

@@ -7,12 +7,17 @@ set ``C`` the engine
 - reads the rest from disk, one coalesced read per stored group (the
   SubPeriod), so the first group is ready before the last,
 - sends every group as soon as all its extents are in memory (intra-period),
-- and, unless told not to, immediately reads ``C`` for period ``p + 1``'s
-  groups (inter-period speculation), behind the real reads.
+- and, unless told not to, reads ``C`` for period ``p + 1``'s groups
+  (inter-period speculation) once the period's needed reads are done; a
+  client that opened with ``hints`` names its own guess for ``p + 1``
+  instead (a PeriodHint).
 
 When ``p + 1``'s real set arrives, speculative reads that have not started
 and are not wholly needed are cancelled, the needed part of started ones is
-used, and only the difference is read.  Extents read from disk are offered
+used, and only the difference is read.  With ``push_speculation`` (shared
+memory), a speculative group wholly in memory is described to the client
+before it asks; a group whose real set lies within the push is computed on
+at once (``covered_groups``) and costs no round trip.  Extents read from disk are offered
 to the tiers (the cache policy decides); what the policy keeps out is served
 from the stream's own buffers.  Everything a stream hands out (tier pins,
 buffers) stays valid until the stream ends, then goes back; buffers a read
@@ -66,6 +71,18 @@ class _Source:
     resident: object = None  # tiers.Resident of a hit
 
 
+class StreamFinished(Exception):
+    """The stream ended while work for it was under way (the work is dropped)."""
+
+
+@dataclass
+class _Push:
+    """A speculative group described to the client: chunk -> (source, data)."""
+
+    period: int
+    extents: dict
+
+
 class PrefetchStream:
     def __init__(self, svc, open_msg: pb.PrefetchOpen):
         self.svc = svc
@@ -94,6 +111,10 @@ class PrefetchStream:
             svc.sessions.check(self.session)
         self.speculate = not open_msg.no_speculation
         self.coalesce = not open_msg.no_coalesce
+        self.hinted = open_msg.hints
+        self.push = open_msg.push_speculation
+        if self.push and not self.session:
+            raise InvalidArgument("open.push_speculation", "needs a shared-memory session (open.shm_session)")
         self.next_period = 0
         self.delivered = -1  # last period whose groups were all sent
         self.stats = pb.PrefetchStats()
@@ -107,7 +128,13 @@ class PrefetchStream:
         self._pins: dict[int, list[tuple]] = {}
         self._retired = -1
         self._spec: dict[int, list[_Job]] = {}  # group -> speculative reads
+        self._spec_hits: dict[int, dict[int, tuple]] = {}  # group -> chunk -> (unit, Resident) pinned for a push
+        self._pushed: dict[int, _Push] = {}  # group -> what the client was sent
+        self._hints: set[int] = set()  # periods hinted
         self._jobs: list[_Job] = []
+        self._tasks: list[asyncio.Future] = []  # pushes in flight
+        self._needed: list[_Job] = []  # the latest period's needed reads
+        self.out: asyncio.Queue | None = None  # set by serve_prefetch
         reserve = self.arena.lease_bytes if self.arena is not None else 1 << 62
         self._max_job_bytes = max(1, reserve // 4)  # one read never takes more than a quarter of the reserve
 
@@ -147,19 +174,58 @@ class PrefetchStream:
             chunks = validate_chunks(list(msg.chunks), self.view.num_chunks)
         except InvalidArgument as exc:
             raise InvalidArgument("period.chunks", str(exc).split(": ", 1)[1]) from None
+        self._check_covered(p, chunks, list(msg.covered_groups))
         self.next_period = p + 1
         self.retire()
         return chunks
 
-    def plan(self, period: int, chunks: np.ndarray) -> list[tuple[int, list[_Source], list[_Job]]]:
-        """Sources of every extent of the period; starts the reads it needs."""
+    def _check_covered(self, period: int, chunks: np.ndarray, covered: list[int]) -> None:
+        groups = self.period_groups(period)
+        wanted = set(chunks.tolist())
+        if len(set(covered)) != len(covered):
+            raise InvalidArgument("period.covered_groups", f"repeated group in {covered}")
+        for g in covered:
+            if g not in groups:
+                raise InvalidArgument("period.covered_groups", f"group {g} is not one of period {period}'s ({groups})")
+            push = self._pushed.get(g)
+            if push is None or push.period != period:
+                raise InvalidArgument("period.covered_groups", f"group {g} was not pushed")
+            extra = sorted(wanted - set(push.extents))
+            if extra:
+                raise InvalidArgument("period.covered_groups", f"group {g}: chunks {extra[:8]} were not pushed")
+
+    def check_hint(self, msg: pb.PeriodHint) -> np.ndarray:
+        if not self.hinted:
+            raise InvalidArgument("hint", "the stream was not opened with open.hints")
+        p = msg.period
+        if p != self.next_period or p >= self.num_periods:
+            raise InvalidArgument("hint.period", f"a hint is for the next period not yet sent ({self.next_period}), got {p}")
+        if p in self._hints:
+            raise InvalidArgument("hint.period", f"period {p} was already hinted")
+        try:
+            chunks = validate_chunks(list(msg.chunks), self.view.num_chunks)
+        except InvalidArgument as exc:
+            raise InvalidArgument("hint.chunks", str(exc).split(": ", 1)[1]) from None
+        self._hints.add(p)
+        return chunks
+
+    def plan(self, period: int, chunks: np.ndarray, covered=()) -> list[tuple]:
+        """Sources of every extent of the period; starts the reads it needs.
+
+        Items: ``(group, sources, jobs, pushed)``; ``pushed`` (chunk -> data)
+        for a group the client computes on from a push, else None.
+        """
         out = []
         wanted = set(chunks.tolist())
         for g in self.period_groups(period):
             units = self.store.units(self.prefix_id, chunks, [g])
+            self._spec_hits.pop(g, None)  # its pins stay with the period
+            if g in covered:
+                out.append(self._plan_covered(period, g, chunks, units))
+                continue
+            self._pushed.pop(g, None)
             hits = self.tiers.pin_resident(units) if self.tiers is not None else {}
-            with self._lock:
-                self._pins.setdefault(period, []).extend(hits)
+            self._hold_pins(period, list(hits))
             specs = []
             for spec in self._spec.pop(g, []):
                 with self._lock:
@@ -190,17 +256,62 @@ class PrefetchStream:
                 for s in sources:
                     if s.job is None and s.resident is None:
                         s.job = by_chunk[s.chunk]
-            out.append((g, sources, jobs))
+            out.append((g, sources, jobs, None))
         if self.tiers is not None:
-            hits = sum(1 for _, sources, _ in out for s in sources if s.resident is not None)
-            self.tiers.count(hits, sum(len(sources) for _, sources, _ in out) - hits)
-        if self.speculate and period + 1 < self.num_periods:
-            for g in self.period_groups(period + 1):
-                units = self.store.units(self.prefix_id, chunks, [g])
-                cold = [j for j, u in zip(chunks.tolist(), units) if self.tiers is None or self.tiers.where(u) is None]
-                if cold:
-                    self._spec[g] = [self._submit(g, part, speculative=True, period=period + 1) for part in self._split(g, cold)]
+            hits = sum(1 for _, sources, _, _ in out for s in sources if s.resident is not None)
+            self.tiers.count(hits, sum(len(sources) for _, sources, _, _ in out) - hits)
+        self._needed = [job for _, _, jobs, _ in out for job in jobs if not job.speculative]
+        if self.speculate and not self.hinted and period + 1 < self.num_periods:
+            self.speculate_period(period + 1, chunks)
         return out
+
+    def _plan_covered(self, period: int, g: int, chunks: np.ndarray, units) -> tuple:
+        """A group the client already computes on from its push: the push's sources, nothing to read."""
+        push = self._pushed.pop(g)
+        sources = [push.extents[j][0] for j in chunks.tolist()]
+        hits = [s.unit for s in sources if s.resident is not None]
+        if hits and self.tiers is not None:
+            self._hold_pins(period, list(self.tiers.pin_resident(hits)))  # the access (touch), pinned like any hit
+        jobs = self._spec.pop(g, [])
+        for job in jobs:
+            job.used = {s.chunk for s in sources if s.job is job}
+        self.stats.groups_covered += 1
+        return g, sources, jobs, {j: push.extents[j][1] for j in chunks.tolist()}
+
+    def speculate_period(self, period: int, chunks: np.ndarray) -> None:
+        """Read ``chunks`` for ``period``'s groups ahead of its real set, after the needed reads in flight."""
+        wanted = set(chunks.tolist())
+        after = [job.future for job in self._needed if not job.future.done()]
+        for g in self.period_groups(period):
+            kept = []
+            for spec in self._spec.pop(g, []):
+                with self._lock:
+                    if not spec.started and not wanted.issuperset(spec.chunks.tolist()):
+                        spec.cancelled = True
+                        self.stats.spec_units_cancelled += int(spec.chunks.size)
+                if not spec.cancelled:
+                    kept.append(spec)
+            have = {j for spec in kept for j in spec.chunks.tolist()}
+            units = self.store.units(self.prefix_id, chunks, [g])
+            hits = {}
+            if self.push and self.tiers is not None:
+                held = self._spec_hits.setdefault(g, {})
+                todo = [u for j, u in zip(chunks.tolist(), units) if j not in held and j not in have]
+                hits = self.tiers.pin_resident(todo, touch=False)  # held for the push, not an access
+                self._hold_pins(period, list(hits))
+                for j, u in zip(chunks.tolist(), units):
+                    if u in hits:
+                        held[j] = (u, hits[u])
+            held = self._spec_hits.get(g, {})
+            cold = [
+                j for j, u in zip(chunks.tolist(), units)
+                if j not in have and j not in held and (self.tiers is None or self.tiers.where(u) is None)
+            ]
+            kept += [self._submit(g, part, speculative=True, period=period, after=after) for part in self._split(g, cold)]
+            if kept:
+                self._spec[g] = kept
+        if self.push:
+            self._tasks.append(asyncio.ensure_future(self._push_period(period, wanted)))
 
     def _extent_bytes(self, group: int) -> int:
         geo = self.geometry
@@ -210,11 +321,69 @@ class PrefetchStream:
         per = max(1, self._max_job_bytes // self._extent_bytes(group))
         return [np.asarray(chunks[i : i + per], np.int64) for i in range(0, len(chunks), per)]
 
-    def _submit(self, group: int, chunks: np.ndarray, *, speculative: bool, period: int) -> _Job:
+    def _submit(self, group: int, chunks: np.ndarray, *, speculative: bool, period: int, after=()) -> _Job:
         job = _Job(group, chunks, speculative, period)
-        job.future = asyncio.ensure_future(self.svc.run(self._load, job))
+        job.future = asyncio.ensure_future(self._run_after(after, job) if after else self.svc.run(self._load, job))
         self._jobs.append(job)
         return job
+
+    async def _run_after(self, after, job: _Job):
+        """A speculative read queues behind the needed reads in flight (it may be cancelled meanwhile)."""
+        await asyncio.gather(*after, return_exceptions=True)
+        return await self.svc.run(self._load, job)
+
+    # ------------------------------------------------------------ push
+    async def _push_period(self, period: int, wanted: set) -> None:
+        """Describe each speculative group of ``period`` to the client once it is wholly in memory."""
+        try:
+            await self._push_groups(period, wanted)
+        except StreamFinished:
+            pass
+
+    async def _push_groups(self, period: int, wanted: set) -> None:
+        for g in self.period_groups(period):
+            jobs = list(self._spec.get(g, []))
+            await asyncio.gather(*(job.future for job in jobs), return_exceptions=True)
+            if self._finished or period < self.next_period:
+                return  # the real set came first: the normal path serves it
+            if g in self._pushed or any(job.result is None for job in jobs):
+                continue  # a read was dropped or cancelled: no push for this group
+            sources = []
+            for j, (u, res) in self._spec_hits.get(g, {}).items():
+                if j in wanted:
+                    sources.append(_Source(j, u, resident=res))
+            have = {s.chunk for s in sources}
+            units = dict(zip(sorted(wanted), self.store.units(self.prefix_id, np.asarray(sorted(wanted), np.int64), [g])))
+            for job in jobs:
+                for j in job.chunks.tolist():
+                    if j in wanted and j not in have:
+                        sources.append(_Source(j, units[j], job=job))
+                        have.add(j)
+            if have != wanted:
+                continue  # not all of the guess is in memory (the tiers changed under it)
+            sources.sort(key=lambda s: s.chunk)
+            msg, datas = await self.svc.deliver(self._push_message, period, g, sources)
+            if self._finished or period < self.next_period:
+                return
+            self._pushed[g] = _Push(period, {s.chunk: (s, d) for s, d in zip(sources, datas)})
+            self.stats.groups_pushed += 1
+            await self.out.put([msg])
+
+    def _push_message(self, period: int, group: int, sources: list[_Source]):
+        """Thread: the descriptors of a speculative group (GPU hits staged in host memory)."""
+        datas = []
+        for s in sources:
+            if s.resident is not None:
+                if s.resident.tier == "gpu":
+                    data = self._stage(period, s.resident.length)
+                    self.tiers.read_gpu(s.resident, data)
+                else:
+                    data = self.tiers.cpu_view(s.resident)
+            else:
+                data = s.job.result.extent_bytes(group, s.chunk)
+            datas.append(data)
+        (msg,) = self._describe(period, group, [s.chunk for s in sources], datas)
+        return pb.PrefetchResponse(speculative=msg.group, period=period), datas
 
     def _load(self, job: _Job):
         """Thread: read one job's extents into a buffer leased to this stream."""
@@ -266,7 +435,10 @@ class PrefetchStream:
     # ------------------------------------------------------------ delivery
     async def deliver(self, period: int, plan) -> list[pb.PrefetchResponse]:
         """Messages of the period's groups, each list ready as soon as its group is."""
-        for g, sources, jobs in plan:
+        for g, sources, jobs, pushed in plan:
+            if pushed is not None:  # the client has it already: account only
+                await self.svc.deliver(self._group_messages, period, g, sources, jobs, pushed)
+                continue
             t0 = time.perf_counter()
             for i, job in enumerate(jobs):
                 await job.future
@@ -284,8 +456,12 @@ class PrefetchStream:
         self.delivered = period
         self.retire()
 
-    def _group_messages(self, period: int, group: int, sources: list[_Source], jobs: list[_Job]) -> list[pb.PrefetchResponse]:
-        """Thread: place disk-read extents in the tiers, then describe the group."""
+    def _group_messages(self, period: int, group: int, sources: list[_Source], jobs: list[_Job], pushed=None) -> list[pb.PrefetchResponse]:
+        """Thread: place disk-read extents in the tiers, then describe the group.
+
+        ``pushed``: the client computes on these (chunk -> data) already;
+        nothing is sent and their buffers stay until the period retires.
+        """
         chunks = [s.chunk for s in sources]
         datas = []
         c = dict.fromkeys(("bytes_gpu", "bytes_cpu", "bytes_useful", "spec_bytes_used", "spec_bytes_wasted"), 0)
@@ -294,7 +470,11 @@ class PrefetchStream:
         for s in sources:
             if s.resident is not None:
                 res = s.resident
-                if res.tier == "gpu":
+                if pushed is not None:
+                    data = pushed[s.chunk]
+                    c[f"bytes_{res.tier}"] += res.length
+                    c[f"units_{res.tier}"] += 1
+                elif res.tier == "gpu":
                     data = self._stage(period, res.length)
                     self.tiers.read_gpu(res, data)
                     c["bytes_gpu"] += res.length
@@ -310,10 +490,12 @@ class PrefetchStream:
                 c["units_disk"] += 1
                 placed = self.tiers.admit(s.unit, data) if self.tiers is not None else None
                 if placed is not None:
-                    with self._lock:
-                        self._pins.setdefault(period, []).append(s.unit)
+                    self._hold_pins(period, [s.unit])
                     c["units_admitted"] += 1
-                if placed is not None and placed.tier == "cpu":
+                if pushed is not None:
+                    data = pushed[s.chunk]
+                    staged.add(id(s.job))
+                elif placed is not None and placed.tier == "cpu":
                     data = self.tiers.cpu_view(placed)
                 else:
                     staged.add(id(s.job))
@@ -325,7 +507,7 @@ class PrefetchStream:
                     job.result.extent_bytes(group, j).size for j in job.chunks.tolist() if j not in job.used
                 )
         self.store.record_access(self.prefix_id, np.asarray(chunks, np.int64), [group])
-        msgs = self._describe(period, group, chunks, datas)
+        msgs = self._describe(period, group, chunks, datas) if pushed is None else []
         done = [job.lease_id for job in jobs if id(job) not in staged and job.lease_id is not None]
         with self._lock:
             for k, v in c.items():
@@ -343,8 +525,21 @@ class PrefetchStream:
     def _stage(self, period: int, nbytes: int) -> np.ndarray:
         lease = self.arena.lease(0, nbytes, wait_seconds=self.svc.config.lease_wait_seconds)
         with self._lock:
-            self._leases.setdefault(period, []).append(lease.lease_id)
-        return np.frombuffer(self.arena.buffer(lease), np.uint8)
+            if not self._finished:
+                self._leases.setdefault(period, []).append(lease.lease_id)
+                return np.frombuffer(self.arena.buffer(lease), np.uint8)
+        self.arena.release([lease.lease_id])
+        raise StreamFinished()
+
+    def _hold_pins(self, period: int, units: list) -> None:
+        """Tier pins the period holds; a stream that already ended lets them go at once."""
+        if not units:
+            return
+        with self._lock:
+            if not self._finished:
+                self._pins.setdefault(period, []).extend(units)
+                return
+        self.tiers.unpin(units)
 
     def _describe(self, period: int, group: int, chunks: list[int], datas: list[np.ndarray]) -> list[pb.PrefetchResponse]:
         if self.session:
@@ -417,7 +612,8 @@ async def serve_prefetch(svc, request_iterator, context, max_ahead: int):
     # call's own completion too, not only from the generator's finally.
     context.add_done_callback(lambda _ctx: stream.finish())
     out: asyncio.Queue = asyncio.Queue(maxsize=64)
-    tasks: list[asyncio.Task] = []
+    stream.out = out
+    tasks: list[asyncio.Task] = stream._tasks
     try:
         yield stream.header()
 
@@ -425,10 +621,16 @@ async def serve_prefetch(svc, request_iterator, context, max_ahead: int):
             chain = None
             try:
                 while (msg := await _next(frames, svc.config.stream_idle_seconds)) is not None:
-                    if msg.WhichOneof("kind") != "period":
+                    kind = msg.WhichOneof("kind")
+                    if kind == "hint":
+                        chunks = stream.check_hint(msg.hint)
+                        if stream.speculate:
+                            stream.speculate_period(msg.hint.period, chunks)
+                        continue
+                    if kind != "period":
                         raise InvalidArgument("open", "only the first message may be a PrefetchOpen")
                     chunks = stream.check_period(msg.period, max_ahead)
-                    plan = stream.plan(msg.period.period, chunks)
+                    plan = stream.plan(msg.period.period, chunks, set(msg.period.covered_groups))
                     chain = asyncio.ensure_future(_deliver_after(chain, stream, msg.period.period, plan, out))
                     tasks.append(chain)
                 if chain is None or await chain:

@@ -147,20 +147,24 @@ class TierManager:
         self.gpu.read(res.offset, res.length, dst)
 
     # ------------------------------------------------------------ requests
-    def pin_resident(self, units: list[Unit]) -> dict[Unit, Resident]:
-        """Pin and touch the resident ``units``; returns where each hit lives."""
+    def pin_resident(self, units: list[Unit], *, touch: bool = True) -> dict[Unit, Resident]:
+        """Pin (and, as an access, touch) the resident ``units``; returns where each hit lives.
+
+        ``touch=False``: held for a speculative push, which is not an access.
+        """
         hits = {}
         with self._lock:
             for u in units:
                 res = self._where.get(u)
                 if res is not None:
-                    hits[u] = self._pin(u, res)
+                    hits[u] = self._pin(u, res, touch)
         return hits
 
-    def _pin(self, unit: Unit, res: Resident) -> Resident:
-        """An access by a stream: the unit is touched and held until the stream lets go."""
+    def _pin(self, unit: Unit, res: Resident, touch: bool = True) -> Resident:
+        """A stream holds the unit until it lets go; an access also touches it."""
         pol = self._policy[res.tier]
-        pol.touch(unit, self.scores.get(unit))
+        if touch:
+            pol.touch(unit, self.scores.get(unit))
         pol.lease(unit)
         return res
 

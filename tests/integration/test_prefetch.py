@@ -34,12 +34,15 @@ def one_shot(client, pid, chunks, group, geo):
         return got.group_kv(group)
 
 
-def stream_all(client, pid, sets, *, period_layers, shm=True, speculate=True):
-    """Run one stream; returns ({group: kv}, stats)."""
+def stream_all(client, pid, sets, *, period_layers, shm=True, speculate=True, push=None, await_push=False):
+    """Run one stream; returns ({group: kv}, stats).  ``await_push``: before
+    each later period, wait for its pushed groups (as if computing meanwhile)."""
     got = {}
-    with client.prefetch(pid, period_layers=period_layers, shm=shm, speculate=speculate) as st:
+    with client.prefetch(pid, period_layers=period_layers, shm=shm, speculate=speculate, push=push) as st:
         assert st.num_periods == len(sets)
         for p, chunks in enumerate(sets):
+            if await_push and p:
+                st.pushed(p, wait_s=30)
             st.send(p, chunks)
             for g, kv in st.groups(p):
                 got[g] = kv
@@ -95,6 +98,62 @@ def test_speculation_is_used_when_the_set_repeats_and_cancelled_or_wasted_when_n
         assert s.shm_leased_bytes == 0 and s.pinned_units == 0  # cancelled loads gave their slots back
 
 
+def hinted(client, pid, sets, hints, *, period_layers=8, await_push=True):
+    """A stream that hints ``hints[p + 1]`` right after sending ``sets[p]``; returns ({group: kv}, stats)."""
+    got = {}
+    with client.prefetch(pid, period_layers=period_layers, hints=True) as st:
+        for p, chunks in enumerate(sets):
+            if await_push and p:
+                st.pushed(p, wait_s=30)
+            st.send(p, chunks)
+            if p + 1 < len(sets):
+                st.hint(p + 1, hints[p + 1])
+            for g, kv in st.groups(p):
+                got[g] = kv
+    assert st.covered == st.stats.groups_covered
+    return got, st.stats
+
+
+def test_hints_steer_speculation_and_pushed_groups_skip_the_round_trip(daemon_factory):
+    d = daemon_factory("--shm-arena-bytes", str(64 << 20))
+    geo, n = GEO24, 2048
+    kv = make_kv(geo, n, 4)
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(make_tokens(n, 4), kv, geo).prefix_id
+        sets = [np.arange(0, 40, 3), np.arange(50, 70), np.arange(1, 128, 9)]
+
+        def check(got, chunks_of):
+            for g in range(3):
+                rows = np.concatenate([np.arange(j * 16, j * 16 + 16) for j in chunks_of[g]])
+                np.testing.assert_array_equal(got[g], kv[g * 8 : (g + 1) * 8][:, :, :, rows])
+
+        # exact guesses (cold, then mostly CPU-tier hits the second time):
+        # periods 1 and 2 are computed on what was pushed
+        for _ in range(2):
+            got, st = hinted(client, pid, sets, sets)
+            check(got, sets)
+            assert st.groups_pushed == st.groups_covered == 2
+            assert st.spec_bytes_wasted == 0
+        # a wider guess still covers the set; the rest was read for nothing
+        wide = [None, np.arange(40, 80), np.arange(0, 128)]
+        got, st = hinted(client, pid, sets, wide)
+        check(got, sets)
+        assert st.groups_covered == 2
+        # a wrong guess: no group covered, the set is read on demand, same bytes
+        wrong = [None, np.arange(100, 110), np.arange(0, 4)]
+        got, st = hinted(client, pid, sets, wrong)
+        check(got, sets)
+        assert st.groups_covered == 0
+        # without speculation a hint is accepted and does nothing
+        with client.prefetch(pid, period_layers=8, hints=True, speculate=False) as st:
+            st.send(0, sets[0])
+            st.hint(1, sets[1])
+            list(st.groups(0))
+        assert st.stats.groups_pushed == 0 and st.stats.spec_bytes_used == 0
+        s = settled(client)
+        assert s.shm_leased_bytes == 0 and s.pinned_units == 0
+
+
 def test_a_small_tier_evicts_within_capacity_and_streams_never_see_each_others_data(daemon_factory):
     # 8 MiB: a 4 MiB CPU tier for 18 MiB of extents, two clients in parallel
     d = daemon_factory("--shm-arena-bytes", str(8 << 20), "--prefetch-reserve-fraction", "0.5", "--cache-policy", "lru")
@@ -143,14 +202,21 @@ def test_gpu_tier_stand_in_serves_hits_and_demotes(daemon_factory):
         sets = [np.arange(8)] * 3  # 24 extents of 64 KiB: more than the 1 MiB GPU tier holds
         _, cold = stream_all(client, pid, sets, period_layers=8)
         # group 2 drew the attention: S = I x F keeps it on the GPU while the
-        # unscored groups rotate through the CPU tier
+        # unscored groups rotate through the CPU tier (no push: a pushed
+        # group stays pinned, and so in place, from its push to its period)
         client.report_attention(pid, 2, np.arange(8), np.ones(8))
-        got, warm = stream_all(client, pid, sets, period_layers=8)
+        got, warm = stream_all(client, pid, sets, period_layers=8, push=False)
         for p in range(3):
             np.testing.assert_array_equal(got[p], kv[p * 8 : (p + 1) * 8, :, :, :128])
         assert cold.units_disk == 24
         assert warm.units_gpu == 8 and warm.units_cpu == 16 and warm.units_disk == 0
         assert warm.bytes_gpu == 8 * 64 * 1024
+        # pushed speculation stages GPU hits in host memory like the stream does
+        got, pushed = stream_all(client, pid, sets, period_layers=8, await_push=True)
+        for p in range(3):
+            np.testing.assert_array_equal(got[p], kv[p * 8 : (p + 1) * 8, :, :, :128])
+        assert pushed.groups_covered == 2 and pushed.units_disk == 0
+        assert pushed.units_gpu >= 8 and pushed.bytes_gpu == pushed.units_gpu * 64 * 1024
         s = settled(client)
         assert 0 < s.gpu_tier_used_bytes <= s.gpu_tier_bytes == 1 << 20
         assert "gpu 1048576 bytes (host)" in d.log()
@@ -211,6 +277,48 @@ def test_bad_input_on_the_stream_gets_a_clear_status(daemon_factory):
         with pytest.raises(grpc.RpcError) as raw:
             list(client.stub.Prefetch(req, timeout=10))
         assert raw.value.code() == inv and "open:" in raw.value.details()
+        # hints and pushed groups
+        fails([(0, [0])], inv, "open.push_speculation: needs a shared-memory session", shm=False, push=True)
+        with pytest.raises(KVStoreRpcError) as err:
+            with client.prefetch(pid, period_layers=8) as st:
+                st.hint(0, [1])
+                st.send(0, [1])
+                list(st.groups(0))
+        assert err.value.code == inv and "hint: the stream was not opened with open.hints" in err.value.message
+        for hints, text in [
+            ([(2, [1])], "hint.period: a hint is for the next period not yet sent (1), got 2"),
+            ([(1, [1]), (1, [2])], "hint.period: period 1 was already hinted"),
+            ([(1, [64])], "hint.chunks: index 64 out of range [0, 64)"),
+        ]:
+            with pytest.raises(KVStoreRpcError) as err:
+                with client.prefetch(pid, period_layers=8, hints=True) as st:
+                    st.send(0, [1])
+                    for p, chunks in hints:
+                        st.hint(p, chunks)
+                    list(st.groups(0))
+                    st.send(1, [1])
+                    list(st.groups(1))
+            assert err.value.code == inv and text in err.value.message, err.value
+        for covered, text in [([0], "group 0 was not pushed"), ([1], "group 1 is not one of period 0's ([0])"), ([0, 0], "repeated group")]:
+            req = iter([
+                pb.PrefetchRequest(open=pb.PrefetchOpen(prefix_id=pid, shm_session=client.session_id, period_layers=8)),
+                pb.PrefetchRequest(period=pb.PeriodSet(period=0, chunks=[0], covered_groups=covered)),
+            ])
+            with pytest.raises(grpc.RpcError) as raw:
+                list(client.stub.Prefetch(req, timeout=10))
+            assert raw.value.code() == inv and f"period.covered_groups: {text}" in raw.value.details(), raw.value
+        # a client claiming more than was pushed (its push said [3, 4]; it asks for [3, 5])
+        with pytest.raises(KVStoreRpcError) as err:
+            with client.prefetch(pid, period_layers=8, hints=True) as st:
+                st.send(0, [1])
+                st.hint(1, [3, 4])
+                list(st.groups(0))
+                assert st.pushed(1, wait_s=30) == [1]
+                period, chunks, refs = st._pushed[1]
+                st._pushed[1] = (period, [3, 5], refs)
+                st.send(1, [3, 5])
+                list(st.groups(1))
+        assert err.value.code == inv and "period.covered_groups: group 1: chunks [5] were not pushed" in err.value.message
         # none of this disturbed a good stream, and nothing is left leased
         got, _ = stream_all(client, pid, [[0, 5]] * 3, period_layers=8)
         assert got[0].shape[3] == 32
@@ -237,12 +345,16 @@ def test_aborted_and_vanished_clients_release_every_lease(daemon_factory):
     with KVStoreClient(d.target) as client:
         pid = client.put_prefix(make_tokens(n, 1), make_kv(geo, n, 1), geo).prefix_id
         rng = np.random.default_rng(0)
-        for i in range(100):  # cancelled at every stage of a request
-            st = client.prefetch(pid, period_layers=8)
+        for i in range(100):  # cancelled at every stage of a request, pushes in flight
+            st = client.prefetch(pid, period_layers=8, hints=i % 2 == 1)
             st.send(0, np.sort(rng.choice(32, size=8, replace=False)))
+            if i % 2:
+                st.hint(1, np.arange(4, 20))
             if i % 3 >= 1:
                 st.group_kv(0)
             if i % 3 == 2:
+                if i % 2:
+                    st.pushed(1, wait_s=5)
                 st.send(1, np.arange(16))
             st.cancel()
         s = settled(client)
