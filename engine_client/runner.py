@@ -20,7 +20,7 @@ layer) is reported to the daemon, the input of its cache score.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -50,6 +50,11 @@ class ReprefillConfig:
     # wait for all its groups.  Both off is the no-prefetch ablation.
     speculate: bool = True
     overlap: bool = True
+    # lookahead > 0: speculate from a guess instead of period i's set - right
+    # after sending period i's set, score the chunks with period i+1's
+    # first-layer queries of the hidden state at hand (period i's input) and
+    # hint the top ``lookahead x budget`` of them.  0: period i's set.
+    lookahead: float = 0.0
 
 
 @dataclass
@@ -78,6 +83,7 @@ class ReprefillResult:
     units_gpu: int = 0
     spec_bytes_used: int = 0
     spec_bytes_wasted: int = 0
+    groups_covered: int = 0  # groups computed on from pushed speculation (no round trip)
     probe_bytes: int = 0  # probe keys fetched for exact selection
     select_s: float = 0.0
     io_wait_s: float = 0.0
@@ -129,6 +135,8 @@ class ModelRunner:
                 "period_layers", f"must be a positive multiple of the stored group ({self.geometry.period_layers} layers)"
             )
         get_selector(cfg.selector)
+        if isinstance(cfg.lookahead, bool) or not isinstance(cfg.lookahead, (int, float)) or not 0 <= cfg.lookahead <= 1 / cfg.budget:
+            raise InvalidArgument("lookahead", f"must be in [0, 1 / budget = {1 / cfg.budget:g}], got {cfg.lookahead!r}")
         suffix = _token_tensor(suffix_tokens, field_name="suffix_tokens")
         try:
             desc = self.client.describe(prefix_id)
@@ -167,7 +175,8 @@ class ModelRunner:
         selector = get_selector(cfg.selector)
         out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[])
         mass_inputs = []
-        with self.client.prefetch(desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate) as stream:
+        hints = bool(cfg.speculate and cfg.lookahead and choose is None and selector.name != "full" and cfg.budget < 1)
+        with self.client.prefetch(desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate, hints=hints) as stream:
             for p, l0 in enumerate(range(0, model.num_layers, cfg.period_layers)):
                 t0 = time.perf_counter()
                 q = model.layer_queries(l0, hidden, positions)  # [Hq, s, d]
@@ -178,6 +187,13 @@ class ModelRunner:
                 out.selected.append(chunks)
                 out.select_s += time.perf_counter() - t0
                 stream.send(p, chunks.numpy())
+                nxt = l0 + cfg.period_layers
+                if hints and nxt < model.num_layers:  # while the daemon loads period p
+                    t0 = time.perf_counter()
+                    guess = self.model.layer_queries(nxt, hidden, positions)
+                    wide = replace(cfg, budget=min(1.0, cfg.budget * cfg.lookahead))
+                    stream.hint(p + 1, self._select(selector, desc.prefix_id, guess, nxt, m, wide, out).numpy())
+                    out.select_s += time.perf_counter() - t0
                 hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out)
                 chunk_tokens = stream.chunk_tokens(p).tolist()
                 out.tokens_loaded += sum(chunk_tokens)
@@ -192,6 +208,7 @@ class ModelRunner:
         out.bytes_gpu, out.bytes_cpu = st.bytes_gpu, st.bytes_cpu
         out.units_disk, out.units_cpu, out.units_gpu = st.units_disk, st.units_cpu, st.units_gpu
         out.spec_bytes_used, out.spec_bytes_wasted = st.spec_bytes_used, st.spec_bytes_wasted
+        out.groups_covered = st.groups_covered
         out.chunk_attention = [self._chunk_mass(*inp) for inp in mass_inputs]
         if cfg.report_attention:
             out.reported_units = self._report(desc.prefix_id, out, cfg)

@@ -46,7 +46,7 @@ def test_reprefill_bench_smoke(tmp_path):
 
 
 def test_zipf_workload_runs_every_system_side_by_side(tmp_path):
-    systems = "contiguouskv,contiguouskv-noprefetch,contiguouskv-lfu,impress,as-h2o,as-lru"
+    systems = "contiguouskv,contiguouskv-sameset,contiguouskv-noprefetch,contiguouskv-lfu,impress,as-h2o,as-lru"
     proc = run_bench("reprefill", "--workload", "zipf", "--systems", systems, "--model", "tiny", "--dtype", "float32",
                      "--prefix-tokens", "512", "--suffix-tokens", "8", "--prefixes", "3", "--requests", "4", "--warmup", "2",
                      "--budgets", "0.25", "--period-layers", "2", "--group-layers", "1", "--memory-fraction", "0.5",
@@ -61,6 +61,9 @@ def test_zipf_workload_runs_every_system_side_by_side(tmp_path):
     ck = rows["contiguouskv@0.25"]
     assert ck["tokens_loaded"] <= 512 * 0.25 + 16 and ck["read_amplification"] == 1.0
     assert rows["contiguouskv-noprefetch@0.25"]["spec_used_bytes"] == 0
+    assert rows["contiguouskv-noprefetch@0.25"]["groups_covered_per_period"] == 0
+    assert 0 <= ck["groups_covered_per_period"] <= 2  # two stored groups per period
+    assert "io wait contiguouskv/noprefetch @0.25" in report["ratios"]
     # 64-token blocks holding the selected tokens load at least those tokens
     assert rows["as-h2o@0.25"]["read_amplification"] >= 1.0 and rows["impress@0.25"]["tokens_loaded"] >= 128
     assert "impress/contiguouskv ttft @0.25" in report["ratios"] and "as-lru/contiguouskv ttft @0.25" in report["ratios"]

@@ -65,6 +65,26 @@ def test_full_budget_reproduces_full_prefill_and_sparse_reports_scores(runner):
     assert chunk_recall(chunks, exact_chunk_scores(q, probe, 16)) >= 0.6
 
 
+def test_lookahead_speculation_changes_what_is_read_ahead_not_the_answer(runner):
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, 500, (640,), generator=gen)  # 40 chunks, 4 periods of 1 layer
+    handle = runner.store_prefix(prefix)
+    for k in range(3):
+        suffix = torch.randint(0, 500, (7,), generator=gen)
+        base = ReprefillConfig(budget=0.25, period_layers=1, selector="summary", report_attention=False)
+        plain = runner.reprefill(handle.prefix_id, suffix, base)
+        ahead = runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(**{**base.__dict__, "lookahead": 2.0}))
+        # the hint only decides what is read early; a group served from a push
+        # holds the same bytes the round trip would have brought
+        assert [c.tolist() for c in ahead.selected] == [c.tolist() for c in plain.selected]
+        torch.testing.assert_close(ahead.logits, plain.logits, atol=0, rtol=0)
+        assert ahead.tokens_loaded == plain.tokens_loaded
+        assert ahead.spec_bytes_used + ahead.spec_bytes_wasted > 0 or ahead.units_cpu + ahead.units_gpu > 0
+    with pytest.raises(InvalidArgument) as err:
+        runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(budget=0.25, lookahead=5.0))
+    assert err.value.field == "lookahead"
+
+
 def test_chunked_prefill_equals_dense_prefill(tiny_model):
     from engine_client.runner import chunked_prefill
 

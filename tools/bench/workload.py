@@ -7,8 +7,11 @@ request stream on the same daemon binary and client, switched by config,
 each on its own data directory (so cache scores do not leak between them):
 
 * ``contiguouskv``: 16-token chunks, per-Period selection on key summaries,
-  intra-period streaming + inter-period speculation, attention x frequency
-  tiers;
+  intra-period streaming + inter-period speculation from a look-ahead guess
+  (period i+1's queries of the hidden state at period i's start, twice the
+  budget) with pushed speculative groups, attention x frequency tiers;
+* ``contiguouskv-sameset``: speculation from period i's own set, as
+  ContiguousKV describes it (ablation);
 * ``contiguouskv-noprefetch``: no speculation, each period waits for all its
   groups before computing (ablation);
 * ``contiguouskv-lfu``: LFU tiers instead of attention x frequency (ablation);
@@ -48,12 +51,16 @@ class System:
     speculate: bool = False
     overlap: bool = True
     budgeted: bool = True
+    lookahead: float = 0.0
 
+
+LOOKAHEAD = 2.0  # contiguouskv's speculative guess: twice the budget, scored one period ahead
 
 SYSTEMS = {
-    "contiguouskv": System(16, "summary", "score", speculate=True),
+    "contiguouskv": System(16, "summary", "score", speculate=True, lookahead=LOOKAHEAD),
+    "contiguouskv-sameset": System(16, "summary", "score", speculate=True),
     "contiguouskv-noprefetch": System(16, "summary", "score", speculate=False, overlap=False),
-    "contiguouskv-lfu": System(16, "summary", "lfu", speculate=True),
+    "contiguouskv-lfu": System(16, "summary", "lfu", speculate=True, lookahead=LOOKAHEAD),
     "impress": System(64, "impress", "impress"),
     "as-h2o": System(64, "h2o", "lru"),
     "as-lru": System(16, "full", "lru", budgeted=False),
@@ -231,6 +238,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
         selector=args.selector if sysdef.selection == "summary" else "full",  # --selector: the chunk systems' scorer
         speculate=sysdef.speculate,
         overlap=sysdef.overlap,
+        lookahead=sysdef.lookahead,
     )
     ids = [client.put_prefix(p.tokens.numpy(), _np_kv(p.kv), geo, model_fingerprint=model.fingerprint).prefix_id for p in prefixes]
     return _Run(key, sysdef, budget, daemon, client, runner, cfg, ids, [])
@@ -258,6 +266,7 @@ def _one_request(run: _Run, prefix: _Prefix, prefix_id: str, req, reference, arg
         "units": res.units_disk + res.units_cpu + res.units_gpu,
         "spec_used": res.spec_bytes_used,
         "spec_wasted": res.spec_bytes_wasted,
+        "groups_covered": res.groups_covered / periods,
         "top1": float(top1),
         "kl": float(kl),
     }
@@ -341,6 +350,7 @@ def _summarize(rows: list[dict], tier: dict) -> dict:
         "gpu_hit_bytes": mean("bytes_gpu"),
         "spec_used_bytes": mean("spec_used"),
         "spec_wasted_bytes": mean("spec_wasted"),
+        "groups_covered_per_period": mean("groups_covered"),
         "top1": mean("top1"),
         "kl": mean("kl"),
         **tier,
@@ -353,7 +363,7 @@ def _ratios(systems: dict, budgets) -> dict:
         ck = systems.get(f"contiguouskv@{b:g}")
         if ck is None:
             continue
-        for other in ("impress", "as-h2o", "contiguouskv-noprefetch", "contiguouskv-lfu"):
+        for other in ("impress", "as-h2o", "contiguouskv-noprefetch", "contiguouskv-sameset", "contiguouskv-lfu"):
             row = systems.get(f"{other}@{b:g}")
             if row:
                 out[f"{other}/contiguouskv ttft @{b:g}"] = row["ttft_mean_s"] / ck["ttft_mean_s"]
@@ -364,6 +374,9 @@ def _ratios(systems: dict, budgets) -> dict:
         nop = systems.get(f"contiguouskv-noprefetch@{b:g}")
         if nop and nop["io_wait_mean_s"]:
             out[f"io wait contiguouskv/noprefetch @{b:g}"] = ck["io_wait_mean_s"] / nop["io_wait_mean_s"]
+            same = systems.get(f"contiguouskv-sameset@{b:g}")
+            if same:
+                out[f"io wait contiguouskv-sameset/noprefetch @{b:g}"] = same["io_wait_mean_s"] / nop["io_wait_mean_s"]
     return out
 
 
@@ -375,14 +388,14 @@ def format_zipf_report(report: dict) -> str:
         f"Zipf alpha {w['alpha']}, {w['requests']} requests timed after {w['warmup']} warm-up, suffix {w['suffix_tokens']} tokens; "
         f"CPU tier {w['memory_fraction']:.0%} of stored bytes, plus a prefetch reserve of 3 periods' extents carved from the same arena",
         f"{'system@budget':<28}{'TTFT ms':>9}{'P95 ms':>9}{'I/O ms':>8}{'comp ms':>9}{'tokens':>8}{'MB disk':>9}"
-        f"{'ampl':>6}{'hit':>6}{'spec MB':>8}{'waste':>7}{'top1':>6}{'KL':>8}",
+        f"{'ampl':>6}{'hit':>6}{'spec MB':>8}{'waste':>7}{'pushed':>7}{'top1':>6}{'KL':>8}",
     ]
     for name, r in report["systems"].items():
         lines.append(
             f"{name:<28}{r['ttft_mean_s'] * 1e3:>9.1f}{r['ttft_p95_s'] * 1e3:>9.1f}{r['io_wait_mean_s'] * 1e3:>8.1f}"
             f"{r['compute_mean_s'] * 1e3:>9.1f}{r['tokens_loaded']:>8.0f}{r['bytes_disk'] / 1e6:>9.2f}"
             f"{(r['read_amplification'] or 0):>6.2f}{(r['hit_rate'] or 0):>6.2f}{r['spec_used_bytes'] / 1e6:>8.2f}"
-            f"{r['spec_wasted_bytes'] / 1e6:>7.2f}{r['top1']:>6.2f}{r['kl']:>8.4f}"
+            f"{r['spec_wasted_bytes'] / 1e6:>7.2f}{r['groups_covered_per_period']:>7.2f}{r['top1']:>6.2f}{r['kl']:>8.4f}"
         )
     for key, value in report["ratios"].items():
         lines.append(f"{key} = {value:.2f}")
