@@ -84,6 +84,8 @@ class ReprefillResult:
     spec_bytes_used: int = 0
     spec_bytes_wasted: int = 0
     groups_covered: int = 0  # groups computed on from pushed speculation (no round trip)
+    hints: list = field(default_factory=list)  # per period: the look-ahead guess sent for it (None: none)
+    daemon_wait_s: float = 0.0  # the daemon's time waiting for reads of groups asked for
     probe_bytes: int = 0  # probe keys fetched for exact selection
     select_s: float = 0.0
     io_wait_s: float = 0.0
@@ -176,6 +178,7 @@ class ModelRunner:
         out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[])
         mass_inputs = []
         hints = bool(cfg.speculate and cfg.lookahead and choose is None and selector.name != "full" and cfg.budget < 1)
+        out.hints = [None] * -(-model.num_layers // cfg.period_layers)
         with self.client.prefetch(desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate, hints=hints) as stream:
             for p, l0 in enumerate(range(0, model.num_layers, cfg.period_layers)):
                 t0 = time.perf_counter()
@@ -192,7 +195,8 @@ class ModelRunner:
                     t0 = time.perf_counter()
                     guess = self.model.layer_queries(nxt, hidden, positions)
                     wide = replace(cfg, budget=min(1.0, cfg.budget * cfg.lookahead))
-                    stream.hint(p + 1, self._select(selector, desc.prefix_id, guess, nxt, m, wide, out).numpy())
+                    out.hints[p + 1] = self._select(selector, desc.prefix_id, guess, nxt, m, wide, out)
+                    stream.hint(p + 1, out.hints[p + 1].numpy())
                     out.select_s += time.perf_counter() - t0
                 hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out)
                 chunk_tokens = stream.chunk_tokens(p).tolist()
@@ -209,6 +213,7 @@ class ModelRunner:
         out.units_disk, out.units_cpu, out.units_gpu = st.units_disk, st.units_cpu, st.units_gpu
         out.spec_bytes_used, out.spec_bytes_wasted = st.spec_bytes_used, st.spec_bytes_wasted
         out.groups_covered = st.groups_covered
+        out.daemon_wait_s = st.daemon_wait_s
         out.chunk_attention = [self._chunk_mass(*inp) for inp in mass_inputs]
         if cfg.report_attention:
             out.reported_units = self._report(desc.prefix_id, out, cfg)

@@ -267,6 +267,8 @@ def _one_request(run: _Run, prefix: _Prefix, prefix_id: str, req, reference, arg
         "spec_used": res.spec_bytes_used,
         "spec_wasted": res.spec_bytes_wasted,
         "groups_covered": res.groups_covered / periods,
+        "daemon_wait_s": res.daemon_wait_s,
+        **_guess_recalls(res),
         "top1": float(top1),
         "kl": float(kl),
     }
@@ -327,9 +329,28 @@ def _chooser(sysdef: System, budget: float, runner, prefix_id: str, prefix: _Pre
     return choose, extra
 
 
+def _guess_recalls(res) -> dict:
+    """How much of each later period's set a guess held, sink and local chunks left out:
+    the look-ahead hint (``hint_recall``) and the previous period's set (``prev_recall``)."""
+    out = {}
+    for key, guesses in (("hint_recall", res.hints), ("prev_recall", [None] + res.selected[:-1])):
+        fractions = []
+        for p in range(1, len(res.selected)):
+            real = set(res.selected[p].tolist()[1:-1])
+            if real and guesses[p] is not None:
+                fractions.append(len(real & set(guesses[p].tolist())) / len(real))
+        if fractions:
+            out[key] = float(np.mean(fractions))
+    return out
+
+
 def _summarize(rows: list[dict], tier: dict) -> dict:
     def mean(k):
         return float(np.mean([r[k] for r in rows]))
+
+    def mean_of(k):  # None when no request has it
+        have = [r[k] for r in rows if k in r]
+        return float(np.mean(have)) if have else None
 
     ttft = np.array([r["ttft_s"] for r in rows])
     units = sum(r["units"] for r in rows)
@@ -351,6 +372,9 @@ def _summarize(rows: list[dict], tier: dict) -> dict:
         "spec_used_bytes": mean("spec_used"),
         "spec_wasted_bytes": mean("spec_wasted"),
         "groups_covered_per_period": mean("groups_covered"),
+        "daemon_wait_mean_s": mean("daemon_wait_s"),
+        "hint_recall": mean_of("hint_recall"),
+        "prev_recall": mean_of("prev_recall"),
         "top1": mean("top1"),
         "kl": mean("kl"),
         **tier,
