@@ -25,7 +25,7 @@ import time
 
 import numpy as np
 
-from .config import StoreConfig, add_config_args, load_config
+from .config import OneLineErrorParser, StoreConfig, add_config_args, load_config
 from .errors import KVStoreError
 from .geometry import DTYPE_BYTES, ModelSpec, StoreGeometry
 
@@ -357,7 +357,7 @@ def _serve(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvstore", description="Storage tier for LLM prefix KV caches.")
+    parser = OneLineErrorParser(prog="kvstore", description="Storage tier for LLM prefix KV caches.")
     sub = parser.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     from .server.main import add_serve_args

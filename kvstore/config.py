@@ -10,8 +10,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import tomllib
+import re
 import typing
 from dataclasses import dataclass, field
+
+from .errors import InvalidArgument
 
 MiB = 1 << 20
 GiB = 1 << 30
@@ -36,8 +39,9 @@ class StoreConfig:
     read_only: bool = _opt(False, "open the store read-only (maintenance): writes fail with FAILED_PRECONDITION")
 
     def __post_init__(self) -> None:
-        from .errors import InvalidArgument
         from .io import BACKENDS
+
+        check_field_types(self)
 
         if self.backend not in BACKENDS:
             raise InvalidArgument("backend", f"must be one of {BACKENDS}, got {self.backend!r}")
@@ -53,13 +57,87 @@ class StoreConfig:
             raise InvalidArgument("index_max_map_bytes", "must be at least index_map_bytes")
 
 
-def _parse_bool(text: str) -> bool:
-    low = text.lower()
-    if low in ("1", "true", "yes", "on"):
-        return True
-    if low in ("0", "false", "no", "off"):
-        return False
-    raise argparse.ArgumentTypeError(f"expected a boolean, got {text!r}")
+_SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
+# Binary: K/KiB, M/MiB, G/GiB, T/TiB; SI: kB, MB, GB, TB. Case-insensitive.
+SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
+_WANT = {bool: "a boolean (true or false)", int: "an integer", float: "a number", str: "a string"}
+
+
+def parse_bytes(text: str) -> int:
+    """``"512MiB"`` -> 536870912; ``"64k"`` -> 65536; ``"1GB"`` -> 10**9; ``"4096"`` -> 4096."""
+    m = _SIZE.fullmatch(text)
+    unit = m.group(2).lower() if m else None
+    if unit not in SIZE_UNITS:
+        raise ValueError(f"expected a byte size such as 4096, 64KiB, 512MiB, 1GiB or 1GB, got {text!r}")
+    return int(m.group(1)) * SIZE_UNITS[unit]
+
+
+def parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in _TRUE or low in _FALSE:
+        return low in _TRUE
+    raise ValueError(f"expected true/false/yes/no/1/0, got {text!r}")
+
+
+def _from_text(name: str, kind: type):
+    """The converter of a command-line value for field ``name`` of type ``kind``."""
+    if kind is bool:
+        return parse_bool
+    if kind is int and name.endswith("_bytes"):
+        return parse_bytes
+    return kind
+
+
+def coerce_field(name: str, kind: type, value):
+    """``value`` from a TOML file as field ``name``'s type; no silent coercion.
+
+    bool must be a TOML bool, int a TOML integer (``*_bytes`` also a string
+    with a unit), float a TOML number, str a TOML string.
+    """
+    if kind is int and name.endswith("_bytes") and isinstance(value, str):
+        try:
+            return parse_bytes(value)
+        except ValueError as exc:
+            raise InvalidArgument(name, str(exc)) from None
+    ok = isinstance(value, kind) and not (kind is int and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if not ok:
+        raise InvalidArgument(name, f"expected {_WANT[kind]}, got {value!r}")
+    return value
+
+
+def check_field_types(obj) -> None:
+    """Raise InvalidArgument naming the first field of ``obj`` whose value does not have its annotated type."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        coerce_field(f.name, hints[f.name], getattr(obj, f.name))
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one stderr line naming the flag (exit status 2)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _FlagType:
+    """argparse ``type=``: converts, and reports a bad value in one line naming the flag."""
+
+    def __init__(self, name: str, kind: type):
+        self.conv = _from_text(name, kind)
+        self.want = _WANT[kind]
+
+    def __call__(self, text: str):
+        try:
+            return self.conv(text)
+        except ValueError as exc:
+            raise argparse.ArgumentTypeError(str(exc) if "expected" in str(exc) else f"expected {self.want}, got {text!r}") from None
 
 
 def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
@@ -68,34 +146,43 @@ def add_config_args(parser: argparse.ArgumentParser, cls) -> None:
     group = parser.add_argument_group(cls.__name__)
     for f in dataclasses.fields(cls):
         kind = hints[f.name]
-        conv = _parse_bool if kind is bool else kind
         group.add_argument(
             "--" + f.name.replace("_", "-"),
             dest=f"cfg_{f.name}",
-            type=conv,
+            type=_FlagType(f.name, kind),
             default=None,
             metavar=f.name.upper() if kind is not bool else "BOOL",
             help=f"{f.metadata.get('help', '')} (default: {f.default})",
         )
 
 
+def read_toml(path: str) -> dict:
+    """The TOML file at ``path``; a missing file or a syntax error is InvalidArgument naming the file."""
+    try:
+        with open(path, "rb") as fh:
+            return tomllib.load(fh)
+    except OSError as exc:
+        raise InvalidArgument("--config", f"cannot read {path}: {exc.strerror}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise InvalidArgument("--config", f"{path} is not valid TOML: {exc}") from None
+
+
 def load_config(cls, toml_path: str | None = None, section: str | None = None, args=None, **overrides):
     """Build ``cls`` from defaults, an optional TOML file, parsed flags, overrides."""
     values: dict = {}
-    names = {f.name for f in dataclasses.fields(cls)}
+    hints = typing.get_type_hints(cls)
     if toml_path:
-        with open(toml_path, "rb") as fh:
-            data = tomllib.load(fh)
-        if section:
-            data = data.get(section, {})
-        unknown = set(data) - names
+        data = read_toml(toml_path)
+        data = data.get(section, {}) if section else data
+        where = f"[{section}]" if section else toml_path
+        if not isinstance(data, dict):
+            raise InvalidArgument(where, f"must be a table in {toml_path}")
+        unknown = set(data) - set(hints)
         if unknown:
-            from .errors import InvalidArgument
-
-            raise InvalidArgument(section or "config", f"unknown keys {sorted(unknown)} in {toml_path}")
-        values.update(data)
+            raise InvalidArgument(f"{where} {sorted(unknown)[0]}", f"unknown key in {toml_path} (known: {', '.join(hints)})")
+        values.update({k: coerce_field(f"{where} {k}", hints[k], v) for k, v in data.items()})
     if args is not None:
-        for name in names:
+        for name in hints:
             val = getattr(args, f"cfg_{name}", None)
             if val is not None:
                 values[name] = val

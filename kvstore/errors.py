@@ -70,3 +70,9 @@ class FailedPrecondition(KVStoreError):
     """The request refers to state that no longer allows it (e.g. a released lease)."""
 
     code = "FAILED_PRECONDITION"
+
+
+class PermissionDenied(KVStoreError):
+    """The caller's credentials do not allow this namespace."""
+
+    code = "PERMISSION_DENIED"

@@ -17,9 +17,11 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from .._proto import kvstore_pb2, kvstore_pb2_grpc
 from ..config import StoreConfig
+from ..errors import InvalidArgument
 from ..store import ChunkStore
+from . import sockets
 from .arena import Arena
-from .auth import BearerTokenInterceptor
+from .auth import BearerTokenInterceptor, read_token_file, read_tokens_file
 from .config import ServerConfig
 from .servicer import AdminServicer, KVStoreServicer, Service
 from .shm_sessions import ShmSessions
@@ -38,13 +40,24 @@ class Daemon:
         self.servers: list[grpc.aio.Server] = []
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self.stopped = asyncio.Event()
+        self._socket_ident: tuple[int, int] | None = None
 
     async def start(self) -> None:
+        """Check credentials and claim every listening address, then open the store and serve.
+
+        Every configuration problem (token or TLS files, a TCP port in use, a
+        socket path taken by a live daemon or by something else) raises
+        InvalidArgument naming the key before the store opens or a socket is bound.
+        """
         cfg = self.config
+        tcp = self._bind_tcp() if cfg.tcp_address else None
+        with_arena = bool(cfg.shm_arena_bytes and cfg.socket_path)
+        if cfg.socket_path:
+            sockets.claim(cfg.socket_path, "socket_path")
+        if with_arena:
+            sockets.claim(cfg.shm_socket, "shm_socket_path")
         self.store = ChunkStore(self.store_config)
-        self.arena = (
-            Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes, tier_bytes=cfg.cpu_tier_bytes) if cfg.shm_arena_bytes and cfg.socket_path else None
-        )
+        self.arena = Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes, tier_bytes=cfg.cpu_tier_bytes) if with_arena else None
         self.tiers = TierManager(
             self.arena, self.store.scores, policy=cfg.cache_policy,
             # GPU hits reach clients through the arena: no arena, no GPU tier
@@ -60,47 +73,69 @@ class Daemon:
             cfg.shm_arena_bytes if self.arena else 0,
         )
         self.sessions = None
-        if cfg.socket_path:
-            _prepare_socket_dir(cfg.socket_path)
         if self.arena is not None:
             self.sessions = ShmSessions(self.arena, cfg.shm_socket)
             self.sessions.start()
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
         if cfg.socket_path:
             server = self._server([])
-            server.add_insecure_port(f"unix:{os.path.abspath(cfg.socket_path)}")
+            bound = sockets.private_path(cfg.socket_path)
+            server.add_insecure_port(f"unix:{bound}")
             await server.start()
-            os.chmod(cfg.socket_path, 0o660)
+            os.chmod(bound, 0o660)
+            self._socket_ident = sockets.publish(bound, cfg.socket_path, "socket_path")
             self.servers.append(server)
             log.info("listening on unix:%s (shm: %s)", cfg.socket_path, cfg.shm_socket if self.arena else "off")
-        if cfg.tcp_address:
-            interceptors = [BearerTokenInterceptor.from_file(cfg.auth_token_file)] if cfg.auth_token_file else []
-            server = self._server(interceptors)
-            if cfg.tls_cert_file:
-                port = server.add_secure_port(cfg.tcp_address, _tls_credentials(cfg))
-            else:
-                port = server.add_insecure_port(cfg.tcp_address)
-            await server.start()
-            self.servers.append(server)
-            self.tcp_port = port
+        if tcp is not None:
+            self._add_services(tcp)
+            await tcp.start()
+            self.servers.append(tcp)
             log.info(
-                "listening on tcp %s (port %d, tls=%s, mtls=%s, token=%s)",
+                "listening on tcp %s (port %d, tls=%s, mtls=%s, tokens=%s)",
                 cfg.tcp_address,
-                port,
+                self.tcp_port,
                 bool(cfg.tls_cert_file),
                 bool(cfg.tls_client_ca_file),
-                bool(cfg.auth_token_file),
+                bool(cfg.auth_token_file or cfg.auth_tokens_file),
             )
         status = health_pb2.HealthCheckResponse.SERVING if not self.store.read_only else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *SERVICES):
             await self._set_health(name, status)
 
-    def _server(self, interceptors) -> grpc.aio.Server:
+    def _bind_tcp(self) -> grpc.aio.Server:
+        """A TCP server bound (not started) on tcp_address, its tokens and TLS files read."""
+        cfg = self.config
+        tokens = {}
+        if cfg.auth_token_file:
+            tokens.update(read_token_file(cfg.auth_token_file))
+        if cfg.auth_tokens_file:
+            tokens.update(read_tokens_file(cfg.auth_tokens_file))
+        creds = _tls_credentials(cfg) if cfg.tls_cert_file else None
+        sockets.check_tcp_free(cfg.tcp_address)
+        server = self._new_server([BearerTokenInterceptor(tokens)] if tokens else [])
+        try:
+            port = server.add_secure_port(cfg.tcp_address, creds) if creds else server.add_insecure_port(cfg.tcp_address)
+        except RuntimeError as exc:
+            raise InvalidArgument("tcp_address", f"cannot listen on {cfg.tcp_address}: {exc}") from None
+        if not port:
+            raise InvalidArgument("tcp_address", f"cannot listen on {cfg.tcp_address} (in use, or not a local address)")
+        self.tcp_port = port
+        return server
+
+    def _new_server(self, interceptors) -> grpc.aio.Server:
         opts = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.so_reuseport", 0),  # a port in use is an error, never shared with another daemon
         ]
-        server = grpc.aio.server(interceptors=interceptors, options=opts)
+        return grpc.aio.server(interceptors=interceptors, options=opts)
+
+    def _server(self, interceptors) -> grpc.aio.Server:
+        server = self._new_server(interceptors)
+        self._add_services(server)
+        return server
+
+    def _add_services(self, server: grpc.aio.Server) -> None:
         kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(self.service), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name, health.SERVICE_NAME]
@@ -111,7 +146,6 @@ class Daemon:
             from grpc_reflection.v1alpha import reflection
 
             reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
-        return server
 
     async def _set_health(self, name: str, status) -> None:
         res = self.health.set(name, status)
@@ -161,28 +195,24 @@ class Daemon:
         self.store.close()
         if self.arena is not None:
             self.arena.close()
-        if self.config.socket_path and os.path.exists(self.config.socket_path):
-            os.unlink(self.config.socket_path)
+        if self.config.socket_path:
+            sockets.release(self.config.socket_path, self._socket_ident)
         self.stopped.set()
         log.info("stopped")
 
 
-def _prepare_socket_dir(path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o750, exist_ok=True)
-    os.chmod(directory, 0o750)
-    if os.path.exists(path):
-        os.unlink(path)  # a stale socket of a previous run; the data dir lock guards against two daemons
-
-
 def _tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials:
-    def read(p):
-        with open(p, "rb") as fh:
-            return fh.read()
+    def read(key: str) -> bytes:
+        path = getattr(cfg, key)
+        try:
+            with open(path, "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise InvalidArgument(key, f"cannot read {path}: {exc.strerror}") from None
 
-    ca = read(cfg.tls_client_ca_file) if cfg.tls_client_ca_file else None
+    ca = read("tls_client_ca_file") if cfg.tls_client_ca_file else None
     return grpc.ssl_server_credentials(
-        [(read(cfg.tls_key_file), read(cfg.tls_cert_file))],
+        [(read("tls_key_file"), read("tls_cert_file"))],
         root_certificates=ca,
         require_client_auth=ca is not None,
     )

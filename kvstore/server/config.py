@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..config import MiB, _opt
+from ..config import MiB, _opt, check_field_types
 from ..errors import InvalidArgument
 
 
@@ -16,7 +16,8 @@ class ServerConfig:
     tls_cert_file: str = _opt("", "PEM certificate chain for the TCP listener")
     tls_key_file: str = _opt("", "PEM private key for the TCP listener")
     tls_client_ca_file: str = _opt("", "PEM CA bundle; when set, TCP clients must present a certificate (mTLS)")
-    auth_token_file: str = _opt("", "file holding the bearer token TCP clients must send")
+    auth_token_file: str = _opt("", "file holding the bearer token TCP clients must send (it may use every namespace)")
+    auth_tokens_file: str = _opt("", "TOML file mapping bearer tokens to the namespaces each may use ([tokens] TOKEN = [\"ns\", ...]; \"*\" = all)")
     enable_admin: bool = _opt(False, "serve the KVStoreAdmin service (inspect, verify)")
     enable_reflection: bool = _opt(False, "serve gRPC server reflection")
     shm_arena_bytes: int = _opt(256 * MiB, "size of the shared-memory arena for same-host reads; 0 disables it")
@@ -37,6 +38,7 @@ class ServerConfig:
     score_flush_seconds: float = _opt(5.0, "how often changed cache scores are written to the index")
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         if not self.socket_path and not self.tcp_address:
             raise InvalidArgument("socket_path", "a unix socket or a TCP address is required")
         if self.shm_slot_bytes <= 0 or self.shm_slot_bytes % 4096:
@@ -45,8 +47,10 @@ class ServerConfig:
             raise InvalidArgument("shm_arena_bytes", "must be a multiple of shm_slot_bytes")
         if not 4096 <= self.frame_bytes <= 4 * MiB - 64 * 1024:
             raise InvalidArgument("frame_bytes", "must be in [4096, 4 MiB - 64 KiB]")
-        if self.tcp_address and not (self.tls_cert_file or self.auth_token_file):
-            raise InvalidArgument("tcp_address", "a TCP listener needs TLS (tls_cert_file) or a bearer token (auth_token_file)")
+        if self.tcp_address and not (self.tls_cert_file or self.auth_token_file or self.auth_tokens_file):
+            raise InvalidArgument(
+                "tcp_address", "a TCP listener needs TLS (tls_cert_file) or bearer tokens (auth_token_file, auth_tokens_file)"
+            )
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise InvalidArgument("tls_key_file", "tls_cert_file and tls_key_file go together")
         if self.tls_client_ca_file and not self.tls_cert_file:

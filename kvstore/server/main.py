@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import sys
 
-from ..config import StoreConfig, add_config_args, load_config
-from ..errors import KVStoreError
+from ..config import OneLineErrorParser, StoreConfig, add_config_args, load_config
+from ..errors import InvalidArgument
 from .config import ServerConfig
 
 
@@ -19,13 +20,19 @@ def add_serve_args(parser: argparse.ArgumentParser) -> None:
 
 
 def serve(args: argparse.Namespace) -> int:
+    """Run the daemon; a configuration error is one stderr line and exit status 2.
+
+    Everything that can be wrong with the configuration (file syntax, types,
+    unknown keys, token and TLS files, addresses in use) is found before
+    anything listens, so a refused start leaves no socket behind.
+    """
     try:
         store_cfg = load_config(StoreConfig, args.config, "store", args=args)
         server_cfg = load_config(ServerConfig, args.config, "server", args=args)
-    except KVStoreError as exc:
-        logging.getLogger("kvstore").error("invalid configuration: %s", exc)
+        asyncio.run(_run(store_cfg, server_cfg, args.ready_file))
+    except InvalidArgument as exc:
+        print(f"kvstore serve: invalid configuration: {exc}", file=sys.stderr)
         return 2
-    asyncio.run(_run(store_cfg, server_cfg, args.ready_file))
     return 0
 
 
@@ -36,7 +43,7 @@ async def _run(store_cfg, server_cfg, ready_file):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="kvstore serve", description="run the kvstore daemon")
+    parser = OneLineErrorParser(prog="kvstore serve", description="run the kvstore daemon")
     add_serve_args(parser)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -19,6 +19,7 @@ import struct
 import threading
 
 from ..errors import FailedPrecondition, InvalidArgument
+from . import sockets
 from .arena import Arena
 
 log = logging.getLogger(__name__)
@@ -32,13 +33,14 @@ class ShmSessions:
         self._conns: dict[int, socket.socket] = {}
         self._ended: dict[int, None] = {}  # recently closed sessions (their leases are gone), oldest first
         self._sock: socket.socket | None = None
+        self._ident: tuple[int, int] | None = None
         self._closed = False
 
     def start(self) -> None:
-        if os.path.exists(self.path):
-            os.unlink(self.path)
+        """Listen on ``path`` (which ``sockets.claim`` made free)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
+        self._ident = sockets.identity(self.path)
         os.chmod(self.path, 0o660)
         sock.listen(64)
         self._sock = sock
@@ -105,10 +107,7 @@ class ShmSessions:
         self._closed = True
         if self._sock is not None:
             self._sock.close()
-            try:
-                os.unlink(self.path)
-            except FileNotFoundError:
-                pass
+            sockets.release(self.path, self._ident)
         with self._lock:
             conns = list(self._conns.values())
         for conn in conns:

@@ -43,6 +43,7 @@ CODES: dict[type, grpc.StatusCode] = {
     errors.StoreLocked: grpc.StatusCode.FAILED_PRECONDITION,
     errors.DataLoss: grpc.StatusCode.DATA_LOSS,
     errors.Conflict: grpc.StatusCode.ABORTED,
+    errors.PermissionDenied: grpc.StatusCode.PERMISSION_DENIED,
     Draining: grpc.StatusCode.UNAVAILABLE,
 }
 
