@@ -4,16 +4,36 @@ Arrays go in and out as numpy (``torch`` tensors are accepted and can be
 returned); bfloat16 travels as raw uint16.  On a unix socket the client
 opens a shared-memory session by default: extents then arrive as zero-copy
 views into the daemon's arena, valid until the read is released.  Every
-call has a deadline; failures raise ``KVStoreRpcError`` with the gRPC status
-code and the daemon's message.
+call has a deadline.
+
+Errors: every call raises ``KVStoreRpcError`` (never a raw ``grpc.RpcError``),
+with ``code`` the ``grpc.StatusCode`` and ``message`` the daemon's text
+(``except KVStoreRpcError as e: if e.code == grpc.StatusCode.NOT_FOUND``).
+
+Retries: what the daemon says is worth retrying, ``UNAVAILABLE`` (it is
+draining, or not reachable yet) and ``ABORTED`` (a concurrent delete or put
+conflicted), is retried with exponential backoff and jitter:
+
+- unary and server-streaming calls (every call but ``PutPrefix`` and
+  ``Prefetch``) by gRPC's own retry policy (``RETRY_POLICY``): up to 5
+  attempts, backoff 0.05 s doubling to at most 2 s, randomized by gRPC.
+  gRPC retries a server stream only until its first response arrives, so a
+  read is never replayed half way.  A retried ``ReportAttention`` whose first
+  attempt did run counts twice (scores are advisory).
+- ``put_prefix`` restarts from scratch (a fresh Lookup, then the stream),
+  up to ``PUT_ATTEMPTS`` times with the same backoff: a client stream that
+  has sent data cannot be replayed by gRPC.
+- ``Prefetch`` (a bidirectional stream that has sent its sets) is not retried.
 """
 
 from __future__ import annotations
 
 import json
 import mmap
+import random
 import socket
 import struct
+import time
 from dataclasses import dataclass, field
 
 import grpc
@@ -26,6 +46,24 @@ from kvstore.server.convert import geometry_from_pb, geometry_to_pb
 
 FRAME_BYTES = 2 * 1024 * 1024
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+RETRYABLE = ("UNAVAILABLE", "ABORTED")
+RETRY_POLICY = {
+    "maxAttempts": 5,
+    "initialBackoff": "0.05s",
+    "maxBackoff": "2s",
+    "backoffMultiplier": 2,
+    "retryableStatusCodes": list(RETRYABLE),
+}
+PUT_ATTEMPTS = 5
+SERVICE_CONFIG = json.dumps(
+    {
+        "methodConfig": [
+            {"name": [{"service": "kvstore.v1.KVStore"}, {"service": "kvstore.v1.KVStoreAdmin"}], "retryPolicy": RETRY_POLICY},
+            # client streams: retried from scratch by put_prefix, or not at all
+            {"name": [{"service": "kvstore.v1.KVStore", "method": "PutPrefix"}, {"service": "kvstore.v1.KVStore", "method": "Prefetch"}]},
+        ]
+    }
+)
 
 
 class KVStoreRpcError(Exception):
@@ -42,6 +80,19 @@ def _rpc(fn, *args, **kwargs):
         return fn(*args, **kwargs)
     except grpc.RpcError as exc:
         raise KVStoreRpcError(exc.code(), exc.details() or "") from None
+
+
+def _stream(fn, *args, **kwargs):
+    """The messages of a server-streaming call, its failure as KVStoreRpcError."""
+    try:
+        yield from fn(*args, **kwargs)
+    except grpc.RpcError as exc:
+        raise KVStoreRpcError(exc.code(), exc.details() or "") from None
+
+
+def _backoff(attempt: int) -> float:
+    """Seconds before retry ``attempt`` (1, 2, ...): RETRY_POLICY's schedule, full jitter."""
+    return random.uniform(0, min(2.0, 0.05 * 2 ** (attempt - 1)))
 
 
 @dataclass
@@ -110,7 +161,12 @@ class KVStoreClient:
         """
         self.target = target
         self.deadline_s = deadline_s
-        opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES)]
+        opts = [
+            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+            ("grpc.enable_retries", 1),
+            ("grpc.service_config", SERVICE_CONFIG),
+        ]
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
         if root_certificates is not None or client_cert is not None:
             key, chain = client_cert if client_cert else (None, None)
@@ -184,7 +240,7 @@ class KVStoreClient:
         """Store ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``; sends only chunks not yet stored."""
         arr = as_numpy_kv(kv)
         toks = _ints(tokens)
-        for attempt in range(3):
+        for attempt in range(1, PUT_ATTEMPTS + 1):
             reuse = self.lookup(toks, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
             header = pb.PutHeader(
                 namespace=namespace,
@@ -196,8 +252,9 @@ class KVStoreClient:
             try:
                 return _rpc(self.stub.PutPrefix, _put_stream(header, arr, geometry, reuse.matched_chunks), **self._kw(timeout))
             except KVStoreRpcError as exc:
-                if exc.code != grpc.StatusCode.ABORTED or attempt == 2:
+                if exc.code.name not in RETRYABLE or attempt == PUT_ATTEMPTS:
                     raise
+            time.sleep(_backoff(attempt))
 
     def read_chunks(self, prefix_id: str, chunks, *, layer_start=0, layer_end=0, shm=None, coalesce=True, timeout=None) -> ChunkRead:
         """Read the extents of ``chunks`` for the period groups covering the layer range."""
@@ -329,12 +386,12 @@ class KVStoreClient:
 
     def get_summaries(self, prefix_id: str, *, timeout=None) -> np.ndarray:
         """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
-        return _collect(_rpc(self.stub.GetSummaries, pb.GetSummariesRequest(prefix_id=prefix_id), **self._kw(timeout)))
+        return _collect(_stream(self.stub.GetSummaries, pb.GetSummariesRequest(prefix_id=prefix_id), **self._kw(timeout)))
 
     def get_probe_keys(self, prefix_id: str, group: int, *, timeout=None) -> np.ndarray:
         """``[kv_heads, tokens, head_dim]`` keys of the group's first layer."""
         req = pb.GetProbeKeysRequest(prefix_id=prefix_id, group=group)
-        return _collect(_rpc(self.stub.GetProbeKeys, req, **self._kw(timeout)))
+        return _collect(_stream(self.stub.GetProbeKeys, req, **self._kw(timeout)))
 
     def report_attention(self, prefix_id: str, group: int, chunks, attention, *, timeout=None) -> int:
         """Report each chunk's attention mass in a period group (feeds the cache score)."""

@@ -1,0 +1,85 @@
+"""The client's error type and retries, against real daemons."""
+
+from __future__ import annotations
+
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+from helpers import make_kv, make_tokens
+
+from engine_client.client import KVStoreClient, KVStoreRpcError
+from kvstore._proto import kvstore_pb2 as pb
+from kvstore._proto import kvstore_pb2_grpc as pb_grpc
+from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.server.convert import geometry_to_pb
+
+GEO = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=16, period_layers=2)
+UNKNOWN = "ab" * 32
+
+
+def test_streamed_reads_of_an_unknown_prefix_raise_not_found(daemon):
+    with KVStoreClient(daemon.target) as client:
+        for call in (lambda: client.get_summaries(UNKNOWN), lambda: client.get_probe_keys(UNKNOWN, 0)):
+            with pytest.raises(KVStoreRpcError) as err:
+                call()
+            assert err.value.code == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_call_during_drain_surfaces_unavailable_as_the_client_error(daemon):
+    kv, tokens = make_kv(GEO, 64, 1), make_tokens(64, 1)
+    go_on = threading.Event()
+
+    def frames():  # holds the daemon in its drain until released
+        yield pb.PutPrefixRequest(header=pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=tokens.tolist()))
+        go_on.wait(20)
+        for j in range(4):
+            data = np.ascontiguousarray(kv[:, :, :, j * 16 : (j + 1) * 16]).tobytes()
+            yield pb.PutPrefixRequest(extent=pb.ExtentFrame(group=0, chunk=j, offset=0, data=data))
+
+    with KVStoreClient(daemon.target, shm=False) as client:
+        call = client.stub.PutPrefix.future(frames(), timeout=60)
+        client.stats()  # the daemon is up and the put is admitted before the signal
+        daemon.proc.send_signal(15)
+        code = None
+        for _ in range(200):
+            try:
+                client.get_summaries(UNKNOWN, timeout=5)
+            except KVStoreRpcError as exc:
+                code = exc.code
+                if code == grpc.StatusCode.UNAVAILABLE:
+                    break
+        go_on.set()
+        assert code == grpc.StatusCode.UNAVAILABLE
+        assert call.result(timeout=30).num_chunks == 4
+    assert daemon.proc.wait(30) == 0
+
+
+class _Flaky(pb_grpc.KVStoreServicer):
+    """Answers Stats UNAVAILABLE twice, then OK: makes the client's retries countable."""
+
+    def __init__(self):
+        self.attempts = 0
+
+    def Stats(self, request, context):
+        self.attempts += 1
+        if self.attempts <= 2:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
+        return pb.StatsResponse(num_prefixes=7)
+
+
+def test_unavailable_is_retried_with_backoff_by_the_channel(tmp_path):
+    flaky = _Flaky()
+    server = grpc.server(futures.ThreadPoolExecutor(2))
+    pb_grpc.add_KVStoreServicer_to_server(flaky, server)
+    server.add_insecure_port(f"unix:{tmp_path}/s.sock")
+    server.start()
+    try:
+        with KVStoreClient(f"unix:{tmp_path}/s.sock", shm=False) as client:
+            assert client.stats(timeout=10).num_prefixes == 7
+        assert flaky.attempts == 3
+    finally:
+        server.stop(0)
