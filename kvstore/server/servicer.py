@@ -14,10 +14,11 @@ import numpy as np
 from .. import __version__
 from .._proto import kvstore_pb2 as pb
 from .._proto import kvstore_pb2_grpc as pb_grpc
-from ..errors import InvalidArgument
+from ..errors import InvalidArgument, NotFound, PermissionDenied
 from ..reader import validate_chunks
 from ..store import ChunkStore
 from .arena import Arena
+from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
 from .convert import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
 from .metrics import Metrics
@@ -71,6 +72,18 @@ class Service:
         except asyncio.TimeoutError:
             return False
 
+    def reach(self, prefix_id: str, context) -> str:
+        """The full id of a prefix the caller may use.
+
+        A prefix in a namespace the caller's token does not allow is
+        NOT_FOUND, exactly as an unknown one: its existence does not leak.
+        """
+        pid = self.store.resolve(prefix_id)
+        allowed = namespaces_of(context)
+        if allowed is not None and self.store.describe(pid).namespace not in allowed:
+            raise NotFound(f"prefix {pid} is not stored")
+        return pid
+
     async def run(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
 
@@ -92,6 +105,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         if first is None or first.WhichOneof("kind") != "header":
             raise InvalidArgument("header", "the first message of PutPrefix must be a PutHeader")
         h = first.header
+        check_namespace(context, h.namespace)
         pending = await svc.run(
             svc.store.begin_put,
             tokens_from_pb(h.tokens),
@@ -132,6 +146,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @unary
     async def Lookup(self, request, context):
+        check_namespace(context, request.namespace)
         res = await self.svc.run(
             self.svc.store.lookup,
             tokens_from_pb(request.tokens),
@@ -151,7 +166,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         svc = self.svc
         # resolve and describe are index lookups of microseconds (the manifest
         # is cached): done inline, a thread hop would cost more than they do.
-        pid = svc.store.resolve(request.prefix_id)
+        pid = svc.reach(request.prefix_id, context)
         view = svc.store.describe(pid)
         geo = view.geometry
         groups = groups_for_layers(geo, request.layer_start, request.layer_end)
@@ -199,6 +214,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @streaming
     async def Prefetch(self, request_iterator, context):
+        if namespaces_of(context) is not None:
+            request_iterator = _reached_open(self.svc, request_iterator, context)
         async for msg in serve_prefetch(self.svc, request_iterator, context, self.svc.config.max_periods_ahead):
             yield msg
 
@@ -211,14 +228,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @streaming
     async def GetSummaries(self, request, context):
-        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
+        pid = await self.svc.run(self.svc.reach, request.prefix_id, context)
         arr = await self.svc.run(self.svc.store.read_summaries, pid)
         for frame in array_frames(arr, self.svc.config.frame_bytes):
             yield frame
 
     @streaming
     async def GetProbeKeys(self, request, context):
-        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
+        pid = await self.svc.run(self.svc.reach, request.prefix_id, context)
         arr = await self.svc.run(self.svc.store.read_probe_keys, pid, request.group)
         for frame in array_frames(arr, self.svc.config.frame_bytes):
             yield frame
@@ -226,7 +243,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @unary
     async def ReportAttention(self, request, context):
         store = self.svc.store
-        pid = store.resolve(request.prefix_id)
+        pid = self.svc.reach(request.prefix_id, context)
         n = store.report_attention(pid, request.group, list(request.chunks), list(request.attention))
         if self.svc.tiers is not None:
             self.svc.tiers.rescore(store.units(pid, list(request.chunks), [request.group]))
@@ -235,7 +252,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @unary
     async def GetScores(self, request, context):
         store = self.svc.store
-        pid = store.resolve(request.prefix_id)
+        pid = self.svc.reach(request.prefix_id, context)
         view = store.describe(pid)
         units = store.units(pid, range(view.num_chunks), [request.group])
         scores = [store.scores.get(u) for u in units]
@@ -248,7 +265,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @unary
     async def Describe(self, request, context):
         store = self.svc.store
-        view = store.describe(store.resolve(request.prefix_id))
+        view = store.describe(self.svc.reach(request.prefix_id, context))
         return pb.DescribeResponse(
             prefix_id=view.prefix_id,
             namespace=view.namespace,
@@ -261,7 +278,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @unary
     async def Delete(self, request, context):
-        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
+        pid = await self.svc.run(self.svc.reach, request.prefix_id, context)
         freed = await self.svc.run(self.svc.store.delete, pid)
         if self.svc.tiers is not None:
             for seg in freed:  # extents of freed segments leave memory (pinned ones age out)
@@ -295,13 +312,22 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @unary
     async def ListPrefixes(self, request, context):
         rows = await self.svc.run(self.svc.store.list_prefixes)
+        allowed = namespaces_of(context)
         return pb.ListPrefixesResponse(
             prefixes=[
                 pb.PrefixInfo(**{**r, "quarantined": r["quarantined"] or ""})
                 for r in rows
-                if not request.namespace or r["namespace"] == request.namespace
+                if (not request.namespace or r["namespace"] == request.namespace) and (allowed is None or r["namespace"] in allowed)
             ]
         )
+
+
+async def _reached_open(svc: Service, requests, context):
+    """Prefetch's requests, its PrefetchOpen's prefix checked against the caller's namespaces."""
+    async for msg in requests:
+        if msg.WhichOneof("kind") == "open":
+            svc.reach(msg.open.prefix_id, context)
+        yield msg
 
 
 def _tier_stats(svc: Service) -> dict:
@@ -330,12 +356,14 @@ class AdminServicer(pb_grpc.KVStoreAdminServicer):
 
     @unary
     async def Inspect(self, request, context):
-        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
+        pid = await self.svc.run(self.svc.reach, request.prefix_id, context)
         return pb.InspectResponse(json=json.dumps(await self.svc.run(self.svc.store.inspect, pid)))
 
     @unary
     async def Verify(self, request, context):
-        pid = await self.svc.run(self.svc.store.resolve, request.prefix_id) if request.prefix_id else None
+        if not request.prefix_id and namespaces_of(context) is not None:
+            raise PermissionDenied("prefix_id: verifying every segment needs a token allowed every namespace")
+        pid = await self.svc.run(self.svc.reach, request.prefix_id, context) if request.prefix_id else None
         reports = await self.svc.run(self.svc.store.verify, pid)
         return pb.VerifyResponse(
             segments=[
