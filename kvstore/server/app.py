@@ -24,13 +24,15 @@ from .arena import Arena
 from .auth import BearerTokenInterceptor, read_token_file, read_tokens_file
 from .config import ServerConfig
 from .servicer import AdminServicer, KVStoreServicer, Service
-from .shm_sessions import ShmSessions
+from .shm_sessions import PeerPolicy, ShmSessions
+from .status import add_service
 from .tiers import TierManager, gpu_memory
 
 log = logging.getLogger(__name__)
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 SERVICES = ("kvstore.v1.KVStore",)
+UNWIND_SECONDS = 5.0  # after the grace, how long cancelled calls get to release what they hold
 
 
 class Daemon:
@@ -74,7 +76,8 @@ class Daemon:
         )
         self.sessions = None
         if self.arena is not None:
-            self.sessions = ShmSessions(self.arena, cfg.shm_socket)
+            policy = PeerPolicy(cfg.allowed_uids, cfg.allowed_gids, cfg.max_shm_sessions)
+            self.sessions = ShmSessions(self.arena, cfg.shm_socket, policy)
             self.sessions.start()
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
         if cfg.socket_path:
@@ -136,11 +139,11 @@ class Daemon:
         return server
 
     def _add_services(self, server: grpc.aio.Server) -> None:
-        kvstore_pb2_grpc.add_KVStoreServicer_to_server(KVStoreServicer(self.service), server)
+        add_service(kvstore_pb2_grpc.add_KVStoreServicer_to_server, KVStoreServicer(self.service), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         names = [kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name, health.SERVICE_NAME]
         if self.config.enable_admin:
-            kvstore_pb2_grpc.add_KVStoreAdminServicer_to_server(AdminServicer(self.service), server)
+            add_service(kvstore_pb2_grpc.add_KVStoreAdminServicer_to_server, AdminServicer(self.service), server)
             names.append(kvstore_pb2.DESCRIPTOR.services_by_name["KVStoreAdmin"].full_name)
         if self.config.enable_reflection:
             from grpc_reflection.v1alpha import reflection
@@ -188,6 +191,10 @@ class Daemon:
         if not await self.service.drain(self.config.grace_seconds):
             log.warning("%d calls still running after %.1fs; cancelling them", self.service.active_calls, self.config.grace_seconds)
         await asyncio.gather(*(s.stop(0) for s in self.servers))
+        # Cancelled streams unwind (their leases and pins go back) before the
+        # arena they point into is unmapped.
+        if not await self.service.drain(UNWIND_SECONDS):
+            log.warning("%d cancelled calls did not unwind within %.1fs", self.service.active_calls, UNWIND_SECONDS)
         if self.sessions is not None:
             self.sessions.stop()
         self.service.pool.shutdown(wait=True)

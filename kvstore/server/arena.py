@@ -6,26 +6,41 @@ slots from being reused until the client releases it, its stream is
 aborted, or its session (the client's shm socket connection) ends.
 The memfd is sealed against shrinking and growing, so a client can never
 truncate the mapping under the daemon (SIGBUS).
+
+Every lease belongs to an owner: a shared-memory session (its id) or a
+Prefetch stream (a token only the stream knows).  A release names its owner
+and frees only that owner's leases.  Lease ids and owner tokens are random
+63-bit integers, so one client cannot guess another's.
 """
 
 from __future__ import annotations
 
 import bisect
 import fcntl
-import itertools
+import gc
+import logging
 import mmap
 import os
+import secrets
 import threading
 import time
 from dataclasses import dataclass
 
+from ..errors import NotFound
 from .status import ArenaExhausted
+
+log = logging.getLogger(__name__)
+
+
+def new_owner() -> int:
+    """An unguessable, non-zero owner token (or lease id)."""
+    return secrets.randbits(63) or 1
 
 
 @dataclass
 class Lease:
     lease_id: int
-    session_id: int
+    owner: int  # the shm session id or the Prefetch stream's token
     offset: int  # bytes into the arena
     nbytes: int
     slots: tuple[int, int]  # (first slot, count)
@@ -95,18 +110,17 @@ class Arena:
         self._alloc = SlotAllocator(self.tier_offset // slot_bytes)
         self._cond = threading.Condition()
         self._leases: dict[int, Lease] = {}
-        self._ids = itertools.count(1)
 
     @property
     def leased_bytes(self) -> int:
         with self._cond:
             return (self._alloc.num_slots - self._alloc.free_slots) * self.slot_bytes
 
-    def num_leases(self, session_id: int | None = None) -> int:
+    def num_leases(self, owner: int | None = None) -> int:
         with self._cond:
-            return sum(1 for lease in self._leases.values() if session_id in (None, lease.session_id))
+            return sum(1 for lease in self._leases.values() if owner in (None, lease.owner))
 
-    def lease(self, session_id: int, nbytes: int, *, wait_seconds: float, keep_free_bytes: int = 0) -> Lease:
+    def lease(self, owner: int, nbytes: int, *, wait_seconds: float, keep_free_bytes: int = 0) -> Lease:
         """Reserve ``nbytes`` (rounded up to slots), waiting for space if needed.
 
         ``keep_free_bytes``: succeed only if that much lease space stays free
@@ -123,7 +137,9 @@ class Arena:
                 if left <= 0:
                     raise ArenaExhausted(f"shared-memory arena busy: no {nbytes} free bytes within {wait_seconds}s")
                 self._cond.wait(left)
-            lease = Lease(next(self._ids), session_id, start * self.slot_bytes, nbytes, (start, count))
+            while (lease_id := new_owner()) in self._leases:
+                pass
+            lease = Lease(lease_id, owner, start * self.slot_bytes, nbytes, (start, count))
             self._leases[lease.lease_id] = lease
             return lease
 
@@ -135,27 +151,37 @@ class Arena:
     def buffer(self, lease: Lease) -> memoryview:
         return self.view[lease.offset : lease.offset + lease.nbytes]
 
-    def release(self, lease_ids, session_id: int | None = None) -> int:
-        """Free the named leases (of ``session_id`` only, when given)."""
-        released = 0
-        with self._cond:
-            for lease_id in lease_ids:
-                lease = self._leases.get(lease_id)
-                if lease is None or (session_id is not None and lease.session_id != session_id):
-                    continue
-                del self._leases[lease_id]
-                self._alloc.free(*lease.slots)
-                released += 1
-            if released:
-                self._cond.notify_all()
-        return released
+    def release(self, owner: int, lease_ids, *, strict: bool = False) -> int:
+        """Free the named leases of ``owner``; others are left alone.
 
-    def release_session(self, session_id: int) -> int:
+        ``strict``: every id must be a lease of ``owner``, else nothing is
+        freed and NotFound names the first that is not (whether it exists
+        for another owner is not revealed).
+        """
         with self._cond:
-            ids = [i for i, lease in self._leases.items() if lease.session_id == session_id]
-        return self.release(ids)
+            ids = [i for i in dict.fromkeys(lease_ids) if (lease := self._leases.get(i)) is not None and lease.owner == owner]
+            if strict and len(ids) != len(set(lease_ids)):
+                stray = next(i for i in lease_ids if i not in ids)
+                raise NotFound(f"lease_ids: lease {stray} is not held by this session; nothing was released")
+            for lease_id in ids:
+                self._alloc.free(*self._leases.pop(lease_id).slots)
+            if ids:
+                self._cond.notify_all()
+        return len(ids)
+
+    def release_owner(self, owner: int) -> int:
+        with self._cond:
+            ids = [i for i, lease in self._leases.items() if lease.owner == owner]
+        return self.release(owner, ids)
 
     def close(self) -> None:
-        self.view.release()
-        self.map.close()
+        """Unmap the arena.  Views a finished stream left in a reference cycle
+        are collected first; should one still be alive, the mapping is left to
+        the process's exit rather than failing the shutdown."""
+        gc.collect()
+        try:
+            self.view.release()
+            self.map.close()
+        except BufferError:
+            log.warning("shared-memory arena still referenced at close; it is unmapped when the process exits")
         os.close(self.fd)

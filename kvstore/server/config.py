@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from ..config import MiB, _opt, check_field_types
@@ -32,7 +33,13 @@ class ServerConfig:
     lease_wait_seconds: float = _opt(10.0, "how long a read waits for arena space before RESOURCE_EXHAUSTED")
     frame_bytes: int = _opt(2 * MiB, "largest payload of one streamed message (below the 4 MiB gRPC default)")
     max_put_bytes: int = _opt(1 << 36, "largest total payload of one PutPrefix stream")
-    stream_idle_seconds: float = _opt(60.0, "a PutPrefix stream idle this long is cancelled")
+    stream_idle_seconds: float = _opt(60.0, "a stream that sends nothing for this long is cancelled")
+    put_idle_seconds: float = _opt(
+        10.0, "a PutPrefix stream that sends nothing for this long after its header is aborted (DEADLINE_EXCEEDED), its disk reservation freed"
+    )
+    shm_allowed_uids: str = _opt("", "comma-separated uids that may open a shared-memory session (empty: the daemon's own uid)")
+    shm_allowed_gids: str = _opt("", "comma-separated gids that may open a shared-memory session (empty: the daemon's own gid)")
+    max_shm_sessions: int = _opt(256, "shared-memory sessions open at once; more connections are refused")
     grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight calls may finish")
     io_threads: int = _opt(8, "threads running store calls for the async service")
     score_flush_seconds: float = _opt(5.0, "how often changed cache scores are written to the index")
@@ -69,6 +76,21 @@ class ServerConfig:
             raise InvalidArgument("max_periods_ahead", "must be >= 1")
         if self.io_threads < 1:
             raise InvalidArgument("io_threads", "must be positive")
+        for name in ("stream_idle_seconds", "put_idle_seconds"):
+            if not getattr(self, name) > 0:
+                raise InvalidArgument(name, "must be positive")
+        if self.max_shm_sessions < 1:
+            raise InvalidArgument("max_shm_sessions", "must be positive")
+        for name in ("shm_allowed_uids", "shm_allowed_gids"):  # a bad list is refused at start-up
+            _id_set(name, getattr(self, name), 0)
+
+    @property
+    def allowed_uids(self) -> frozenset[int]:
+        return _id_set("shm_allowed_uids", self.shm_allowed_uids, os.getuid())
+
+    @property
+    def allowed_gids(self) -> frozenset[int]:
+        return _id_set("shm_allowed_gids", self.shm_allowed_gids, os.getgid())
 
     @property
     def cpu_tier_bytes(self) -> int:
@@ -79,3 +101,13 @@ class ServerConfig:
     @property
     def shm_socket(self) -> str:
         return self.shm_socket_path or (self.socket_path + ".shm" if self.socket_path else "")
+
+
+def _id_set(name: str, text: str, default: int) -> frozenset[int]:
+    """``"1000, 1001"`` -> {1000, 1001}; empty -> {default}."""
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts:
+        return frozenset([default])
+    if not all(p.isdigit() for p in parts):
+        raise InvalidArgument(name, f"must be comma-separated non-negative integers, got {text!r}")
+    return frozenset(int(p) for p in parts)

@@ -27,7 +27,6 @@ is still filling go back when the read finishes, never earlier.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import threading
 import time
@@ -38,12 +37,12 @@ import numpy as np
 from .._proto import kvstore_pb2 as pb
 from ..errors import DataLoss, InvalidArgument
 from ..reader import validate_chunks
+from .arena import new_owner
 from .convert import geometry_to_pb
 from .status import ArenaExhausted, Backpressure
 
 log = logging.getLogger(__name__)
 
-_stream_ids = itertools.count(1)
 _END = object()
 
 
@@ -89,7 +88,8 @@ class PrefetchStream:
         self.store = svc.store
         self.tiers = svc.tiers
         self.arena = svc.arena
-        self.id = next(_stream_ids)
+        self.id = new_owner()  # named in descriptors; grants nothing
+        self.owner = new_owner()  # owns the stream's arena leases; never leaves the daemon
         self.prefix_id = self.store.resolve(open_msg.prefix_id)
         view = self.store.describe(self.prefix_id)
         q = self.store.prefix_quarantine(view)
@@ -403,7 +403,7 @@ class PrefetchStream:
             keep = self.arena.lease_bytes // 2 if job.speculative else 0
 
             def alloc(nbytes: int):
-                lease = self.arena.lease(0, nbytes, wait_seconds=wait, keep_free_bytes=keep)
+                lease = self.arena.lease(self.owner, nbytes, wait_seconds=wait, keep_free_bytes=keep)
                 holder.append(lease)
                 return self.arena.buffer(lease)
 
@@ -418,12 +418,12 @@ class PrefetchStream:
             return None
         except BaseException:
             if holder:
-                self.arena.release([holder[0].lease_id])
+                self.arena.release(self.owner, [holder[0].lease_id])
             raise
         with self._lock:
             if holder:
                 if self._finished:  # the stream ended while the read ran
-                    self.arena.release([holder[0].lease_id])
+                    self.arena.release(self.owner, [holder[0].lease_id])
                     return None
                 job.lease_id = holder[0].lease_id
                 self._leases.setdefault(job.period, []).append(job.lease_id)
@@ -519,16 +519,16 @@ class PrefetchStream:
             for i in done:
                 held.remove(i)
         if done:
-            self.arena.release(done)
+            self.arena.release(self.owner, done)
         return msgs
 
     def _stage(self, period: int, nbytes: int) -> np.ndarray:
-        lease = self.arena.lease(0, nbytes, wait_seconds=self.svc.config.lease_wait_seconds)
+        lease = self.arena.lease(self.owner, nbytes, wait_seconds=self.svc.config.lease_wait_seconds)
         with self._lock:
             if not self._finished:
                 self._leases.setdefault(period, []).append(lease.lease_id)
                 return np.frombuffer(self.arena.buffer(lease), np.uint8)
-        self.arena.release([lease.lease_id])
+        self.arena.release(self.owner, [lease.lease_id])
         raise StreamFinished()
 
     def _hold_pins(self, period: int, units: list) -> None:
@@ -582,7 +582,7 @@ class PrefetchStream:
 
     def _give_back(self, leases, pins) -> None:
         if leases:
-            self.arena.release(leases)
+            self.arena.release(self.owner, leases)
         if pins and self.tiers is not None:
             self.tiers.unpin(pins)
 

@@ -24,7 +24,7 @@ from .convert import array_frames, geometry_from_pb, geometry_to_pb, groups_for_
 from .metrics import Metrics
 from .shm_sessions import ShmSessions
 from .prefetch import serve_prefetch
-from .status import Draining, streaming, unary
+from .status import Draining, PutStalled, streaming, unary
 from .tiers import TierManager
 
 
@@ -116,7 +116,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         )
         try:
             received = 0
-            while (msg := await self._next(frames)) is not None:
+            while (msg := await self._next(frames, svc.config.put_idle_seconds)) is not None:
                 if msg.WhichOneof("kind") != "extent":
                     raise InvalidArgument("header", "only the first message may be a header")
                 e = msg.extent
@@ -136,13 +136,17 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             already_stored=res.already_stored,
         )
 
-    async def _next(self, frames):
+    async def _next(self, frames, put_idle_s: float | None = None):
+        """The next message; ``put_idle_s``: a put holding a reservation may wait only this long."""
+        idle_s = put_idle_s or self.svc.config.stream_idle_seconds
         try:
-            return await asyncio.wait_for(anext(frames), self.svc.config.stream_idle_seconds)
+            return await asyncio.wait_for(anext(frames), idle_s)
         except StopAsyncIteration:
             return None
         except asyncio.TimeoutError:
-            raise InvalidArgument("stream", f"no message for {self.svc.config.stream_idle_seconds}s") from None
+            if put_idle_s:
+                raise PutStalled(f"PutPrefix: no message for put_idle_seconds ({idle_s}s); the put is aborted") from None
+            raise InvalidArgument("stream", f"no message for {idle_s}s") from None
 
     @unary
     async def Lookup(self, request, context):
@@ -221,9 +225,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 
     @unary
     async def Release(self, request, context):
-        if self.svc.arena is None:
+        """Free leases of the caller's shm session: all of them, or none (NOT_FOUND)."""
+        svc = self.svc
+        if svc.sessions is None:
             raise InvalidArgument("shm_session", "this daemon has no shared-memory arena")
-        n = self.svc.arena.release(list(request.lease_ids), session_id=request.shm_session)
+        if not request.shm_session:
+            raise InvalidArgument("shm_session", "required: the shared-memory session that holds the leases")
+        svc.sessions.check(request.shm_session)
+        n = svc.arena.release(request.shm_session, list(request.lease_ids), strict=True)
         return pb.ReleaseResponse(released=n)
 
     @streaming
@@ -416,12 +425,12 @@ class _GroupReader:
             res = self.svc.store.read(self.prefix_id, self.chunks, [group], coalesce=self.coalesce, alloc=alloc)
         except BaseException:
             if holder:
-                arena.release([holder[0].lease_id])
+                arena.release(self.session, [holder[0].lease_id])
             raise
         if holder:
             with self._lock:
                 if self._finished:  # the stream ended while this read ran
-                    arena.release([holder[0].lease_id])
+                    arena.release(self.session, [holder[0].lease_id])
                 else:
                     self._leases.append(holder[0].lease_id)
         return res, holder[0] if holder else None
@@ -453,4 +462,4 @@ class _GroupReader:
             self._finished = True
             leases, self._leases = self._leases, []
         if leases:
-            self.svc.arena.release(leases)
+            self.svc.arena.release(self.session, leases)

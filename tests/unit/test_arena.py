@@ -2,6 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvstore.errors import NotFound
 from kvstore.server.arena import Arena, SlotAllocator
 from kvstore.server.status import ArenaExhausted
 
@@ -45,16 +46,40 @@ def test_arena_is_sealed_and_leases_block_until_released():
     try:
         seals = fcntl.fcntl(arena.fd, fcntl.F_GET_SEALS)
         assert seals & fcntl.F_SEAL_SHRINK and seals & fcntl.F_SEAL_GROW
-        first = arena.lease(session_id=1, nbytes=12 * 4096, wait_seconds=0)
+        first = arena.lease(1, nbytes=12 * 4096, wait_seconds=0)
         with pytest.raises(ArenaExhausted, match="busy"):
-            arena.lease(session_id=2, nbytes=8 * 4096, wait_seconds=0.05)
+            arena.lease(2, nbytes=8 * 4096, wait_seconds=0.05)
         with pytest.raises(ArenaExhausted, match="exceeds"):
-            arena.lease(session_id=2, nbytes=17 * 4096, wait_seconds=0)
-        assert arena.release([first.lease_id], session_id=2) == 0  # not that session's lease
-        assert arena.release([first.lease_id], session_id=1) == 1
-        arena.lease(session_id=2, nbytes=8 * 4096, wait_seconds=0)
-        arena.lease(session_id=2, nbytes=4096, wait_seconds=0)
+            arena.lease(2, nbytes=17 * 4096, wait_seconds=0)
+        assert arena.release(2, [first.lease_id]) == 0  # not that owner's lease
+        assert arena.release(1, [first.lease_id]) == 1
+        arena.lease(2, nbytes=8 * 4096, wait_seconds=0)
+        arena.lease(2, nbytes=4096, wait_seconds=0)
         assert arena.num_leases(2) == 2
-        assert arena.release_session(2) == 2 and arena.leased_bytes == 0
+        assert arena.release_owner(2) == 2 and arena.leased_bytes == 0
     finally:
         arena.close()
+
+
+def test_a_strict_release_of_another_owners_lease_frees_nothing():
+    arena = Arena(16 * 4096, 4096)
+    try:
+        mine = [arena.lease(7, nbytes=4096, wait_seconds=0).lease_id for _ in range(3)]
+        theirs = arena.lease(8, nbytes=4096, wait_seconds=0).lease_id
+        assert len({*mine, theirs}) == 4 and all(i > 4 for i in [*mine, theirs])  # random ids, not 1..N
+        with pytest.raises(NotFound, match=f"lease {theirs} is not held"):
+            arena.release(7, [*mine, theirs], strict=True)
+        assert arena.num_leases(7) == 3 and arena.num_leases(8) == 1  # nothing changed
+        assert arena.release(7, mine, strict=True) == 3
+        assert arena.num_leases() == 1
+    finally:
+        arena.close()
+
+
+def test_close_with_a_view_still_alive_does_not_fail():
+    import numpy as np
+
+    arena = Arena(4 * 4096, 4096)
+    view = np.frombuffer(arena.view, np.uint8, count=16)  # e.g. a stream's result the shutdown could not drop
+    arena.close()
+    assert view.size == 16
