@@ -27,7 +27,7 @@ from .errors import Conflict, DataLoss, InvalidArgument, NotFound, ReadOnly, Sto
 from .geometry import SegmentLayout, StoreGeometry, align_up
 from .hashing import chunk_hashes, validate_tokens
 from .io import IOBackend, aligned_buffer, make_backend
-from .reader import ReadResult, execute_reads, plan_extents, validate_chunks, validate_groups
+from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import Piece, PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
 from .scores import decode as decode_score
@@ -199,6 +199,12 @@ class ChunkStore:
             self.index.write(mark)
         except (lmdb.Error, StoreFull) as exc:  # quarantine still holds in memory
             log.error("could not persist quarantine of segment %d: %s", segment_id, exc)
+
+    def _unreadable(self, segment_id: int, cause: BaseException) -> DataLoss:
+        """Quarantine a segment whose file is gone or short, as a checksum failure would."""
+        reason = f"segment file unreadable ({cause.__class__.__name__}: {cause})"
+        self._quarantine(segment_id, reason)
+        return DataLoss(f"segment {segment_id}: {reason}")
 
     # ------------------------------------------------------------ records
     def _view(self, prefix_id: str) -> PrefixView:
@@ -413,9 +419,12 @@ class ChunkStore:
         grp = validate_groups(groups, view.geometry.num_groups)
         segments = {s: self._segment(s) for s in view.segment_ids}
         refs = plan_extents(view, segments, sel, grp)
-        views, buf, nreads, bad = execute_reads(
-            refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes, alloc=alloc
-        )
+        try:
+            views, buf, nreads, bad = execute_reads(
+                refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes, alloc=alloc
+            )
+        except SegmentUnreadable as exc:
+            raise self._unreadable(exc.segment_id, exc.cause) from None
         nbytes = sum(r.padded for r in refs)  # runs are unions of padded extents
         self._count(bytes_read=nbytes, reads=1)
         if bad:
@@ -474,8 +483,11 @@ class ChunkStore:
         if seg.segment_id in self._quarantined:
             raise DataLoss(f"segment {seg.segment_id} is quarantined: {self._quarantined[seg.segment_id]}")
         buf = aligned_buffer(align_up(length))
-        with self.files.reading(seg.segment_id) as fh:
-            self.backend.pread(fh, buf, offset).result()
+        try:
+            with self.files.reading(seg.segment_id) as fh:
+                self.backend.pread(fh, buf, offset).result()
+        except (OSError, EOFError) as exc:
+            raise self._unreadable(seg.segment_id, exc) from None
         self._count(bytes_read=len(buf))
         arr = np.frombuffer(buf, dtype=np.uint8)[:length]
         if xxhash.xxh3_64_intdigest(arr) != xxh3:
