@@ -70,3 +70,9 @@ class FailedPrecondition(KVStoreError):
     """The request refers to state that no longer allows it (e.g. a released lease)."""
 
     code = "FAILED_PRECONDITION"
+
+
+class IndexDamaged(KVStoreError):
+    """The index is missing, damaged, or not this store's: the store refuses to open."""
+
+    code = "FAILED_PRECONDITION"
