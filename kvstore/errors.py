@@ -76,3 +76,9 @@ class PermissionDenied(KVStoreError):
     """The caller's credentials do not allow this namespace."""
 
     code = "PERMISSION_DENIED"
+
+
+class IndexDamaged(KVStoreError):
+    """The index is missing, damaged, or not this store's: the store refuses to open."""
+
+    code = "FAILED_PRECONDITION"

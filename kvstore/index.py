@@ -5,7 +5,8 @@ Databases (keys are raw bytes, values JSON):
 * ``manifests``: prefix id (32 bytes) -> manifest of one stored prefix
 * ``segments``: segment id (8 bytes, big-endian) -> segment record
 * ``chunk_refs`` (dupsort): chunk hash -> prefix ids whose manifest holds it
-* ``meta``: store-wide values (format version)
+* ``meta``: store-wide values: ``format_version`` and ``identity`` (see
+  ``identity.py``)
 * ``scores``: (segment, chunk, group) -> cache score inputs ``I_j``, ``F_j``
 
 LMDB is opened with ``sync=True`` and ``writemap=False``: a committed write
@@ -20,17 +21,26 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, TypeVar
 
 import lmdb
 
-from .errors import StoreFull
+from .errors import IndexDamaged, StoreFull
+from .identity import (
+    FORMAT_VERSION,
+    STORE_ID_FILE,
+    StoreIdentity,
+    check_index_file,
+    damaged,
+    read_store_id_file,
+    write_store_id_file,
+)
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
 T = TypeVar("T")
 
 
@@ -72,12 +82,20 @@ class Index:
         self.scores = self.env.open_db(b"scores")
         self.resizes = 0
 
-        def init(txn):
+    def read_identity(self) -> tuple[int | None, StoreIdentity | None]:
+        """``(format_version, identity)`` as stored; both None in a new index."""
+        with self.read() as txn:
             version = txn.get(b"format_version", db=self.meta)
-            if version is None:
-                txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self.meta)
-            elif int(version) != FORMAT_VERSION:
-                raise RuntimeError(f"index format {int(version)} is not supported (expected {FORMAT_VERSION})")
+            ident = txn.get(b"identity", db=self.meta)
+        return (
+            None if version is None else int(version),
+            None if ident is None else StoreIdentity.from_bytes(ident),
+        )
+
+    def write_identity(self, ident: StoreIdentity) -> None:
+        def init(txn):
+            txn.put(b"format_version", str(FORMAT_VERSION).encode(), db=self.meta)
+            txn.put(b"identity", ident.to_bytes(), db=self.meta)
 
         self.write(init)
 
@@ -117,3 +135,48 @@ class Index:
     def close(self) -> None:
         with self._lock:
             self.env.close()
+
+
+def open_index(data_dir: str, *, map_bytes: int, max_map_bytes: int, has_store_files: bool) -> tuple[Index, StoreIdentity]:
+    """Open ``data_dir``'s index after checking it is whole and this store's; IndexDamaged if not."""
+    index_dir = os.path.join(data_dir, "index")
+    path = os.path.join(index_dir, "data.mdb")
+    check_index_file(data_dir, index_dir, has_store_files)
+    try:
+        index = Index(index_dir, map_bytes=map_bytes, max_map_bytes=max_map_bytes)
+    except lmdb.Error as exc:
+        raise damaged(data_dir, path, f"does not open ({_one_line(exc)})") from None
+    try:
+        return index, _check_identity(index, data_dir, path, has_store_files)
+    except BaseException:
+        index.close()
+        raise
+
+
+def _check_identity(index: Index, data_dir: str, path: str, has_store_files: bool) -> StoreIdentity:
+    try:
+        version, ident = index.read_identity()
+    except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
+        raise damaged(data_dir, path, f"has an unreadable identity record ({_one_line(exc)})") from None
+    file_id = read_store_id_file(data_dir)
+    if version is None:
+        if has_store_files or file_id is not None:
+            raise damaged(data_dir, path, "holds no store identity but the data directory holds a store (a new or replaced index)")
+        ident = StoreIdentity.new()
+        index.write_identity(ident)
+        write_store_id_file(data_dir, ident)
+        return ident
+    if version != FORMAT_VERSION or ident is None:
+        raise IndexDamaged(
+            f"{path}: index format {version} is not supported (this kvstore reads format {FORMAT_VERSION}, "
+            "which records the store's identity); open it with the kvstore that wrote it, or start a new store"
+        )
+    if file_id is None:  # created, then stopped before STORE_ID was written
+        write_store_id_file(data_dir, ident)
+    elif file_id != ident.store_id:
+        raise damaged(data_dir, path, f"belongs to store {ident.store_id} but {STORE_ID_FILE} says {file_id}")
+    return ident
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{exc.__class__.__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"

@@ -165,12 +165,20 @@ def execute_reads(
     views: dict = {}
     mismatches: list[ChecksumMismatch] = []
     with ExitStack() as stack:
-        handles = {s: stack.enter_context(files.reading(s)) for s in by_segment}
-        futures = [backend.pread(handles[seg_id], buf[base : base + run.length], run.offset) for seg_id, run, _, base in plans]
+        handles = {}
+        for seg_id in by_segment:
+            try:
+                handles[seg_id] = stack.enter_context(files.reading(seg_id))
+            except OSError as exc:
+                raise SegmentUnreadable(seg_id, exc) from exc
+        futures = [(seg_id, backend.pread(handles[seg_id], buf[base : base + run.length], run.offset)) for seg_id, run, _, base in plans]
         # wait for every request before the handles are released, even when one fails
-        errors = [exc for f in futures if (exc := _exception(f)) is not None]
-        if errors:
-            raise errors[0]
+        errors = [(seg_id, exc) for seg_id, f in futures if (exc := _exception(f)) is not None]
+    if errors:
+        seg_id, exc = errors[0]
+        if isinstance(exc, (OSError, EOFError)):
+            raise SegmentUnreadable(seg_id, exc) from exc
+        raise exc
     for seg_id, run, members, base in plans:
         for i in members:
             r = refs[i]
@@ -180,6 +188,15 @@ def execute_reads(
                 mismatches.append(ChecksumMismatch(seg_id, f"extent[group={r.group},chunk={r.chunk}]"))
             views[(r.group, r.chunk)] = view
     return views, buf, len(plans), mismatches
+
+
+class SegmentUnreadable(Exception):
+    """A segment file could not be opened, or read to its recorded size."""
+
+    def __init__(self, segment_id: int, cause: BaseException):
+        self.segment_id = segment_id
+        self.cause = cause
+        super().__init__(f"segment {segment_id} unreadable: {cause.__class__.__name__}: {cause}")
 
 
 def _exception(future) -> BaseException | None:

@@ -5,12 +5,24 @@ directory fsync -> LMDB commit of the manifest -> acknowledge.  A crash at
 any point before the commit leaves only an unreferenced segment file, which
 the startup scan removes; a listed prefix always has all of its bytes.  A
 failed fsync is never retried: the store turns read-only until restarted.
+
+Recovery without the index.  The store's identity (``identity.py``) is in
+the index, in ``STORE_ID`` and in every segment's trailer
+(``segment_trailer.py``: the segment record and the manifest of the put that
+wrote it).  Every committed prefix also has a manifest file
+(``manifests/``, see ``manifest_files.py``), written before its index
+commit and removed after its delete's, so a put that writes no segment (all chunks reused) is
+recoverable too, and a deleted prefix is not.  The startup scan deletes a
+segment or manifest file only when the index opened cleanly with this
+store's identity and does not reference it; a missing, truncated, foreign or
+undecodable index is ``IndexDamaged`` and nothing is touched.
+``kvstore-admin rebuild-index`` (``rebuild.py``) restores every prefix with a
+manifest file whose pieces all verify.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import logging
 import os
 import threading
@@ -23,17 +35,20 @@ import xxhash
 
 from . import index as ix
 from .config import StoreConfig
-from .errors import Conflict, DataLoss, InvalidArgument, NotFound, ReadOnly, StoreFull, StoreLocked
+from .errors import Conflict, DataLoss, InvalidArgument, NotFound, ReadOnly, StoreFull
+from .identity import STORE_ID_FILE, damaged, fsync_dir, lock_data_dir
+from .manifest_files import ManifestFiles, is_manifest_file, parse_manifest_file_name
 from .geometry import SegmentLayout, StoreGeometry, align_up
 from .hashing import chunk_hashes, validate_tokens
 from .io import IOBackend, aligned_buffer, make_backend
-from .reader import ReadResult, execute_reads, plan_extents, validate_chunks, validate_groups
+from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import Piece, PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
 from .scores import decode as decode_score
 from .scores import encode as encode_score
 from .scores import unit_key
 from .segment_files import SegmentFiles, parse_segment_file_name, segment_file_name
+from .segment_trailer import encode_trailer
 from .writer import SegmentImage
 
 log = logging.getLogger(__name__)
@@ -63,13 +78,15 @@ class ChunkStore:
         self.data_dir = os.path.abspath(config.data_dir)
         self.segment_dir = os.path.join(self.data_dir, "segments")
         os.makedirs(self.segment_dir, mode=0o750, exist_ok=True)
-        self._lock_fd = self._lock_data_dir()
+        self._lock_fd = lock_data_dir(self.data_dir)
+        self.manifest_files = ManifestFiles(os.path.join(self.data_dir, "manifests"))
         try:
             self.backend = backend or make_backend(config.backend, queue_depth=config.io_queue_depth, direct=config.direct_io)
-            self.index = ix.Index(
-                os.path.join(self.data_dir, "index"),
+            self.index, self.identity = ix.open_index(
+                self.data_dir,
                 map_bytes=config.index_map_bytes,
                 max_map_bytes=config.index_max_map_bytes,
+                has_store_files=self._has_store_files(),
             )
         except BaseException:
             os.close(self._lock_fd)  # releases the flock: the directory may be opened again
@@ -81,20 +98,35 @@ class ChunkStore:
         self._views: dict[str, PrefixView] = {}
         self._segments: dict[int, SegmentInfo] = {}
         self.counters = {"bytes_read": 0, "bytes_written": 0, "reads": 0, "puts": 0, "deletes": 0}
-        self._next_segment_id = self._startup_scan()
         self.scores = ScoreTable()
-        with self.index.read() as txn:
-            self.scores.load(decode_score(k, v) for k, v in txn.cursor(db=self.index.scores))
+        try:
+            self._next_segment_id = self._startup_scan(self._load_records())
+        except BaseException:
+            self.index.close()
+            os.close(self._lock_fd)
+            raise
 
     # ------------------------------------------------------------ lifecycle
-    def _lock_data_dir(self) -> int:
-        fd = os.open(os.path.join(self.data_dir, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    def _has_store_files(self) -> bool:
+        return (
+            os.path.exists(os.path.join(self.data_dir, STORE_ID_FILE))
+            or any(parse_segment_file_name(n) is not None for n in os.listdir(self.segment_dir))
+            or any(is_manifest_file(n) for n in os.listdir(self.manifest_files.directory))
+        )
+
+    def _load_records(self) -> tuple[dict[int, dict], set[str]]:
+        """Segment records and prefix ids from the index; scores into ``self.scores``."""
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            raise StoreLocked(f"{self.data_dir} is in use by another kvstore process") from None
-        return fd
+            with self.index.read() as txn:
+                records = {int.from_bytes(k, "big"): ix.loads(v) for k, v in txn.cursor(db=self.index.segments)}
+                prefixes = {bytes(k).hex() for k in txn.cursor(db=self.index.manifests).iternext(values=False)}
+                self.scores.load(decode_score(k, v) for k, v in txn.cursor(db=self.index.scores))
+            for rec in records.values():
+                int(rec["total_bytes"])
+        except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
+            path = os.path.join(self.index.path, "data.mdb")
+            raise damaged(self.data_dir, path, f"holds an undecodable record ({exc.__class__.__name__})") from None
+        return records, prefixes
 
     def close(self) -> None:
         if not self._read_only:
@@ -110,10 +142,9 @@ class ChunkStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _startup_scan(self) -> int:
-        """Remove orphaned segment files; quarantine records whose file is gone."""
-        with self.index.read() as txn:
-            records = {int.from_bytes(k, "big"): ix.loads(v) for k, v in txn.cursor(db=self.index.segments)}
+    def _startup_scan(self, loaded: tuple[dict[int, dict], set[str]]) -> int:
+        """Remove files the (cleanly opened) index does not reference; quarantine records whose file is gone."""
+        records, prefixes = loaded
         reclaimed_files = reclaimed_bytes = 0
         max_id = max(records, default=0)
         for name in os.listdir(self.segment_dir):
@@ -140,6 +171,7 @@ class ChunkStore:
                 self._quarantine(seg_id, f"segment file truncated ({size} < {rec['total_bytes']} bytes)")
         if reclaimed_files:
             self._fsync_dir()
+        self._sweep_manifest_files(prefixes)
         log.info(
             "opened %s: %d segments, reclaimed %d orphaned files (%d bytes), %d quarantined",
             self.data_dir,
@@ -151,12 +183,15 @@ class ChunkStore:
         self.last_scan = {"segments": len(records), "reclaimed_files": reclaimed_files, "reclaimed_bytes": reclaimed_bytes}
         return max_id + 1
 
+    def _sweep_manifest_files(self, prefixes: set[str]) -> None:
+        """Remove manifest files of puts killed before their commit, deletes killed after theirs."""
+        directory = self.manifest_files.directory
+        for name in os.listdir(directory):
+            if is_manifest_file(name) and parse_manifest_file_name(name) not in prefixes:
+                os.unlink(os.path.join(directory, name))
+
     def _fsync_dir(self) -> None:
-        fd = os.open(self.segment_dir, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.segment_dir)
 
     # ------------------------------------------------------------ state
     @property
@@ -199,6 +234,12 @@ class ChunkStore:
             self.index.write(mark)
         except (lmdb.Error, StoreFull) as exc:  # quarantine still holds in memory
             log.error("could not persist quarantine of segment %d: %s", segment_id, exc)
+
+    def _unreadable(self, segment_id: int, cause: BaseException) -> DataLoss:
+        """Quarantine a segment whose file is gone or short, as a checksum failure would."""
+        reason = f"segment file unreadable ({cause.__class__.__name__}: {cause})"
+        self._quarantine(segment_id, reason)
+        return DataLoss(f"segment {segment_id}: {reason}")
 
     # ------------------------------------------------------------ records
     def _view(self, prefix_id: str) -> PrefixView:
@@ -361,24 +402,14 @@ class ChunkStore:
                 f"{self.config.min_free_bytes} kept in reserve (min_free_bytes)"
             )
 
-    def _commit_index(self, pending: "PendingPut", segment_record: dict | None) -> bool:
+    def _is_stored(self, prefix_id: str) -> bool:
+        with self.index.read() as txn:
+            return txn.get(_prefix_key(prefix_id), db=self.index.manifests) is not None
+
+    def _commit_index(self, pending: "PendingPut", segment_record: dict | None, manifest: dict) -> bool:
         """Commit a put's manifest; False when the prefix was stored meanwhile."""
         key = _prefix_key(pending.prefix_id)
         new_id = segment_record["segment_id"] if segment_record else None
-        pieces = list(pending.reused)
-        if segment_record:
-            n_new = len(pending.hashes) - pending.reused_chunks
-            pieces.append(Piece(new_id, pending.reused_chunks, n_new, 0))
-        manifest = {
-            "prefix_id": pending.prefix_id,
-            "namespace": pending.namespace,
-            "model_fingerprint": pending.model_fingerprint,
-            "geometry": pending.geometry.to_dict(),
-            "num_tokens": int(pending.tokens.size),
-            "chunk_hashes": [h.hex() for h in pending.hashes],
-            "segments": [p.to_dict() for p in pieces],
-            "created": time.time(),
-        }
 
         def txn_fn(txn) -> bool:
             if txn.get(key, db=self.index.manifests) is not None:
@@ -413,9 +444,12 @@ class ChunkStore:
         grp = validate_groups(groups, view.geometry.num_groups)
         segments = {s: self._segment(s) for s in view.segment_ids}
         refs = plan_extents(view, segments, sel, grp)
-        views, buf, nreads, bad = execute_reads(
-            refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes, alloc=alloc
-        )
+        try:
+            views, buf, nreads, bad = execute_reads(
+                refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes, alloc=alloc
+            )
+        except SegmentUnreadable as exc:
+            raise self._unreadable(exc.segment_id, exc.cause) from None
         nbytes = sum(r.padded for r in refs)  # runs are unions of padded extents
         self._count(bytes_read=nbytes, reads=1)
         if bad:
@@ -474,8 +508,11 @@ class ChunkStore:
         if seg.segment_id in self._quarantined:
             raise DataLoss(f"segment {seg.segment_id} is quarantined: {self._quarantined[seg.segment_id]}")
         buf = aligned_buffer(align_up(length))
-        with self.files.reading(seg.segment_id) as fh:
-            self.backend.pread(fh, buf, offset).result()
+        try:
+            with self.files.reading(seg.segment_id) as fh:
+                self.backend.pread(fh, buf, offset).result()
+        except (OSError, EOFError) as exc:
+            raise self._unreadable(seg.segment_id, exc) from None
         self._count(bytes_read=len(buf))
         arr = np.frombuffer(buf, dtype=np.uint8)[:length]
         if xxhash.xxh3_64_intdigest(arr) != xxh3:
@@ -509,7 +546,9 @@ class ChunkStore:
                     txn.put(sk, ix.dumps(rec), db=self.index.segments)
             return freed
 
-        freed = self.index.write(txn_fn)
+        with self.manifest_files.locked(prefix_id):
+            freed = self.index.write(txn_fn)
+            self._remove_manifest_file(prefix_id)
         self._views.pop(prefix_id, None)
         for seg_id in freed:
             self._segments.pop(seg_id, None)
@@ -519,6 +558,12 @@ class ChunkStore:
                 self._quarantined.pop(seg_id, None)
         self._count(deletes=1)
         return freed
+
+    def _remove_manifest_file(self, prefix_id: str) -> None:
+        try:
+            self.manifest_files.remove(prefix_id)
+        except OSError as exc:  # the delete is committed; a rebuild could bring the prefix back
+            self._turn_read_only(f"removing the manifest file of {prefix_id} failed: {exc.strerror or exc}")
 
     # ------------------------------------------------------------ scores
     def units(self, prefix_id: str, chunks, groups) -> list[Unit]:
@@ -764,17 +809,13 @@ class PendingPut:
             raise InvalidArgument("put", "this put was already committed or aborted")
         store = self.store
         store._check_writable()
-        record = None
-        written = 0
         try:
-            if self.image is not None:
-                img = self.image
-                if img.missing:
-                    g, j = img.first_missing()
-                    raise InvalidArgument("extents", f"{img.missing} extents missing, first: group {g} chunk {j}")
-                record = self._segment_record()
-                written = self._write_and_sync()
-            stored = store._commit_index(self, record)
+            if self.image is not None and self.image.missing:
+                g, j = self.image.first_missing()
+                raise InvalidArgument("extents", f"{self.image.missing} extents missing, first: group {g} chunk {j}")
+            record = self._segment_record() if self.image is not None else None
+            with store.manifest_files.locked(self.prefix_id):
+                stored, written = (False, 0) if store._is_stored(self.prefix_id) else self._write_and_commit(record)
         except BaseException:
             self.abort()
             raise
@@ -785,6 +826,32 @@ class PendingPut:
             written = 0
         store._count(puts=1, bytes_written=written)
         return PutResult(self.prefix_id, int(self.tokens.size), self.num_chunks, self.reused_chunks, written, not stored)
+
+    def _write_and_commit(self, record: dict | None) -> tuple[bool, int]:
+        """Segment and manifest file durable, then the index commit; (stored, bytes written)."""
+        manifest = self._manifest()
+        written = self._write_and_sync(record, manifest)
+        try:
+            stored = self.store._commit_index(self, record, manifest)
+        except BaseException:
+            self.store.manifest_files.remove(self.prefix_id)
+            raise
+        return stored, written
+
+    def _manifest(self) -> dict:
+        pieces = list(self.reused)
+        if self.image is not None:
+            pieces.append(Piece(self.segment_id, self.reused_chunks, self.num_chunks - self.reused_chunks, 0))
+        return {
+            "prefix_id": self.prefix_id,
+            "namespace": self.namespace,
+            "model_fingerprint": self.model_fingerprint,
+            "geometry": self.geometry.to_dict(),
+            "num_tokens": int(self.tokens.size),
+            "chunk_hashes": [h.hex() for h in self.hashes],
+            "segments": [p.to_dict() for p in pieces],
+            "created": time.time(),
+        }
 
     def _segment_record(self) -> dict:
         img = self.image
@@ -800,25 +867,37 @@ class PendingPut:
             **img.checksums(),
         }
 
-    def _write_and_sync(self) -> int:
-        store, img = self.store, self.image
-        piece = store.config.write_piece_bytes
-        total = img.layout.total_bytes
+    def _write_and_sync(self, record: dict | None, manifest: dict) -> int:
+        """Segment (with its trailer) and manifest file written and synced, with their directory."""
+        store = self.store
         try:
-            futures = [store.backend.pwrite(self._fh, img.buffer[o : min(o + piece, total)], o) for o in range(0, total, piece)]
-            for f in futures:
-                f.result()
+            written = self._write_segment(record, manifest) if record is not None else 0
+            store.manifest_files.write(manifest)
         except OSError as exc:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFull(f"data file system is full ({exc.strerror}) writing segment {self.segment_id}") from None
+                raise StoreFull(f"data file system is full ({exc.strerror}) writing prefix {self.prefix_id}") from None
             raise
         try:
-            store.backend.fdatasync(self._fh)
-            store._fsync_dir()
+            if record is not None:
+                store.backend.fdatasync(self._fh)
+                store._fsync_dir()
         except OSError as exc:
             store._turn_read_only(f"fdatasync of segment {self.segment_id} failed: {exc.strerror or exc}")
             raise ReadOnly(f"write not durable ({exc.strerror or exc}); store is now read-only") from None
-        return total
+        return written
+
+    def _write_segment(self, record: dict, manifest: dict) -> int:
+        store, img = self.store, self.image
+        piece = store.config.write_piece_bytes
+        total = img.layout.total_bytes
+        trailer = encode_trailer(total, store.identity.store_id, record, manifest)
+        tail = aligned_buffer(len(trailer))
+        tail[:] = trailer
+        futures = [store.backend.pwrite(self._fh, img.buffer[o : min(o + piece, total)], o) for o in range(0, total, piece)]
+        futures.append(store.backend.pwrite(self._fh, tail, total))
+        for f in futures:
+            f.result()
+        return total  # layout bytes, as counted in bytes_written; the trailer is a few KiB more
 
     def _close_file(self) -> None:
         if self._fh is not None:

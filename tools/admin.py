@@ -5,8 +5,12 @@ With ``--socket`` (default: the daemon's default socket, when it exists) or
 ``verify`` need its admin RPCs enabled).  With ``--data-dir`` they open the
 data directory directly, which only works while no daemon holds it (the
 store takes an exclusive lock); opening it runs the startup scan, which
-removes orphaned segment files left by an interrupted put.  Human tables by
-default, ``--json`` for scripts.  Exit status: 0 ok, 1 on an error or when
+removes orphaned segment files left by an interrupted put (only when the
+index opened cleanly and is this store's; a missing or damaged index is
+refused with one line).  ``rebuild-index`` (``--data-dir`` only, daemon
+stopped) moves a damaged index aside and rebuilds it from the segments'
+trailers and the manifest files.  Human tables by default, ``--json`` for
+scripts.  Exit status: 0 ok, 1 on an error or when
 ``verify`` finds a bad or quarantined segment.
 """
 
@@ -18,10 +22,12 @@ import logging
 import os
 import sys
 import time
+from dataclasses import asdict
 
 from kvstore.cli import format_table, human_bytes
 from kvstore.config import StoreConfig
 from kvstore.errors import InvalidArgument, KVStoreError, NotFound
+from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
 
 SHORT_ID_CHARS = 16
@@ -30,7 +36,7 @@ PROCESS_COUNTERS = ("bytes_read", "bytes_written", "reads", "puts", "deletes")
 
 def open_store(data_dir: str) -> ChunkStore:
     """Open an existing store; never creates one."""
-    if not os.path.isdir(os.path.join(data_dir, "index")):
+    if not any(os.path.exists(os.path.join(data_dir, n)) for n in ("index", "segments", "STORE_ID")):
         raise NotFound(f"no kvstore data directory at {os.path.abspath(data_dir)}")
     return ChunkStore(StoreConfig(data_dir=data_dir))
 
@@ -210,6 +216,20 @@ def cmd_verify(admin, args) -> tuple[object, str, int]:
     return {"ok": num_bad == 0, "prefix_id": prefix_id, "segments": results}, text, 1 if num_bad else 0
 
 
+def cmd_rebuild_index(args) -> tuple[object, str, int]:
+    """Runs on the data directory itself, never through a daemon or an opened store."""
+    report = rebuild_index(args.data_dir)
+    rows = [[pid[:SHORT_ID_CHARS], "restored", "-"] for pid in report.restored]
+    rows += [[pid[:SHORT_ID_CHARS], "SKIPPED", why] for pid, why in sorted(report.skipped.items())]
+    text = format_table(["PREFIX", "RESULT", "REASON"], rows)
+    text += "".join(f"\nsegment {s}: not used ({why})" for s, why in sorted(report.bad_segments.items()))
+    text += (
+        f"\nstore {report.store_id}: {len(report.restored)} prefixes restored, {len(report.skipped)} skipped; "
+        f"old index moved to {report.moved_aside or '-'}; cache scores start from zero"
+    )
+    return asdict(report), text, 1 if report.skipped else 0
+
+
 COMMANDS = {"ls": cmd_ls, "inspect": cmd_inspect, "stats": cmd_stats, "delete": cmd_delete, "verify": cmd_verify}
 
 
@@ -238,6 +258,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", parents=[common], help="re-read and check every checksum (exit 1 if any fails)")
     p.add_argument("prefix", nargs="?", help="only this prefix's segments")
     p.add_argument("--all", action="store_true", help="every segment of the store (the default)")
+    sub.add_parser(
+        "rebuild-index", parents=[common],
+        help="daemon stopped: move the index aside and rebuild it from the segments (exit 1 if a prefix is skipped)",
+    )
     return parser
 
 
@@ -249,11 +273,14 @@ def main(argv: list[str] | None = None) -> int:
     from engine_client.client import KVStoreRpcError
 
     try:
-        admin = connect(args)
-        try:
-            data, text, status = COMMANDS[args.command](admin, args)
-        finally:
-            admin.close()
+        if args.command == "rebuild-index":
+            data, text, status = cmd_rebuild_index(args)
+        else:
+            admin = connect(args)
+            try:
+                data, text, status = COMMANDS[args.command](admin, args)
+            finally:
+                admin.close()
     except (KVStoreError, KVStoreRpcError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -37,11 +37,11 @@ _pwritev = os.pwritev
 _state_lock = allocate_lock()
 
 
-def _direct_supported(path: str) -> bool:
-    directory = os.path.dirname(os.path.abspath(path)) or "."
-    probe = os.path.join(directory, f".odirect-probe-{os.getpid()}")
+def _direct_supported(directory: str) -> bool:
+    """Whether files in ``directory`` open with O_DIRECT (a private probe file)."""
+    probe = os.path.join(directory, f".odirect-probe-{os.getpid()}-{threading.get_ident()}")
     try:
-        fd = os.open(probe, os.O_CREAT | os.O_RDWR | os.O_DIRECT, 0o600)
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_DIRECT, 0o600)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             return False
@@ -160,7 +160,8 @@ class PosixBackend(IOBackend):
             raise ValueError("queue_depth must be >= 1")
         self.queue_depth = queue_depth
         self.direct = direct
-        self._direct_checked: dict[str, bool] = {}
+        self._direct_checked: dict[str, bool] = {}  # directory -> O_DIRECT works there
+        self._probe_lock = threading.Lock()  # one probe per directory, however many first opens race
         self._queue: SimpleQueue = SimpleQueue()
         self._threads: list[threading.Thread] = []  # started on demand, up to queue_depth
         self._lock = threading.Lock()  # orders submits against shutdown
@@ -173,10 +174,14 @@ class PosixBackend(IOBackend):
             return False
         directory = os.path.dirname(os.path.abspath(path))
         ok = self._direct_checked.get(directory)
-        if ok is None:
-            ok = self._direct_checked[directory] = _direct_supported(path)
-            if not ok:
-                log.warning("file system under %s refuses O_DIRECT; using buffered I/O there", directory)
+        if ok is not None:
+            return ok
+        with self._probe_lock:
+            ok = self._direct_checked.get(directory)
+            if ok is None:
+                ok = self._direct_checked[directory] = _direct_supported(directory)
+                if not ok:
+                    log.warning("file system under %s refuses O_DIRECT; using buffered I/O there", directory)
         return ok
 
     def open(self, path: str, *, write: bool = False) -> FileHandle:

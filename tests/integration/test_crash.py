@@ -1,4 +1,4 @@
-"""SIGKILL in the middle of many concurrent puts loses nothing acknowledged."""
+"""SIGKILL in the middle of puts and deletes loses nothing acknowledged and lists nothing unacknowledged."""
 
 import os
 import signal
@@ -8,6 +8,7 @@ import textwrap
 import time
 
 import numpy as np
+import pytest
 from helpers import data_root, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
@@ -113,3 +114,124 @@ def test_sigkill_during_concurrent_puts(tmp_path):
         # the files of puts in flight were reclaimed: every file belongs to a listed prefix
         referenced = {s["file"] for pid in listed for s in store.inspect(pid)["segments"]}
         assert set(os.listdir(store.segment_dir)) == referenced
+
+
+# ------------------------------------------------------------ kill sweep over every step
+SWEEP_GEO = StoreGeometry(ModelSpec(4, 2, 64, "float16"), chunk_tokens=16, period_layers=2)
+SWEEP_OPS = 24
+
+
+def sweep_inputs(i: int):
+    """Prefix i of the sweep; odd ones share their first 3 chunks with prefix i-1."""
+    tokens, kv = make_tokens(80, 100 + i), make_kv(SWEEP_GEO, 80, 100 + i)
+    if i % 2:
+        tokens[:48] = make_tokens(80, 99 + i)[:48]
+        kv[:, :, :, :48] = make_kv(SWEEP_GEO, 80, 99 + i)[:, :, :, :48]
+    return tokens, kv
+
+
+def sweep_plan(seed: int) -> list[tuple[str, int]]:
+    """A random mix of puts and deletes of stored prefixes.
+
+    Each step is ``(operation, prefix)``; ``EXPECT`` says what an acknowledged
+    step promises, so further store operations (eviction, compaction) join the
+    sweep as one entry in each of ``EXPECT`` and the writer's ``OPS``.
+    """
+    rng = np.random.default_rng(seed)
+    plan, stored = [], []
+    for i in range(SWEEP_OPS):
+        if stored and rng.random() < 0.35:
+            plan.append(("delete", stored.pop(int(rng.integers(len(stored))))))
+        else:
+            plan.append(("put", i))
+            stored.append(i)
+    return plan
+
+
+EXPECT = {"put": True, "delete": False}  # listed after an acknowledged step?
+
+SWEEP_WRITER = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [{root!r}, {root!r} + "/tests", {tests!r}]
+    from test_crash import SWEEP_GEO, sweep_inputs, sweep_plan
+    from kvstore.config import StoreConfig
+    from kvstore.hashing import chunk_hashes
+    from kvstore.store import ChunkStore
+
+    def pid(i):
+        return chunk_hashes(sweep_inputs(i)[0], SWEEP_GEO, "", "")[-1].hex()
+
+    OPS = {{
+        "put": lambda store, i: store.put(*sweep_inputs(i), SWEEP_GEO),
+        "delete": lambda store, i: store.delete(pid(i)),
+    }}
+    store = ChunkStore(StoreConfig(data_dir={data!r}, min_free_bytes=0))
+    print("OPEN", flush=True)
+    for step, (op, i) in enumerate(sweep_plan({seed})):
+        print("BEGIN", step, flush=True)
+        OPS[op](store, i)
+        print("ACK", step, flush=True)
+    print("DONE", flush=True)
+    """
+)
+
+
+def run_and_kill(data: str, seed: int) -> tuple[set[int], set[int]]:
+    """Run the sweep writer, SIGKILL it at a random point of a random step; (begun, acked) steps."""
+    rng = np.random.default_rng(seed)
+    kill_at, delay_s = int(rng.integers(SWEEP_OPS)), float(rng.uniform(0, 0.004))
+    script = SWEEP_WRITER.format(root=data_root(), tests=os.path.join(data_root(), "tests", "integration"), data=data, seed=seed)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    said = {"BEGIN": set(), "ACK": set(), "OPEN": set(), "DONE": set()}
+    for line in proc.stdout:
+        kind, *rest = line.split()
+        said[kind].update(int(r) for r in rest)
+        if kind == "BEGIN" and int(rest[0]) == kill_at:
+            time.sleep(delay_s)  # a random point inside (or just after) the step
+            break
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for line in proc.stdout:  # what the writer said before it died is still in the pipe
+        kind, *rest = line.split()
+        said[kind].update(int(r) for r in rest)
+    proc.stdout.close()
+    return said["BEGIN"], said["ACK"]
+
+
+def check_after_kill(data: str, seed: int, begun: set[int], acked: set[int]) -> None:
+    """Acknowledged steps hold; only a step in flight may have gone either way."""
+    plan = sweep_plan(seed)
+    must, may = {}, {}
+    for step in sorted(begun):
+        op, i = plan[step]
+        pid = chunk_hashes(sweep_inputs(i)[0], SWEEP_GEO, "", "")[-1].hex()
+        (must if step in acked else may)[pid] = (EXPECT[op], i)
+        if step not in acked:
+            must.pop(pid, None)
+    with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
+        listed = {p["prefix_id"] for p in store.list_prefixes()}
+        assert {p for p, (on, _) in must.items() if on} <= listed
+        assert not {p for p, (on, _) in must.items() if not on} & listed
+        known = {p: i for p, (_, i) in {**must, **may}.items()}
+        assert listed <= set(known), "a prefix no step wrote is listed"
+        for pid in listed:
+            kv = sweep_inputs(known[pid])[1]
+            np.testing.assert_array_equal(store.read(pid, range(SWEEP_GEO.num_chunks(80))).to_kv(), kv)
+        assert all(r["ok"] and not r["quarantined"] for r in store.verify())
+
+
+def sweep(tmp_path, seeds) -> None:
+    for seed in seeds:
+        data = str(tmp_path / f"sweep{seed}")
+        begun, acked = run_and_kill(data, seed)
+        check_after_kill(data, seed, begun, acked)
+
+
+def test_sigkill_at_random_steps_of_put_and_delete(tmp_path):
+    sweep(tmp_path, range(10))
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_steps_of_put_and_delete_many(tmp_path):
+    sweep(tmp_path, range(100, 160))
