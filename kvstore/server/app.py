@@ -65,6 +65,8 @@ class Daemon:
         if self.arena is not None:
             self.sessions = ShmSessions(self.arena, cfg.shm_socket)
             self.sessions.start()
+        # extents of deleted, evicted and compacted segments leave memory (pinned ones age out)
+        self.store.capacity.on_segments_freed.append(self.tiers.drop_segment)
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
         if cfg.socket_path:
             server = self._server([])

@@ -26,6 +26,8 @@ from .prefetch import serve_prefetch
 from .status import Draining, streaming, unary
 from .tiers import TierManager
 
+CAPACITY_STATS = ("max_disk_bytes", "disk_used_bytes", "disk_reserved_bytes", "evictions", "evicted_bytes", "compactions", "compaction_reclaimed_bytes")
+
 
 class Service:
     """What every servicer shares: the store, its thread pool, drain state."""
@@ -161,6 +163,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             if svc.sessions is None:
                 raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
             svc.sessions.check(session)
+        hold = svc.store.holds.hold(pid)  # not evicted nor moved while the stream lasts
+        context.add_done_callback(lambda _ctx: hold.release())
         counts = geo.chunk_token_counts(view.num_tokens)[chunks]
         header = pb.ReadHeader(
             geometry=geometry_to_pb(geo),
@@ -196,6 +200,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             svc.store.record_access(pid, chunks, groups)
         finally:
             reader.finish()
+            hold.release()
 
     @streaming
     async def Prefetch(self, request_iterator, context):
@@ -262,10 +267,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @unary
     async def Delete(self, request, context):
         pid = await self.svc.run(self.svc.store.resolve, request.prefix_id)
-        freed = await self.svc.run(self.svc.store.delete, pid)
-        if self.svc.tiers is not None:
-            for seg in freed:  # extents of freed segments leave memory (pinned ones age out)
-                self.svc.tiers.drop_segment(seg)
+        await self.svc.run(self.svc.store.delete, pid)  # freed segments leave the memory tiers (app.py)
         return pb.DeleteResponse(prefix_id=pid)
 
     @unary
@@ -289,6 +291,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             latency=[pb.LatencySummary(**row) for row in svc.metrics.summary()],
             index_map_bytes=s["index_map_bytes"],
             version=__version__,
+            **{k: s[k] for k in CAPACITY_STATS},
             **_tier_stats(svc),
         )
 
@@ -349,6 +352,17 @@ class AdminServicer(pb_grpc.KVStoreAdminServicer):
                 for r in reports
             ]
         )
+
+
+    @unary
+    async def Evict(self, request, context):
+        res = await self.svc.run(self.svc.store.capacity.evict_to, request.to_bytes)
+        return pb.EvictResponse(evicted=res["evicted"], bytes_freed=res["bytes_freed"], disk_used_bytes=res["disk_used_bytes"])
+
+    @unary
+    async def Compact(self, request, context):
+        res = await self.svc.run(self.svc.store.capacity.compact)
+        return pb.CompactResponse(**res)
 
 
 class _GroupReader:
