@@ -27,8 +27,11 @@ class PrefixHold:
             if self._released:
                 return
             self._released = True
-            self._holds._count.subtract(self._prefix_ids)
-            self._holds._count += Counter()  # drop zero counts
+            count = self._holds._count
+            for p in self._prefix_ids:
+                count[p] -= 1
+                if not count[p]:
+                    del count[p]
 
     def __enter__(self) -> "PrefixHold":
         return self
