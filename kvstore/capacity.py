@@ -109,7 +109,7 @@ class DiskCapacity:
         try:
             crash_point("evict:claimed")
             before = self.used_bytes
-            self.store.delete(prefix_id)
+            self.store.delete(prefix_id, compact=False)  # compacted once, after the last victim
         except NotFound:
             return False
         finally:

@@ -26,7 +26,15 @@ from .prefetch import serve_prefetch
 from .status import Draining, streaming, unary
 from .tiers import TierManager
 
-CAPACITY_STATS = ("max_disk_bytes", "disk_used_bytes", "disk_reserved_bytes", "evictions", "evicted_bytes", "compactions", "compaction_reclaimed_bytes")
+CAPACITY_STATS = (
+    "max_disk_bytes",
+    "disk_used_bytes",
+    "disk_reserved_bytes",
+    "evictions",
+    "evicted_bytes",
+    "compactions",
+    "compaction_reclaimed_bytes",
+)
 
 
 class Service:
@@ -352,7 +360,6 @@ class AdminServicer(pb_grpc.KVStoreAdminServicer):
                 for r in reports
             ]
         )
-
 
     @unary
     async def Evict(self, request, context):
