@@ -156,3 +156,13 @@ def test_evict_to_bytes_by_hand_and_bad_watermarks(store_config):
         StoreConfig(data_dir=store_config.data_dir, disk_low_watermark=0.9, disk_high_watermark=0.8)
     with pytest.raises(InvalidArgument, match="max_disk_bytes"):
         StoreConfig(data_dir=store_config.data_dir, max_disk_bytes=-1)
+
+
+def test_eviction_unlocks_a_segment_only_shared_prefixes_reference(store_config):
+    with ChunkStore(store_config) as store:
+        a, kv_a = put(store, 0)
+        res = store.put(make_tokens(TOKENS, 0)[:128], kv_a[:, :, :, :128], GEO)
+        assert res.bytes_written == 0  # all 8 chunks reused: both prefixes share one segment
+        out = store.capacity.evict_to(0)
+        assert out["evicted"] == [a, res.prefix_id]  # a freed nothing alone; without it, the other frees all
+        assert out["disk_used_bytes"] == 0 and segment_files(store) == []
