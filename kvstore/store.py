@@ -356,7 +356,9 @@ class ChunkStore:
         """A segment written exactly as a put writes one, for ``view``'s chunks in ``image``."""
         hashes = [bytes.fromhex(h) for h in view.chunk_hashes]
         tokens = np.zeros(view.num_tokens, dtype=np.int64)  # sizes only: a segment holds no tokens
-        pending = PendingPut(self, view.prefix_id, tokens, view.geometry, view.namespace, view.model_fingerprint, hashes, image.first_chunk, [])
+        pending = PendingPut(
+            self, view.prefix_id, tokens, view.geometry, view.namespace, view.model_fingerprint, hashes, image.first_chunk, []
+        )
         pending._open_segment(segment_id, image)
         return pending
 

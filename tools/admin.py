@@ -206,7 +206,8 @@ def cmd_delete(admin, args) -> tuple[object, str, int]:
 def cmd_evict(admin, args) -> tuple[object, str, int]:
     res = admin.evict(args.to_bytes)
     text = "\n".join(f"evicted {p}" for p in res["evicted"])
-    text += f"\n{len(res['evicted'])} prefixes evicted, {human_bytes(res['bytes_freed'])} freed, {human_bytes(res['disk_used_bytes'])} stored"
+    freed, stored = human_bytes(res["bytes_freed"]), human_bytes(res["disk_used_bytes"])
+    text += f"\n{len(res['evicted'])} prefixes evicted, {freed} freed, {stored} stored"
     return res, text.strip(), 0
 
 
