@@ -424,6 +424,14 @@ class KVStoreClient:
     def verify(self, prefix_id: str = "", *, timeout=None) -> list:
         return list(_rpc(self.admin.Verify, pb.VerifyRequest(prefix_id=prefix_id), **self._kw(timeout)).segments)
 
+    def evict(self, to_bytes: int, *, timeout=None) -> pb.EvictResponse:
+        """Evict prefixes until the daemon stores at most ``to_bytes`` of segment files."""
+        return _rpc(self.admin.Evict, pb.EvictRequest(to_bytes=to_bytes), **self._kw(timeout))
+
+    def compact(self, *, timeout=None) -> pb.CompactResponse:
+        """Compact every mostly-dead segment now."""
+        return _rpc(self.admin.Compact, pb.CompactRequest(), **self._kw(timeout))
+
 
 def as_numpy_kv(kv) -> np.ndarray:
     """numpy view of a KV array or torch tensor (bfloat16 as raw uint16)."""

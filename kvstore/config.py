@@ -37,6 +37,10 @@ class StoreConfig:
     max_prefix_tokens: int = _opt(1 << 20, "longest prefix accepted, in tokens")
     min_free_bytes: int = _opt(64 * MiB, "free space kept on the data file system; puts beyond it fail as full")
     read_only: bool = _opt(False, "open the store read-only (maintenance): writes fail with FAILED_PRECONDITION")
+    max_disk_bytes: int = _opt(0, "bytes of segment files the store may hold; 0 = unlimited (only min_free_bytes applies)")
+    disk_high_watermark: float = _opt(0.95, "fraction of max_disk_bytes a put may not cross without evicting first")
+    disk_low_watermark: float = _opt(0.85, "fraction of max_disk_bytes eviction brings the usage down to")
+    compact_live_fraction: float = _opt(0.5, "a segment whose referenced chunks span less than this fraction of it is compacted")
 
     def __post_init__(self) -> None:
         from .io import BACKENDS
@@ -53,6 +57,16 @@ class StoreConfig:
         for name in ("max_read_run_bytes", "write_piece_bytes"):
             if getattr(self, name) % 4096:
                 raise InvalidArgument(name, "must be a multiple of 4096")
+        if self.max_disk_bytes < 0:
+            raise InvalidArgument("max_disk_bytes", "must not be negative (0 = unlimited)")
+        if not 0 < self.disk_low_watermark < self.disk_high_watermark <= 1:
+            raise InvalidArgument(
+                "disk_low_watermark",
+                f"watermarks must satisfy 0 < disk_low_watermark < disk_high_watermark <= 1, "
+                f"got {self.disk_low_watermark} and {self.disk_high_watermark}",
+            )
+        if not 0 < self.compact_live_fraction <= 1:
+            raise InvalidArgument("compact_live_fraction", f"must be in (0, 1], got {self.compact_live_fraction}")
         if self.index_max_map_bytes < self.index_map_bytes:
             raise InvalidArgument("index_max_map_bytes", "must be at least index_map_bytes")
 

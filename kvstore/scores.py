@@ -62,6 +62,29 @@ class ScoreTable:
                 del self._scores[unit]
                 self._dirty.add(unit)
 
+    def segment_totals(self) -> dict[int, float]:
+        """Sum of ``S_j`` over each segment's units."""
+        out: dict[int, float] = {}
+        with self._lock:
+            for (seg, _, _), s in self._scores.items():
+                out[seg] = out.get(seg, 0.0) + s.score
+        return out
+
+    def span_scores(self, segment_id: int, lo: int, hi: int, new_segment_id: int) -> list[tuple[Unit, "UnitScore"]]:
+        """The scores of local chunks ``[lo, hi)``, keyed as chunks ``[0, hi-lo)`` of the new segment."""
+        with self._lock:
+            return [
+                ((new_segment_id, c - lo, g), UnitScore(s.importance, s.frequency))
+                for (seg, c, g), s in self._scores.items()
+                if seg == segment_id and lo <= c < hi
+            ]
+
+    def replace_segment(self, segment_id: int, moved: list[tuple[Unit, "UnitScore"]]) -> None:
+        """A compacted segment's scores now live under its copy (already persisted)."""
+        self.drop_segment(segment_id)
+        with self._lock:
+            self._scores.update(moved)
+
     def take_dirty(self) -> list[tuple[Unit, UnitScore | None]]:
         """Changed entries since the last call (None: removed)."""
         with self._lock:

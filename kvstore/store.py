@@ -34,12 +34,15 @@ import numpy as np
 import xxhash
 
 from . import index as ix
+from .capacity import DiskCapacity
 from .config import StoreConfig
 from .errors import Conflict, DataLoss, InvalidArgument, NotFound, ReadOnly, StoreFull
+from .faults import crash_point
 from .identity import STORE_ID_FILE, damaged, fsync_dir, lock_data_dir
 from .manifest_files import ManifestFiles, is_manifest_file, parse_manifest_file_name
 from .geometry import SegmentLayout, StoreGeometry, align_up
 from .hashing import chunk_hashes, validate_tokens
+from .holds import PrefixHolds
 from .io import IOBackend, aligned_buffer, make_backend
 from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import Piece, PrefixView, SegmentInfo
@@ -97,6 +100,7 @@ class ChunkStore:
         self._quarantined: dict[int, str] = {}
         self._views: dict[str, PrefixView] = {}
         self._segments: dict[int, SegmentInfo] = {}
+        self.holds = PrefixHolds()  # prefixes being read or written are never evicted or moved
         self.counters = {"bytes_read": 0, "bytes_written": 0, "reads": 0, "puts": 0, "deletes": 0}
         self.scores = ScoreTable()
         try:
@@ -105,6 +109,7 @@ class ChunkStore:
             self.index.close()
             os.close(self._lock_fd)
             raise
+        self.capacity = DiskCapacity(self)
 
     # ------------------------------------------------------------ lifecycle
     def _has_store_files(self) -> bool:
@@ -368,15 +373,34 @@ class ChunkStore:
             k = reuse_chunks
         reused = holder.pieces_upto(k) if holder and k else []
         pending = PendingPut(self, prefix_id, arr, geometry, namespace, model_fingerprint, hashes, k, reused)
+        pending._hold = self.holds.hold(prefix_id, holder.prefix_id if reused else None)
         if k == len(hashes):
             return pending
         c = geometry.chunk_tokens
         layout = SegmentLayout(geometry, arr.size - k * c)
-        self._check_space(layout.total_bytes)
+        try:
+            pending._reserved = self.capacity.reserve(layout.total_bytes)
+            self._check_space(layout.total_bytes)
+        except BaseException:
+            pending.abort()
+            raise
+        pending._open_segment(self._new_segment_id(), SegmentImage(layout, first_chunk=k))
+        return pending
+
+    def _new_segment_id(self) -> int:
         with self._state_lock:
             segment_id = self._next_segment_id
             self._next_segment_id += 1
-        pending._open_segment(segment_id, SegmentImage(layout, first_chunk=k))
+        return segment_id
+
+    def pending_segment(self, view: PrefixView, segment_id: int, image: SegmentImage) -> "PendingPut":
+        """A segment written exactly as a put writes one, for ``view``'s chunks in ``image``."""
+        hashes = [bytes.fromhex(h) for h in view.chunk_hashes]
+        tokens = np.zeros(view.num_tokens, dtype=np.int64)  # sizes only: a segment holds no tokens
+        pending = PendingPut(
+            self, view.prefix_id, tokens, view.geometry, view.namespace, view.model_fingerprint, hashes, image.first_chunk, []
+        )
+        pending._open_segment(segment_id, image)
         return pending
 
     def put(self, tokens, kv: np.ndarray, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> PutResult:
@@ -436,6 +460,10 @@ class ChunkStore:
 
         ``alloc(nbytes) -> buffer`` may supply the (4 KiB aligned) destination.
         """
+        with self.holds.hold(prefix_id):
+            return self._read(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
+
+    def _read(self, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:
         view = self._view(prefix_id)
         q = self._prefix_quarantine(view)
         if q:
@@ -472,32 +500,35 @@ class ChunkStore:
 
     def read_summaries(self, prefix_id: str) -> np.ndarray:
         """Key summaries ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
-        view = self._view(prefix_id)
-        parts = []
-        for p in view.pieces:
-            seg = self._segment(p.segment_id)
-            arr = self._read_region(seg, "summaries", seg.layout.summaries_offset, seg.layout.summaries_length, seg.summaries_xxh3)
-            full = arr.view(np.float32).reshape(seg.layout.num_chunks, *self._summary_tail(view.geometry))
-            parts.append(full[p.segment_chunk : p.segment_chunk + p.num_chunks])
-        return np.concatenate(parts, axis=0)
+        with self.holds.hold(prefix_id):
+            view = self._view(prefix_id)
+            return np.concatenate([self._piece_summaries(view, p) for p in view.pieces], axis=0)
+
+    def _piece_summaries(self, view: PrefixView, p: Piece) -> np.ndarray:
+        seg = self._segment(p.segment_id)
+        arr = self._read_region(seg, "summaries", seg.layout.summaries_offset, seg.layout.summaries_length, seg.summaries_xxh3)
+        full = arr.view(np.float32).reshape(seg.layout.num_chunks, *self._summary_tail(view.geometry))
+        return full[p.segment_chunk : p.segment_chunk + p.num_chunks]
 
     def read_probe_keys(self, prefix_id: str, group: int) -> np.ndarray:
         """Keys of the group's first layer: ``[kv_heads, tokens, head_dim]``."""
-        view = self._view(prefix_id)
-        geo = view.geometry
-        if not geo.probe_keys:
-            raise InvalidArgument("group", "this prefix was stored without probe keys")
-        (g,) = validate_groups([group], geo.num_groups)
-        parts = []
-        for p in view.pieces:
-            seg = self._segment(p.segment_id)
-            lay = seg.layout
-            arr = self._read_region(seg, f"probe[group={g}]", lay.probe_offsets[g], lay.probe_length, seg.probe_xxh3[g])
-            keys = arr.view(geo.model.numpy_dtype()).reshape(geo.model.num_kv_heads, lay.num_tokens, geo.model.head_dim)
-            t0 = int(lay.token_offsets[p.segment_chunk])
-            t1 = int(lay.token_offsets[p.segment_chunk + p.num_chunks])
-            parts.append(keys[:, t0:t1])
-        return np.concatenate(parts, axis=1)
+        with self.holds.hold(prefix_id):
+            view = self._view(prefix_id)
+            geo = view.geometry
+            if not geo.probe_keys:
+                raise InvalidArgument("group", "this prefix was stored without probe keys")
+            (g,) = validate_groups([group], geo.num_groups)
+            return np.concatenate([self._piece_probe_keys(view, p, g) for p in view.pieces], axis=1)
+
+    def _piece_probe_keys(self, view: PrefixView, p: Piece, g: int) -> np.ndarray:
+        m = view.geometry.model
+        seg = self._segment(p.segment_id)
+        lay = seg.layout
+        arr = self._read_region(seg, f"probe[group={g}]", lay.probe_offsets[g], lay.probe_length, seg.probe_xxh3[g])
+        keys = arr.view(m.numpy_dtype()).reshape(m.num_kv_heads, lay.num_tokens, m.head_dim)
+        t0 = int(lay.token_offsets[p.segment_chunk])
+        t1 = int(lay.token_offsets[p.segment_chunk + p.num_chunks])
+        return keys[:, t0:t1]
 
     @staticmethod
     def _summary_tail(geo: StoreGeometry) -> tuple[int, int, int, int]:
@@ -521,12 +552,16 @@ class ChunkStore:
         return arr
 
     # ------------------------------------------------------------ delete
-    def delete(self, prefix_id: str) -> list[int]:
-        """Unlist the prefix, then free segments no other prefix references; returns those."""
+    def delete(self, prefix_id: str, *, compact: bool = True) -> list[int]:
+        """Unlist the prefix, then free segments no other prefix references; returns those.
+
+        Then (unless ``compact`` is false) segments it shared that are now
+        mostly dead are compacted.
+        """
         self._check_writable()
         key = _prefix_key(prefix_id)
 
-        def txn_fn(txn) -> list[int]:
+        def txn_fn(txn) -> tuple[list[int], int]:
             raw = txn.get(key, db=self.index.manifests)
             if raw is None:
                 raise NotFound(f"prefix {prefix_id} is not stored")
@@ -534,7 +569,7 @@ class ChunkStore:
             txn.delete(key, db=self.index.manifests)
             for h in m["chunk_hashes"]:
                 txn.delete(bytes.fromhex(h), key, db=self.index.chunk_refs)
-            freed = []
+            freed, freed_bytes = [], 0
             for seg_id in sorted({p["segment_id"] for p in m["segments"]}):
                 sk = ix.seg_key(seg_id)
                 rec = ix.loads(txn.get(sk, db=self.index.segments))
@@ -542,12 +577,14 @@ class ChunkStore:
                 if rec["refcount"] <= 0:
                     txn.delete(sk, db=self.index.segments)
                     freed.append(seg_id)
+                    freed_bytes += rec["total_bytes"]
                 else:
                     txn.put(sk, ix.dumps(rec), db=self.index.segments)
-            return freed
+            return freed, freed_bytes
 
         with self.manifest_files.locked(prefix_id):
-            freed = self.index.write(txn_fn)
+            freed, freed_bytes = self.index.write(txn_fn)
+            crash_point("delete:committed")
             self._remove_manifest_file(prefix_id)
         self._views.pop(prefix_id, None)
         for seg_id in freed:
@@ -557,6 +594,9 @@ class ChunkStore:
             with self._state_lock:
                 self._quarantined.pop(seg_id, None)
         self._count(deletes=1)
+        self.capacity.segments_freed(freed, freed_bytes)
+        if compact:
+            self.capacity.compact()
         return freed
 
     def _remove_manifest_file(self, prefix_id: str) -> None:
@@ -725,6 +765,7 @@ class ChunkStore:
             "index_resizes": self.index.resizes,
             "read_only": self._read_only,
             "quarantined_segments": len(self._quarantined),
+            **self.capacity.stats(),
             **counters,
         }
 
@@ -751,6 +792,8 @@ class PendingPut:
         self.image: SegmentImage | None = None
         self._fh = None
         self._done = False
+        self._hold = None  # PrefixHold: this prefix and the one it reuses chunks of
+        self._reserved = 0  # bytes of max_disk_bytes reserved for the new segment
 
     @property
     def num_chunks(self) -> int:
@@ -821,6 +864,7 @@ class PendingPut:
             raise
         self._close_file()
         self._done = True
+        self._settle(record["total_bytes"] if stored and record else 0)
         if not stored and self.segment_id is not None:
             store.files.remove(self.segment_id)  # a concurrent put stored it first
             written = 0
@@ -904,11 +948,21 @@ class PendingPut:
             self.store.backend.close(self._fh)
             self._fh = None
 
+    def _settle(self, stored_bytes: int) -> None:
+        """The put is over: its reservation becomes stored bytes (or goes), its hold ends."""
+        capacity = self.store.capacity
+        capacity.unreserve(self._reserved)
+        capacity.segments_added(stored_bytes)
+        self._reserved = 0
+        if self._hold is not None:
+            self._hold.release()
+
     def abort(self) -> None:
         """Drop an uncommitted put; its file (if any) is removed."""
         if self._done:
             return
         self._done = True
+        self._settle(0)
         self._close_file()
         if self.segment_id is not None and not self.store.read_only:
             try:

@@ -65,6 +65,12 @@ class LocalAdmin:
         prefix_id = self.store.resolve(prefix) if prefix else None
         return prefix_id, self.store.verify(prefix_id)
 
+    def evict(self, to_bytes: int) -> dict:
+        return self.store.capacity.evict_to(to_bytes)
+
+    def compact(self) -> dict:
+        return self.store.capacity.compact()
+
     def close(self) -> None:
         self.store.close()
 
@@ -102,6 +108,13 @@ class RemoteAdmin:
              "quarantined": quarantined.get(r.segment_id)}
             for r in reports
         ]
+
+    def evict(self, to_bytes: int) -> dict:
+        res = self.client.evict(to_bytes)
+        return {**_message_dict(res), "evicted": list(res.evicted)}
+
+    def compact(self) -> dict:
+        return _message_dict(self.client.compact())
 
     def close(self) -> None:
         self.client.close()
@@ -182,6 +195,9 @@ def cmd_stats(admin, args) -> tuple[object, str, int]:
     st = admin.stats()
     rows = [[k, human_bytes(v) if "bytes" in k else ("-" if v is None else v)] for k, v in st.items() if k != "latency"]
     text = format_table(None, rows)
+    if st.get("max_disk_bytes"):
+        used, cap = st["disk_used_bytes"], st["max_disk_bytes"]
+        text += f"\n\ndisk: {human_bytes(used)} of {human_bytes(cap)} ({100 * used / cap:.1f}% of max_disk_bytes)"
     if st.get("latency"):
         lat = [[r["rpc"], r["count"], f"{r['p50_ms']:.2f}", f"{r['p90_ms']:.2f}", f"{r['p99_ms']:.2f}"] for r in st["latency"]]
         text += "\n\n" + format_table(["RPC", "COUNT", "P50 MS", "P90 MS", "P99 MS"], lat, right={1, 2, 3, 4})
@@ -191,6 +207,33 @@ def cmd_stats(admin, args) -> tuple[object, str, int]:
 def cmd_delete(admin, args) -> tuple[object, str, int]:
     prefix_id = admin.delete(args.prefix)
     return {"deleted": prefix_id}, f"deleted {prefix_id}", 0
+
+
+def cmd_evict(admin, args) -> tuple[object, str, int]:
+    res = admin.evict(args.to_bytes)
+    text = "\n".join(f"evicted {p}" for p in res["evicted"])
+    freed, stored = human_bytes(res["bytes_freed"]), human_bytes(res["disk_used_bytes"])
+    text += f"\n{len(res['evicted'])} prefixes evicted, {freed} freed, {stored} stored"
+    return res, text.strip(), 0
+
+
+def cmd_compact(admin, args) -> tuple[object, str, int]:
+    res = admin.compact()
+    text = (
+        f"{res['segments_compacted']} segments compacted, {human_bytes(res['bytes_reclaimed'])} reclaimed, "
+        f"{human_bytes(res['disk_used_bytes'])} stored"
+    )
+    return res, text, 0
+
+
+def _non_negative_bytes(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of bytes, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
+    return value
 
 
 def _verify_row(r: dict) -> list:
@@ -230,7 +273,15 @@ def cmd_rebuild_index(args) -> tuple[object, str, int]:
     return asdict(report), text, 1 if report.skipped else 0
 
 
-COMMANDS = {"ls": cmd_ls, "inspect": cmd_inspect, "stats": cmd_stats, "delete": cmd_delete, "verify": cmd_verify}
+COMMANDS = {
+    "ls": cmd_ls,
+    "inspect": cmd_inspect,
+    "stats": cmd_stats,
+    "delete": cmd_delete,
+    "verify": cmd_verify,
+    "evict": cmd_evict,
+    "compact": cmd_compact,
+}
 
 
 # ------------------------------------------------------------ arguments
@@ -262,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
         "rebuild-index", parents=[common],
         help="daemon stopped: move the index aside and rebuild it from the segments (exit 1 if a prefix is skipped)",
     )
+    p = sub.add_parser("evict", parents=[common], help="evict the lowest-score prefixes not in use down to a size")
+    p.add_argument("--to-bytes", type=_non_negative_bytes, required=True, help="segment bytes to keep at most")
+    sub.add_parser("compact", parents=[common], help="copy the live chunks of mostly-dead segments into new ones")
     return parser
 
 

@@ -461,7 +461,7 @@ class LatencySummary(_message.Message):
     def __init__(self, rpc: _Optional[str] = ..., count: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p90_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version", "cache_policy", "cpu_tier_bytes", "cpu_tier_used_bytes", "gpu_tier_bytes", "gpu_tier_used_bytes", "prefetch_reserve_bytes", "tier_hit_units", "tier_miss_units", "tier_units", "pinned_units")
+    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version", "cache_policy", "cpu_tier_bytes", "cpu_tier_used_bytes", "gpu_tier_bytes", "gpu_tier_used_bytes", "prefetch_reserve_bytes", "tier_hit_units", "tier_miss_units", "tier_units", "pinned_units", "max_disk_bytes", "disk_used_bytes", "disk_reserved_bytes", "evictions", "evicted_bytes", "compactions", "compaction_reclaimed_bytes")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     NUM_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -488,6 +488,13 @@ class StatsResponse(_message.Message):
     TIER_MISS_UNITS_FIELD_NUMBER: _ClassVar[int]
     TIER_UNITS_FIELD_NUMBER: _ClassVar[int]
     PINNED_UNITS_FIELD_NUMBER: _ClassVar[int]
+    MAX_DISK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DISK_RESERVED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    EVICTIONS_FIELD_NUMBER: _ClassVar[int]
+    EVICTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPACTIONS_FIELD_NUMBER: _ClassVar[int]
+    COMPACTION_RECLAIMED_BYTES_FIELD_NUMBER: _ClassVar[int]
     backend: str
     num_prefixes: int
     num_segments: int
@@ -514,7 +521,14 @@ class StatsResponse(_message.Message):
     tier_miss_units: int
     tier_units: int
     pinned_units: int
-    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ..., cache_policy: _Optional[str] = ..., cpu_tier_bytes: _Optional[int] = ..., cpu_tier_used_bytes: _Optional[int] = ..., gpu_tier_bytes: _Optional[int] = ..., gpu_tier_used_bytes: _Optional[int] = ..., prefetch_reserve_bytes: _Optional[int] = ..., tier_hit_units: _Optional[int] = ..., tier_miss_units: _Optional[int] = ..., tier_units: _Optional[int] = ..., pinned_units: _Optional[int] = ...) -> None: ...
+    max_disk_bytes: int
+    disk_used_bytes: int
+    disk_reserved_bytes: int
+    evictions: int
+    evicted_bytes: int
+    compactions: int
+    compaction_reclaimed_bytes: int
+    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ..., cache_policy: _Optional[str] = ..., cpu_tier_bytes: _Optional[int] = ..., cpu_tier_used_bytes: _Optional[int] = ..., gpu_tier_bytes: _Optional[int] = ..., gpu_tier_used_bytes: _Optional[int] = ..., prefetch_reserve_bytes: _Optional[int] = ..., tier_hit_units: _Optional[int] = ..., tier_miss_units: _Optional[int] = ..., tier_units: _Optional[int] = ..., pinned_units: _Optional[int] = ..., max_disk_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_reserved_bytes: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., compactions: _Optional[int] = ..., compaction_reclaimed_bytes: _Optional[int] = ...) -> None: ...
 
 class InspectResponse(_message.Message):
     __slots__ = ("json",)
@@ -547,3 +561,33 @@ class VerifyResponse(_message.Message):
     SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     segments: _containers.RepeatedCompositeFieldContainer[SegmentReport]
     def __init__(self, segments: _Optional[_Iterable[_Union[SegmentReport, _Mapping]]] = ...) -> None: ...
+
+class EvictRequest(_message.Message):
+    __slots__ = ("to_bytes",)
+    TO_BYTES_FIELD_NUMBER: _ClassVar[int]
+    to_bytes: int
+    def __init__(self, to_bytes: _Optional[int] = ...) -> None: ...
+
+class EvictResponse(_message.Message):
+    __slots__ = ("evicted", "bytes_freed", "disk_used_bytes")
+    EVICTED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FREED_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    evicted: _containers.RepeatedScalarFieldContainer[str]
+    bytes_freed: int
+    disk_used_bytes: int
+    def __init__(self, evicted: _Optional[_Iterable[str]] = ..., bytes_freed: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ...) -> None: ...
+
+class CompactRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CompactResponse(_message.Message):
+    __slots__ = ("segments_compacted", "bytes_reclaimed", "disk_used_bytes")
+    SEGMENTS_COMPACTED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RECLAIMED_FIELD_NUMBER: _ClassVar[int]
+    DISK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    segments_compacted: int
+    bytes_reclaimed: int
+    disk_used_bytes: int
+    def __init__(self, segments_compacted: _Optional[int] = ..., bytes_reclaimed: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ...) -> None: ...

@@ -633,6 +633,16 @@ class KVStoreAdminStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.VerifyRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.VerifyResponse.FromString,
                 _registered_method=True)
+        self.Evict = channel.unary_unary(
+                '/kvstore.v1.KVStoreAdmin/Evict',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.EvictRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.EvictResponse.FromString,
+                _registered_method=True)
+        self.Compact = channel.unary_unary(
+                '/kvstore.v1.KVStoreAdmin/Compact',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.CompactRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.CompactResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreAdminServicer:
@@ -651,6 +661,18 @@ class KVStoreAdminServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Evict(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Compact(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreAdminServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -663,6 +685,16 @@ def add_KVStoreAdminServicer_to_server(servicer, server):
                     servicer.Verify,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.VerifyRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.VerifyResponse.SerializeToString,
+            ),
+            'Evict': grpc.unary_unary_rpc_method_handler(
+                    servicer.Evict,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.EvictRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.EvictResponse.SerializeToString,
+            ),
+            'Compact': grpc.unary_unary_rpc_method_handler(
+                    servicer.Compact,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.CompactRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.CompactResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -720,6 +752,60 @@ class KVStoreAdmin:
             '/kvstore.v1.KVStoreAdmin/Verify',
             kvstore_dot___proto_dot_kvstore__pb2.VerifyRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.VerifyResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Evict(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStoreAdmin/Evict',
+            kvstore_dot___proto_dot_kvstore__pb2.EvictRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.EvictResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Compact(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStoreAdmin/Compact',
+            kvstore_dot___proto_dot_kvstore__pb2.CompactRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.CompactResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -79,6 +79,8 @@ class Daemon:
             policy = PeerPolicy(cfg.allowed_uids, cfg.allowed_gids, cfg.max_shm_sessions)
             self.sessions = ShmSessions(self.arena, cfg.shm_socket, policy)
             self.sessions.start()
+        # extents of deleted, evicted and compacted segments leave memory (pinned ones age out)
+        self.store.capacity.on_segments_freed.append(self.tiers.drop_segment)
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
         if cfg.socket_path:
             server = self._server([])

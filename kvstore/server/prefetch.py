@@ -133,6 +133,7 @@ class PrefetchStream:
         self._hints: set[int] = set()  # periods hinted
         self._jobs: list[_Job] = []
         self._tasks: list[asyncio.Future] = []  # pushes in flight
+        self._hold = self.store.holds.hold(self.prefix_id)  # not evicted nor moved while the stream lasts
         self._needed: list[_Job] = []  # the latest period's needed reads
         self.out: asyncio.Queue | None = None  # set by serve_prefetch
         reserve = self.arena.lease_bytes if self.arena is not None else 1 << 62
@@ -588,6 +589,7 @@ class PrefetchStream:
 
     def finish(self) -> None:
         """End of the stream, however it ended: every pin and buffer goes back."""
+        self._hold.release()
         with self._lock:
             if self._finished:
                 return

@@ -27,6 +27,16 @@ from .prefetch import serve_prefetch
 from .status import Draining, PutStalled, streaming, unary
 from .tiers import TierManager
 
+CAPACITY_STATS = (
+    "max_disk_bytes",
+    "disk_used_bytes",
+    "disk_reserved_bytes",
+    "evictions",
+    "evicted_bytes",
+    "compactions",
+    "compaction_reclaimed_bytes",
+)
+
 
 class Service:
     """What every servicer shares: the store, its thread pool, drain state."""
@@ -180,6 +190,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             if svc.sessions is None:
                 raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
             svc.sessions.check(session)
+        hold = svc.store.holds.hold(pid)  # not evicted nor moved while the stream lasts
+        context.add_done_callback(lambda _ctx: hold.release())
         counts = geo.chunk_token_counts(view.num_tokens)[chunks]
         header = pb.ReadHeader(
             geometry=geometry_to_pb(geo),
@@ -215,6 +227,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             svc.store.record_access(pid, chunks, groups)
         finally:
             reader.finish()
+            hold.release()
 
     @streaming
     async def Prefetch(self, request_iterator, context):
@@ -288,10 +301,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @unary
     async def Delete(self, request, context):
         pid = await self.svc.run(self.svc.reach, request.prefix_id, context)
-        freed = await self.svc.run(self.svc.store.delete, pid)
-        if self.svc.tiers is not None:
-            for seg in freed:  # extents of freed segments leave memory (pinned ones age out)
-                self.svc.tiers.drop_segment(seg)
+        await self.svc.run(self.svc.store.delete, pid)  # freed segments leave the memory tiers (app.py)
         return pb.DeleteResponse(prefix_id=pid)
 
     @unary
@@ -315,6 +325,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             latency=[pb.LatencySummary(**row) for row in svc.metrics.summary()],
             index_map_bytes=s["index_map_bytes"],
             version=__version__,
+            **{k: s[k] for k in CAPACITY_STATS},
             **_tier_stats(svc),
         )
 
@@ -386,6 +397,16 @@ class AdminServicer(pb_grpc.KVStoreAdminServicer):
                 for r in reports
             ]
         )
+
+    @unary
+    async def Evict(self, request, context):
+        res = await self.svc.run(self.svc.store.capacity.evict_to, request.to_bytes)
+        return pb.EvictResponse(evicted=res["evicted"], bytes_freed=res["bytes_freed"], disk_used_bytes=res["disk_used_bytes"])
+
+    @unary
+    async def Compact(self, request, context):
+        res = await self.svc.run(self.svc.store.capacity.compact)
+        return pb.CompactResponse(**res)
 
 
 class _GroupReader:
