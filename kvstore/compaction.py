@@ -20,6 +20,7 @@ import numpy as np
 import xxhash
 
 from . import index as ix
+from .errors import NotFound
 from .faults import crash_point
 from .geometry import SegmentLayout
 from .io import aligned_buffer
@@ -61,25 +62,32 @@ def compact_segment(store, use: SegmentUse, refs: list[tuple[str, dict]]) -> int
     if not store.holds.claim(prefix_ids):
         return None  # a read or put started meanwhile: next time
     try:
-        return _compact_claimed(store, use, prefix_ids)
+        return _compact_claimed(store, use, refs, prefix_ids)
     finally:
         store.holds.unclaim(prefix_ids)
 
 
-def _compact_claimed(store, use: SegmentUse, prefix_ids: set[str]) -> int | None:
+def _covering_prefix(use: SegmentUse, refs: list[tuple[str, dict]], hi: int) -> str:
+    """A referencing prefix whose piece in the segment reaches local chunk ``hi - 1``."""
+    return min(pid for pid, p in refs if p["segment_chunk"] + p["num_chunks"] == hi)
+
+
+def _compact_claimed(store, use: SegmentUse, refs: list[tuple[str, dict]], prefix_ids: set[str]) -> int | None:
     old = store._segment(use.segment_id)
     lo, hi = live_span(use)
     image = _copy_span(store, old, lo, hi)
     if image is None:
         return None
-    view = store.describe(min(prefix_ids))
+    # the trailer names the chunks by the hashes of a prefix that holds the
+    # span's last chunk: chain hashes make it hold every earlier one too
+    view = store.describe(_covering_prefix(use, refs, hi))
     new_id = store._new_segment_id()
     pending = store.pending_segment(view, new_id, image)
     try:
         crash_point("compact:opened")
-        pending._write_and_sync()
-        crash_point("compact:synced")
         record = pending._segment_record()
+        pending.write_segment_synced(record, pending._manifest())
+        crash_point("compact:synced")
         moved = store.scores.span_scores(old.segment_id, lo, hi, new_id)
         store.index.write(lambda txn: _commit(store, txn, old.segment_id, record, lo, moved, prefix_ids))
     except BaseException:
@@ -93,10 +101,23 @@ def _compact_claimed(store, use: SegmentUse, prefix_ids: set[str]) -> int | None
     store._segments.pop(old.segment_id, None)
     store.scores.replace_segment(old.segment_id, moved)
     store.files.remove(old.segment_id)
+    _refresh_manifest_files(store, prefix_ids)
     store.capacity.segments_freed([old.segment_id], old.layout.total_bytes)
     store.capacity.segments_added(image.layout.total_bytes)
     log.info("compacted segment %d chunks [%d, %d) into segment %d", old.segment_id, lo, hi, new_id)
     return old.layout.total_bytes - image.layout.total_bytes
+
+
+def _refresh_manifest_files(store, prefix_ids: set[str]) -> None:
+    """Point the moved prefixes' manifest files at the new segment (a rebuild
+    after a crash before this finds the chunks by their hashes anyway)."""
+    for pid in sorted(prefix_ids):
+        with store.manifest_files.locked(pid):
+            try:
+                manifest = store.describe(pid).to_manifest()
+            except NotFound:  # deleted meanwhile: its file went with it
+                continue
+            store.manifest_files.write(manifest)
 
 
 def _copy_span(store, old: SegmentInfo, lo: int, hi: int) -> SegmentImage | None:

@@ -39,8 +39,9 @@ class RebuildReport:
     bad_segments: dict[int, str] = field(default_factory=dict)  # segment id -> why
 
 
-def read_segment(path: str) -> tuple[str, dict]:
-    """``(store id, segment record)`` of a segment file whose regions all verify; ValueError if not."""
+def read_segment(path: str) -> tuple[str, dict, dict]:
+    """``(store id, segment record, writer's manifest)`` of a segment file whose
+    regions all verify; ValueError if not."""
     with open(path, "rb") as fh:
         data = fh.read()
     offset = trailer_offset(data[-16:])
@@ -53,7 +54,7 @@ def read_segment(path: str) -> tuple[str, dict]:
     for name, off, length, xxh3 in info.regions():
         if xxhash.xxh3_64_intdigest(arr[off : off + length]) != xxh3:
             raise ValueError(f"checksum mismatch in {name}")
-    return trailer["store_id"], record
+    return trailer["store_id"], record, trailer["manifest"]
 
 
 def rebuild_index(data_dir: str, *, map_bytes: int = 1 << 24, max_map_bytes: int = 1 << 40) -> RebuildReport:
@@ -63,10 +64,11 @@ def rebuild_index(data_dir: str, *, map_bytes: int = 1 << 24, max_map_bytes: int
         segments, bad = _read_segments(os.path.join(data_dir, "segments"))
         store_id = _store_id(data_dir, segments)
         report = RebuildReport(store_id, _move_index_aside(data_dir), bad_segments=bad)
-        records = {s: rec for s, (sid, rec) in segments.items() if sid == store_id}
+        records = {s: rec for s, (sid, rec, _) in segments.items() if sid == store_id}
         for s in set(segments) - set(records):
             report.bad_segments[s] = f"belongs to store {segments[s][0]}"
-        manifests = _restorable(ManifestFiles(os.path.join(data_dir, "manifests")), records, report)
+        chunks = _chunks_by_hash({s: segments[s] for s in records})
+        manifests = _restorable(ManifestFiles(os.path.join(data_dir, "manifests")), records, chunks, report)
         _write_index(data_dir, store_id, records, manifests, map_bytes, max_map_bytes)
         report.restored = sorted(m["prefix_id"] for m in manifests)
         return report
@@ -74,17 +76,17 @@ def rebuild_index(data_dir: str, *, map_bytes: int = 1 << 24, max_map_bytes: int
         os.close(lock_fd)
 
 
-def _read_segments(segment_dir: str) -> tuple[dict[int, tuple[str, dict]], dict[int, str]]:
+def _read_segments(segment_dir: str) -> tuple[dict[int, tuple[str, dict, dict]], dict[int, str]]:
     good, bad = {}, {}
     for name in sorted(os.listdir(segment_dir)):
         seg_id = parse_segment_file_name(name)
         if seg_id is None:
             continue
         try:
-            store_id, record = read_segment(os.path.join(segment_dir, name))
+            store_id, record, manifest = read_segment(os.path.join(segment_dir, name))
             if record["segment_id"] != seg_id:
                 raise ValueError(f"trailer names segment {record['segment_id']}")
-            good[seg_id] = (store_id, record)
+            good[seg_id] = (store_id, record, manifest)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             bad[seg_id] = f"{exc.__class__.__name__}: {exc}"
     return good, bad
@@ -95,7 +97,7 @@ def _store_id(data_dir: str, segments: dict[int, tuple[str, dict]]) -> str:
     file_id = read_store_id_file(data_dir)
     if file_id is not None:
         return file_id
-    ids = Counter(sid for sid, _ in segments.values())
+    ids = Counter(sid for sid, _, _ in segments.values())
     if len(ids) != 1:
         found = "no segment" if not ids else f"segments of {len(ids)} stores"
         raise IndexDamaged(f"{data_dir}: STORE_ID is missing and {found} name the store; cannot tell which store to rebuild")
@@ -111,12 +113,46 @@ def _move_index_aside(data_dir: str) -> str | None:
     return aside
 
 
-def _restorable(files: ManifestFiles, records: dict[int, dict], report: RebuildReport) -> list[dict]:
+def _chunks_by_hash(segments: dict[int, tuple[str, dict, dict]]) -> dict[str, tuple[int, int]]:
+    """Chunk hash -> (segment, local chunk) for every chunk of the verified segments.
+
+    A segment's trailer carries the hashes of a prefix holding all of its
+    chunks (its writer's, or for a compacted copy a prefix reaching its last
+    chunk), so a chunk can be found wherever a compaction moved it.
+    """
+    out = {}
+    for seg_id, (_, record, manifest) in sorted(segments.items()):
+        first = record["first_chunk"]
+        num_chunks = SegmentInfo.from_record(record).layout.num_chunks
+        for local, h in enumerate(manifest["chunk_hashes"][first : first + num_chunks]):
+            out[h] = (seg_id, local)
+    return out
+
+
+def _pieces_by_hash(m: dict, chunks: dict[str, tuple[int, int]]) -> list[dict] | None:
+    """The prefix's pieces found by its chunk hashes, or None if a chunk is in no segment."""
+    pieces: list[dict] = []
+    for j, h in enumerate(m["chunk_hashes"]):
+        if h not in chunks:
+            return None
+        seg_id, local = chunks[h]
+        last = pieces[-1] if pieces else None
+        if last and last["segment_id"] == seg_id and last["segment_chunk"] + last["num_chunks"] == local:
+            last["num_chunks"] += 1
+        else:
+            pieces.append({"segment_id": seg_id, "first_chunk": j, "num_chunks": 1, "segment_chunk": local})
+    return pieces
+
+
+def _restorable(files: ManifestFiles, records: dict[int, dict], chunks: dict, report: RebuildReport) -> list[dict]:
     out = []
     for pid, path in sorted(files.scan().items()):
         try:
             m = files.read(path)
             why = _why_not_restorable(pid, m, records, report.bad_segments)
+            if why is not None and (pieces := _pieces_by_hash(m, chunks)) is not None:
+                m = {**m, "segments": pieces}  # its chunks moved (compaction): found by hash
+                why = _why_not_restorable(pid, m, records, report.bad_segments)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             why = f"manifest file unreadable ({exc.__class__.__name__}: {exc})"
         if why:

@@ -921,14 +921,29 @@ class PendingPut:
             if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 raise StoreFull(f"data file system is full ({exc.strerror}) writing prefix {self.prefix_id}") from None
             raise
+        if record is not None:
+            self._sync_segment()
+        return written
+
+    def write_segment_synced(self, record: dict, manifest: dict) -> int:
+        """The segment alone (no manifest file: compaction's copy), written and synced."""
         try:
-            if record is not None:
-                store.backend.fdatasync(self._fh)
-                store._fsync_dir()
+            written = self._write_segment(record, manifest)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"data file system is full ({exc.strerror}) writing segment {self.segment_id}") from None
+            raise
+        self._sync_segment()
+        return written
+
+    def _sync_segment(self) -> None:
+        store = self.store
+        try:
+            store.backend.fdatasync(self._fh)
+            store._fsync_dir()
         except OSError as exc:
             store._turn_read_only(f"fdatasync of segment {self.segment_id} failed: {exc.strerror or exc}")
             raise ReadOnly(f"write not durable ({exc.strerror or exc}); store is now read-only") from None
-        return written
 
     def _write_segment(self, record: dict, manifest: dict) -> int:
         store, img = self.store, self.image
