@@ -122,11 +122,12 @@ SWEEP_OPS = 24
 
 
 def sweep_inputs(i: int):
-    """Prefix i of the sweep; odd ones share their first 3 chunks with prefix i-1."""
+    """Prefix i of the sweep; odd ones share their first 2 of 5 chunks with
+    prefix i-1, so deleting the even one leaves its segment 40% live: compacted."""
     tokens, kv = make_tokens(80, 100 + i), make_kv(SWEEP_GEO, 80, 100 + i)
     if i % 2:
-        tokens[:48] = make_tokens(80, 99 + i)[:48]
-        kv[:, :, :, :48] = make_kv(SWEEP_GEO, 80, 99 + i)[:, :, :, :48]
+        tokens[:32] = make_tokens(80, 99 + i)[:32]
+        kv[:, :, :, :32] = make_kv(SWEEP_GEO, 80, 99 + i)[:, :, :, :32]
     return tokens, kv
 
 
@@ -140,15 +141,20 @@ def sweep_plan(seed: int) -> list[tuple[str, int]]:
     rng = np.random.default_rng(seed)
     plan, stored = [], []
     for i in range(SWEEP_OPS):
-        if stored and rng.random() < 0.35:
+        r = rng.random()
+        if stored and r < 0.3:
             plan.append(("delete", stored.pop(int(rng.integers(len(stored))))))
+        elif len(stored) > 3 and r < 0.4:  # evict down to about two prefixes' segments
+            plan.append(("evict", 2))
         else:
             plan.append(("put", i))
             stored.append(i)
     return plan
 
 
-EXPECT = {"put": True, "delete": False}  # listed after an acknowledged step?
+# listed after an acknowledged step? (evict: the prefixes it names are not;
+# while it runs, any stored prefix may go)
+EXPECT = {"put": True, "delete": False, "evict": False}
 
 SWEEP_WRITER = textwrap.dedent(
     """
@@ -156,21 +162,38 @@ SWEEP_WRITER = textwrap.dedent(
     sys.path[:0] = [{root!r}, {root!r} + "/tests", {tests!r}]
     from test_crash import SWEEP_GEO, sweep_inputs, sweep_plan
     from kvstore.config import StoreConfig
+    from kvstore.errors import NotFound
+    from kvstore.geometry import SegmentLayout
     from kvstore.hashing import chunk_hashes
     from kvstore.store import ChunkStore
 
     def pid(i):
         return chunk_hashes(sweep_inputs(i)[0], SWEEP_GEO, "", "")[-1].hex()
 
+    SEGMENT_BYTES = SegmentLayout(SWEEP_GEO, 80).total_bytes
+    INDEX = {{pid(i): i for i in range({ops})}}
+
+    def delete(store, i):
+        try:
+            store.delete(pid(i))
+        except NotFound:  # an earlier eviction took it
+            pass
+
+    def evict(store, n):
+        return [INDEX[p] for p in store.capacity.evict_to(n * SEGMENT_BYTES)["evicted"]]
+
     OPS = {{
         "put": lambda store, i: store.put(*sweep_inputs(i), SWEEP_GEO),
-        "delete": lambda store, i: store.delete(pid(i)),
+        "delete": delete,
+        "evict": evict,
     }}
     store = ChunkStore(StoreConfig(data_dir={data!r}, min_free_bytes=0))
     print("OPEN", flush=True)
     for step, (op, i) in enumerate(sweep_plan({seed})):
         print("BEGIN", step, flush=True)
-        OPS[op](store, i)
+        out = OPS[op](store, i)
+        if op == "evict":
+            print("EVICTED", step, *out, flush=True)
         print("ACK", step, flush=True)
     print("DONE", flush=True)
     """
@@ -181,34 +204,59 @@ def run_and_kill(data: str, seed: int) -> tuple[set[int], set[int]]:
     """Run the sweep writer, SIGKILL it at a random point of a random step; (begun, acked) steps."""
     rng = np.random.default_rng(seed)
     kill_at, delay_s = int(rng.integers(SWEEP_OPS)), float(rng.uniform(0, 0.004))
-    script = SWEEP_WRITER.format(root=data_root(), tests=os.path.join(data_root(), "tests", "integration"), data=data, seed=seed)
+    script = SWEEP_WRITER.format(
+        root=data_root(), tests=os.path.join(data_root(), "tests", "integration"), data=data, seed=seed, ops=SWEEP_OPS
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     said = {"BEGIN": set(), "ACK": set(), "OPEN": set(), "DONE": set()}
-    for line in proc.stdout:
+    evicted: dict[int, list[int]] = {}
+
+    def take(line: str) -> str:
         kind, *rest = line.split()
-        said[kind].update(int(r) for r in rest)
-        if kind == "BEGIN" and int(rest[0]) == kill_at:
+        if kind == "EVICTED":
+            evicted[int(rest[0])] = [int(r) for r in rest[1:]]
+        else:
+            said[kind].update(int(r) for r in rest)
+        return kind
+
+    for line in proc.stdout:
+        if take(line) == "BEGIN" and max(said["BEGIN"]) == kill_at:
             time.sleep(delay_s)  # a random point inside (or just after) the step
             break
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     for line in proc.stdout:  # what the writer said before it died is still in the pipe
-        kind, *rest = line.split()
-        said[kind].update(int(r) for r in rest)
+        take(line)
     proc.stdout.close()
-    return said["BEGIN"], said["ACK"]
+    return said["BEGIN"], said["ACK"], evicted
 
 
-def check_after_kill(data: str, seed: int, begun: set[int], acked: set[int]) -> None:
+def sweep_pid(i: int) -> str:
+    return chunk_hashes(sweep_inputs(i)[0], SWEEP_GEO, "", "")[-1].hex()
+
+
+def check_after_kill(data: str, seed: int, begun: set[int], acked: set[int], evicted: dict[int, list[int]]) -> None:
     """Acknowledged steps hold; only a step in flight may have gone either way."""
     plan = sweep_plan(seed)
     must, may = {}, {}
-    for step in sorted(begun):
-        op, i = plan[step]
-        pid = chunk_hashes(sweep_inputs(i)[0], SWEEP_GEO, "", "")[-1].hex()
-        (must if step in acked else may)[pid] = (EXPECT[op], i)
+
+    def expect(step: int, i: int, listed: bool) -> None:
+        pid = sweep_pid(i)
+        (must if step in acked else may)[pid] = (listed, i)
         if step not in acked:
             must.pop(pid, None)
+
+    for step in sorted(begun):
+        op, i = plan[step]
+        if op != "evict":
+            expect(step, i, EXPECT[op])
+        elif step in acked:
+            for j in evicted[step]:
+                expect(step, j, EXPECT[op])
+        else:  # killed while evicting: any stored prefix may be gone
+            for pid, (on, j) in list(must.items()):
+                if on:
+                    expect(step, j, True)
     with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
         listed = {p["prefix_id"] for p in store.list_prefixes()}
         assert {p for p, (on, _) in must.items() if on} <= listed
@@ -224,14 +272,14 @@ def check_after_kill(data: str, seed: int, begun: set[int], acked: set[int]) -> 
 def sweep(tmp_path, seeds) -> None:
     for seed in seeds:
         data = str(tmp_path / f"sweep{seed}")
-        begun, acked = run_and_kill(data, seed)
-        check_after_kill(data, seed, begun, acked)
+        begun, acked, evicted = run_and_kill(data, seed)
+        check_after_kill(data, seed, begun, acked, evicted)
 
 
-def test_sigkill_at_random_steps_of_put_and_delete(tmp_path):
+def test_sigkill_at_random_steps_of_put_delete_evict_and_compact(tmp_path):
     sweep(tmp_path, range(10))
 
 
 @pytest.mark.slow
-def test_sigkill_at_random_steps_of_put_and_delete_many(tmp_path):
+def test_sigkill_at_random_steps_of_put_delete_evict_and_compact_many(tmp_path):
     sweep(tmp_path, range(100, 160))
