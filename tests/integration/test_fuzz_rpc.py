@@ -313,15 +313,20 @@ def _examples(default: int) -> int:
 
 
 def _run_fuzz(d, service, method, *, raw: bool, examples: int, derandomize: bool):
-    """Fuzz one method; the fuzzer knows two prefixes' ids (and may delete
-    them), a third one it never sees must come through untouched."""
+    """Fuzz one method; the fuzzer knows two prefixes' ids (and may delete or
+    evict them), a third one it never sees, held open by a reader, must come
+    through untouched."""
     guarded = _store_prefixes(d, [3])
     exposed = _store_prefixes(d, [1, 2])
     seen = {}
     # a same-host client's shared-memory session, its id known to the fuzzer;
-    # its leases go back when it closes, before the check below
+    # its leases go back when it closes, before the check below.  It reads the
+    # guarded prefix throughout, so not even Evict may take that one.
     with grpc.insecure_channel(d.target) as channel, KVStoreClient(d.target, shm=True) as session:
         fuzzer = Fuzzer(sorted(exposed), geometry_to_pb(GEO), session.session_id)
+        reader = session.prefetch(next(iter(guarded)), period_layers=GEO.period_layers)
+        reader.send(0, [0])
+        list(reader.groups(0))
         strategy = _raw_requests(method) if raw else _requests(fuzzer, method)
 
         @settings(
@@ -339,6 +344,7 @@ def _run_fuzz(d, service, method, *, raw: bool, examples: int, derandomize: bool
             assert d.proc.poll() is None, f"daemon exited ({d.proc.returncode}) after {method.name}({payload!r})"
 
         fuzz()
+        reader.close()
     _check_daemon_intact(d, guarded, exposed)
     return seen
 
