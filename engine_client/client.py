@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import json
 import mmap
+import os
 import random
 import socket
 import struct
@@ -196,16 +197,19 @@ class KVStoreClient:
             if required:
                 raise
             return
-        hello = json.loads(msg.decode())
+        try:
+            hello = json.loads(msg.decode())
+        except ValueError:
+            hello = {"error": f"unreadable reply {msg[:80]!r}"}
         if not fds:
             sock.close()
-            raise ConnectionError(f"no arena descriptor received from {path}")
+            if required:  # e.g. this uid is not in the daemon's shm_allowed_uids
+                raise ConnectionError(f"{path}: {hello.get('error') or 'no arena descriptor received'}")
+            return  # shm=None: the bytes-in-the-stream path serves this client
         (fd,) = fds
         try:
             self._arena = mmap.mmap(fd, hello["arena_bytes"], prot=mmap.PROT_READ)
         finally:
-            import os
-
             os.close(fd)
         self.session_id = hello["session"]
         self._shm_sock = sock

@@ -15,6 +15,7 @@ import time
 
 import grpc
 import numpy as np
+import pytest
 from helpers import GEOMETRIES, data_root, make_kv, make_tokens
 
 from engine_client.client import KVStoreClient
@@ -174,6 +175,14 @@ def test_shm_peer_outside_the_allow_list_gets_no_descriptor(daemon_factory):
     assert "shm session refused" in d.log()
     with KVStoreClient(d.target, shm=False) as client:
         assert client.stats().shm_sessions == 0  # the gRPC socket still serves
+    with pytest.raises(ConnectionError, match="shm_allowed_uids"):  # asked for shm: the daemon's reason
+        KVStoreClient(d.target, shm=True)
+    with KVStoreClient(d.target) as client:  # shm if it can: refused, it reads bytes in the stream
+        assert not client.shm
+        geo = GEOMETRIES[0]
+        pid = client.put_prefix(make_tokens(40, 1), make_kv(geo, 40, 1), geo).prefix_id
+        with client.read_chunks(pid, [0, 1, 2]) as got:
+            np.testing.assert_array_equal(got.to_kv(), make_kv(geo, 40, 1))
 
 
 def test_shm_sessions_are_bounded_and_idle_ones_cost_no_thread(daemon_factory):
