@@ -2,7 +2,7 @@
 
 ``read_gguf`` returns what an HF ``LlamaForCausalLM`` checkpoint holds: the
 ``config.json`` dict and every tensor under its HF name, dequantized to the
-requested dtype.  Writing those out (``export_gguf``) gives a directory that
+requested dtype.  Writing those out (``zoo.export_gguf``) gives a directory that
 ``loader.load_checkpoint`` loads like any other, so the decoder, the
 fingerprint and the store never see GGUF.
 

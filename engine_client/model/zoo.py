@@ -115,14 +115,16 @@ def _dtype_name(dtype) -> str:
     raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
 
 
-def export(name: str, out, dtype="float32") -> Path:
-    """Write the model as an HF checkpoint directory ``out`` (created; existing files overwritten)."""
+def export_gguf(gguf_path, out, dtype="float32", source: dict | None = None) -> Path:
+    """Write the llama GGUF at ``gguf_path`` as an HF checkpoint directory ``out`` (created; files overwritten).
+
+    ``source`` (provenance) is written to ``source.json`` last, marking the export complete.
+    """
     from safetensors.torch import save_file
 
     from .gguf_file import read_gguf
 
     dtype_name = _dtype_name(dtype)
-    gguf_path = locate(name)
     config, tensors, meta = read_gguf(gguf_path, DTYPES[dtype_name])
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -130,12 +132,18 @@ def export(name: str, out, dtype="float32") -> Path:
     (out / CONFIG_FILE).write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     save_file(tensors, str(out / SINGLE_FILE), metadata={"format": "pt"})
     tokenizer_from_gguf(meta).save(out)
-    s = spec(name)
-    source = {"model": name, "description": s.description, "licence": s.licence, "gguf": str(gguf_path),
-              "distribution": f"{s.distribution}=={importlib.metadata.version(s.distribution)}", "dtype": dtype_name,
-              "export_format": EXPORT_FORMAT}
+    source = {"gguf": str(gguf_path), "dtype": dtype_name, "export_format": EXPORT_FORMAT, **(source or {})}
     (out / SOURCE_FILE).write_text(json.dumps(source, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def export(name: str, out, dtype="float32") -> Path:
+    """Write the named model as an HF checkpoint directory ``out``."""
+    s = spec(name)
+    gguf_path = locate(name)
+    source = {"model": name, "description": s.description, "licence": s.licence,
+              "distribution": f"{s.distribution}=={importlib.metadata.version(s.distribution)}"}
+    return export_gguf(gguf_path, out, dtype, source)
 
 
 def cached_checkpoint(name: str, dtype="float32", cache_dir=None) -> Path:
