@@ -1,0 +1,25 @@
+"""Helpers for tests on the pretrained models of ``engine_client.model.zoo``."""
+
+import importlib.metadata
+
+import pytest
+
+from engine_client.model import zoo
+
+
+def real_text() -> str:
+    """Apache-2.0 licence text shipped in grpcio's wheel (a pinned dependency): real English prose."""
+    files = importlib.metadata.distribution("grpcio").files or []
+    path = next(f for f in files if str(f).endswith("licenses/LICENSE"))
+    return path.read_text(encoding="utf-8")
+
+
+def installed(name: str) -> bool:
+    try:
+        zoo.locate(name)
+    except zoo.ModelNotInstalled:
+        return False
+    return True
+
+
+needs_smollm2 = pytest.mark.skipif(not installed("smollm2-135m"), reason=f"needs {zoo.MODELS['smollm2-135m'].install_command}")
