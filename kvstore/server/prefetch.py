@@ -568,6 +568,13 @@ class PrefetchStream:
                 st.spec_bytes_wasted += sum(job.result.extent_bytes(job.group, j).size for j in job.chunks.tolist())
             elif not job.started:
                 st.spec_units_cancelled += int(job.chunks.size)
+        self.svc.metrics.add(  # daemon-wide totals (Stats, /metrics); disk bytes are the store's own counter
+            read_bytes_gpu=st.bytes_gpu,
+            read_bytes_cpu=st.bytes_cpu,
+            spec_bytes_used=st.spec_bytes_used,
+            spec_bytes_wasted=st.spec_bytes_wasted,
+            spec_units_cancelled=st.spec_units_cancelled,
+        )
         return pb.PrefetchResponse(stats=st)
 
     # ------------------------------------------------------------ end
