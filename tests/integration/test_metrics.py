@@ -131,3 +131,17 @@ def test_json_logs_one_object_per_line_and_refusals_logged_once(daemon_factory):
     assert "code=INVALID_ARGUMENT field=prefix_id" in refused[1]["msg"], refused[1]
     assert any(e["msg"] == "stopped" for e in events)
     assert os.path.exists(d.log_path)
+
+
+def test_grafana_dashboard_queries_only_exported_metrics(daemon_factory):
+    import re
+
+    d = daemon_factory("--metrics-address", "127.0.0.1:0")
+    with KVStoreClient(d.target) as client:
+        client.stats()
+    names = {name for name, _labels in scrape(metrics_port(d))}
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "grafana-dashboard.json")) as fh:
+        dashboard = json.load(fh)
+    queried = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"kvstore_[a-z_]+", t["expr"])}
+    assert len(queried) >= 10
+    assert queried <= names, sorted(queried - names)
