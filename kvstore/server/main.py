@@ -7,12 +7,14 @@ import asyncio
 import sys
 
 from .. import logs
+from ..cli_flags import add_version
 from ..config import OneLineErrorParser, StoreConfig, add_config_args, load_config
 from ..errors import InvalidArgument
 from .config import ServerConfig
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    add_version(parser)
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [store] and [server] sections")
     parser.add_argument("--ready-file", help="write 'PID TCP_PORT METRICS_PORT' here once listening (for supervisors and tests)")
     add_config_args(parser, StoreConfig)

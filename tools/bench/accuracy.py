@@ -242,6 +242,7 @@ def format_report(r: dict) -> str:
 
 def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     from engine_client.tasks import TASKS
+    from kvstore.cli_flags import add_alias
 
     p = sub.add_parser("accuracy", help="answer accuracy on the held-out synthetic recall tasks, full / drop-answer / Re-Prefill")
     p.add_argument("--task", required=True, choices=list(TASKS))
@@ -252,7 +253,8 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out (eval) stream")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype (and stored KV dtype)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--directory", default=".kvstore/bench", help="where the Re-Prefill paths put their temporary store")
+    p.add_argument("--data-dir", dest="directory", default=".kvstore/bench", help="where the Re-Prefill paths put their temporary store")
+    add_alias(p, "--directory", "directory")  # older spelling
     p.add_argument("--json", action="store_true", help="print only machine-readable JSON")
     p.set_defaults(run=lambda args: command_accuracy(args, p))
     return p
