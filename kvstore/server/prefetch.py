@@ -249,6 +249,7 @@ class PrefetchStream:
             for spec in specs:
                 spec.used = {s.chunk for s in sources if s.job is spec}
             if missing:
+                self._check_fits(period, g, len(missing))
                 by_chunk = {}
                 for part in self._split(g, missing):
                     job = self._submit(g, part, speculative=False, period=period)
@@ -317,6 +318,20 @@ class PrefetchStream:
     def _extent_bytes(self, group: int) -> int:
         geo = self.geometry
         return -(-geo.extent_bytes(group, geo.chunk_tokens) // 4096) * 4096
+
+    def _check_fits(self, period: int, group: int, num_missing: int) -> None:
+        """A group is sent whole, so its disk reads share the reserve at once: one that can never fit fails now."""
+        if self.arena is None:
+            return
+        need = num_missing * self._extent_bytes(group)
+        if need > self.arena.lease_bytes:
+            cfg = self.svc.config
+            raise ArenaExhausted(
+                f"period.chunks: period {period} group {group} needs {need} bytes of stream buffers at once "
+                f"({num_missing} extents read from disk), more than the whole prefetch reserve ({self.arena.lease_bytes} bytes: "
+                f"prefetch_reserve_fraction {cfg.prefetch_reserve_fraction} of shm_arena_bytes {cfg.shm_arena_bytes}); "
+                "send fewer chunks or raise shm_arena_bytes"
+            )
 
     def _split(self, group: int, chunks: list[int]) -> list[np.ndarray]:
         per = max(1, self._max_job_bytes // self._extent_bytes(group))

@@ -219,6 +219,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             if svc.sessions is None:
                 raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
             svc.sessions.check(session)
+            # the client holds every group's lease until it releases the read: they must fit together
+            svc.arena.check_fits(sum(len(chunks) * -(-geo.extent_bytes(g, geo.chunk_tokens) // 4096) * 4096 for g in groups), "read")
         hold = svc.store.holds.hold(pid)  # not evicted nor moved while the stream lasts
         context.add_done_callback(lambda _ctx: hold.release())
         counts = geo.chunk_token_counts(view.num_tokens)[chunks]
