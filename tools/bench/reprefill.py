@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvstore.progress import progress
+
 from .io_jobs import BenchError, machine_info
 
 SYSTEMS_DOC = "full-recompute, full-load, reprefill at each budget"
@@ -120,7 +122,7 @@ def run_reprefill_bench(args) -> dict:
                 samples.append(_sample(res))
             report["systems"]["full-load"] = summarize(samples)
             true_scores = _true_scores(runner, prefix_id, suffixes, args, exact_chunk_scores) if args.recall else None
-            for budget in args.budgets:
+            for budget in progress(args.budgets, "reprefill budgets"):
                 if budget >= 1:
                     continue
                 run(budget, args.selector)(suffixes[0])
