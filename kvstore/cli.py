@@ -374,6 +374,23 @@ def _serve(args) -> int:
     return serve(args)
 
 
+def _health(args) -> int:
+    """The standard gRPC health check (grpc.health.v1) on the socket: exit 0 only when SERVING."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    target = cli_flags.unix_target(args.socket_path)
+    try:
+        with grpc.insecure_channel(target) as channel:
+            res = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
+    except grpc.RpcError as exc:
+        print(f"kvstore health: {target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(res.status)
+    print(status)
+    return 0 if res.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="kvstore", description="Storage tier for LLM prefix KV caches.")
     cli_flags.add_version(parser)
@@ -384,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gRPC daemon (unix socket, optional TCP with TLS or token)")
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
+    health = sub.add_parser("health", help="gRPC health check of a daemon (exit 0 when SERVING), for liveness/readiness probes")
+    health.add_argument("--socket-path", default=os.environ.get(cli_flags.SOCKET_ENV, cli_flags.SYSTEM_SOCKET), help="the daemon's socket")
+    cli_flags.add_alias(health, "--socket", "socket_path")
+    health.add_argument("--service", default="", help="service name to check ('' = the whole daemon)")
+    health.add_argument("--timeout", type=float, default=5.0, help="seconds")
+    cli_flags.add_version(health)
+    health.set_defaults(func=_health)
     return parser
 
 

@@ -79,3 +79,15 @@ def test_ls_json_piped_to_head_prints_one_line(daemon):
     proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=data_root(), env={**os.environ, "PYTHONPATH": data_root()},
                           capture_output=True, text=True, timeout=120)
     assert proc.stdout == "[\n" and proc.stderr == "", proc.stderr
+
+
+def test_kvstore_health_probe(daemon, tmp_path):
+    def health(path):
+        return subprocess.run([sys.executable, "-m", "kvstore.cli", "health", "--socket-path", path, "--timeout", "5"],
+                              cwd=data_root(), env={**os.environ, "PYTHONPATH": data_root()}, capture_output=True, text=True, timeout=60)
+
+    ok = health(daemon.socket)
+    assert ok.returncode == 0 and ok.stdout.strip() == "SERVING", ok.stderr
+    daemon.stop()
+    gone = health(daemon.socket)
+    assert gone.returncode == 1 and "UNAVAILABLE" in gone.stderr and "Traceback" not in gone.stderr
