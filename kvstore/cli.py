@@ -375,20 +375,9 @@ def _serve(args) -> int:
 
 
 def _health(args) -> int:
-    """The standard gRPC health check (grpc.health.v1) on the socket: exit 0 only when SERVING."""
-    import grpc
-    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from .health import check
 
-    target = cli_flags.unix_target(args.socket_path)
-    try:
-        with grpc.insecure_channel(target) as channel:
-            res = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout)
-    except grpc.RpcError as exc:
-        print(f"kvstore health: {target}: {exc.code().name}: {exc.details()}", file=sys.stderr)
-        return 1
-    status = health_pb2.HealthCheckResponse.ServingStatus.Name(res.status)
-    print(status)
-    return 0 if res.status == health_pb2.HealthCheckResponse.SERVING else 1
+    return check(args.socket_path, args.service, args.timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:
