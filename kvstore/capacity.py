@@ -138,13 +138,14 @@ class DiskCapacity:
         return costs
 
     # ------------------------------------------------------------ compaction
-    def compact(self) -> dict:
-        """Copy the live chunks of mostly-dead segments into new ones."""
+    def compact(self, *, progress=None) -> dict:
+        """Copy the live chunks of mostly-dead segments into new ones (``progress``: see ChunkStore.verify)."""
         store = self.store
         with self._run_lock:
             uses, refs = segment_uses(store)
             compacted = reclaimed = 0
-            for use in segments_to_compact(uses, store.config.compact_live_fraction):
+            todo = list(segments_to_compact(uses, store.config.compact_live_fraction))
+            for use in progress(todo, "compact", total=len(todo), unit="seg") if progress else todo:
                 if store.read_only:
                     break
                 freed = compact_segment(store, use, refs[use.segment_id])

@@ -25,6 +25,7 @@ import time
 
 import numpy as np
 
+from . import cli_flags
 from .config import OneLineErrorParser, StoreConfig, add_config_args, load_config
 from .errors import KVStoreError
 from .geometry import DTYPE_BYTES, ModelSpec, StoreGeometry
@@ -232,11 +233,16 @@ def _demo_target(args, cfg):
         return
     from engine_client.client import KVStoreClient
 
-    if args.target:
-        with KVStoreClient(args.target) as client:
-            yield _DaemonTarget(client, args.target)
-        return
+    from .server import sockets
     from .server.config import ServerConfig
+
+    target = args.target
+    if not target and args.socket_path and sockets._probe(args.socket_path)[0]:
+        target = f"unix:{os.path.abspath(args.socket_path)}"  # a daemon already listens there: use it
+    if target:
+        with KVStoreClient(target) as client:
+            yield _DaemonTarget(client, target)
+        return
 
     server_cfg = load_config(ServerConfig, args.config, "server", enable_admin=True, socket_path=args.socket_path)
     with _spawn_daemon(args.config, cfg, server_cfg) as (socket_path, pid):
@@ -318,6 +324,13 @@ def fractions_arg(text: str) -> list[float]:
     return values
 
 
+def one_fraction_arg(text: str) -> float:
+    values = fractions_arg(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"--budget takes one fraction (--budgets takes a list), got {text!r}")
+    return values[0]
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -342,9 +355,14 @@ def _demo_parser(sub) -> None:
     g.add_argument("--seed", type=int, default=0)
     w = p.add_argument_group("where (default: start a daemon on the default socket and use it from this process)")
     w.add_argument("--in-process", action="store_true", help="use the store library in this process, no daemon")
-    w.add_argument("--target", help="an already running daemon, e.g. unix:.kvstore/run/kvstore.sock")
-    w.add_argument("--socket-path", help="socket of the daemon the demo starts (default: the [server] socket_path)")
+    w.add_argument(
+        "--socket-path",
+        help="the daemon's socket: used when a daemon listens there, else one is started on it (default: the [server] socket_path)",
+    )
+    cli_flags.add_alias(w, "--target", "target", type=cli_flags.unix_target)  # older: --target unix:PATH, a running daemon
+    p.set_defaults(target=None)
     g.add_argument("--budgets", type=fractions_arg, default=list(DEMO_BUDGETS), help="comma-separated fractions (default: 0.05,0.25,1)")
+    cli_flags.add_alias(g, "--budget", "budgets", type=one_fraction_arg, action=cli_flags.AppendAlias)
     g.add_argument("--repeats", type=_positive_int, default=3, help="timed reads per budget (median is shown)")
     add_config_args(p, StoreConfig)
     p.set_defaults(func=run_demo)
@@ -356,8 +374,15 @@ def _serve(args) -> int:
     return serve(args)
 
 
+def _health(args) -> int:
+    from .health import check
+
+    return check(args.socket_path, args.service, args.timeout)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrorParser(prog="kvstore", description="Storage tier for LLM prefix KV caches.")
+    cli_flags.add_version(parser)
     sub = parser.add_subparsers(dest="command", required=True)
     _demo_parser(sub)
     from .server.main import add_serve_args
@@ -365,6 +390,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gRPC daemon (unix socket, optional TCP with TLS or token)")
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
+    health = sub.add_parser("health", help="gRPC health check of a daemon (exit 0 when SERVING), for liveness/readiness probes")
+    health.add_argument("--socket-path", default=os.environ.get(cli_flags.SOCKET_ENV, cli_flags.SYSTEM_SOCKET), help="the daemon's socket")
+    cli_flags.add_alias(health, "--socket", "socket_path")
+    health.add_argument("--service", default="", help="service name to check ('' = the whole daemon)")
+    health.add_argument("--timeout", type=float, default=5.0, help="seconds")
+    cli_flags.add_version(health)
+    health.set_defaults(func=_health)
     return parser
 
 

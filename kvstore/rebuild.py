@@ -57,11 +57,12 @@ def read_segment(path: str) -> tuple[str, dict, dict]:
     return trailer["store_id"], record, trailer["manifest"]
 
 
-def rebuild_index(data_dir: str, *, map_bytes: int = 1 << 24, max_map_bytes: int = 1 << 40) -> RebuildReport:
+def rebuild_index(data_dir: str, *, map_bytes: int = 1 << 24, max_map_bytes: int = 1 << 40, progress=None) -> RebuildReport:
+    """``progress(iterable, desc)`` wraps the pass over segment files (a bar, see kvstore.progress)."""
     data_dir = os.path.abspath(data_dir)
     lock_fd = lock_data_dir(data_dir)
     try:
-        segments, bad = _read_segments(os.path.join(data_dir, "segments"))
+        segments, bad = _read_segments(os.path.join(data_dir, "segments"), progress)
         store_id = _store_id(data_dir, segments)
         report = RebuildReport(store_id, _move_index_aside(data_dir), bad_segments=bad)
         records = {s: rec for s, (sid, rec, _) in segments.items() if sid == store_id}
@@ -76,9 +77,10 @@ def rebuild_index(data_dir: str, *, map_bytes: int = 1 << 24, max_map_bytes: int
         os.close(lock_fd)
 
 
-def _read_segments(segment_dir: str) -> tuple[dict[int, tuple[str, dict, dict]], dict[int, str]]:
+def _read_segments(segment_dir: str, progress=None) -> tuple[dict[int, tuple[str, dict, dict]], dict[int, str]]:
     good, bad = {}, {}
-    for name in sorted(os.listdir(segment_dir)):
+    names = sorted(os.listdir(segment_dir))
+    for name in progress(names, "rebuild-index", total=len(names), unit="file") if progress else names:
         seg_id = parse_segment_file_name(name)
         if seg_id is None:
             continue

@@ -654,13 +654,18 @@ class ChunkStore:
         return len(dirty)
 
     # ------------------------------------------------------------ verify
-    def verify(self, prefix_id: str | None = None) -> list[dict]:
-        """Re-read every checksummed region (of one prefix, or of the store)."""
+    def verify(self, prefix_id: str | None = None, *, progress=None) -> list[dict]:
+        """Re-read every checksummed region (of one prefix, or of the store).
+
+        ``progress(iterable, desc)`` wraps the loop over segments (a bar, see kvstore.progress).
+        """
         if prefix_id is not None:
             seg_ids = self._view(prefix_id).segment_ids
         else:
             with self.index.read() as txn:
                 seg_ids = [int.from_bytes(k, "big") for k in txn.cursor(db=self.index.segments).iternext(values=False)]
+        if progress is not None:
+            seg_ids = progress(seg_ids, "verify", total=len(seg_ids), unit="seg")
         return [self._verify_segment(s) for s in seg_ids]
 
     def _verify_segment(self, segment_id: int) -> dict:

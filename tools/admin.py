@@ -1,8 +1,11 @@
 """``kvstore-admin``: inspect and maintain a kvstore, through its daemon or offline.
 
-With ``--socket`` (default: the daemon's default socket, when it exists) or
-``--address`` the commands go to a running daemon (``inspect`` and
-``verify`` need its admin RPCs enabled).  With ``--data-dir`` they open the
+With ``--socket-path`` or ``--address`` the commands go to a running daemon
+(``inspect``, ``verify``, ``evict`` and ``compact`` need its admin RPCs
+enabled).  Without either, and without ``--data-dir``, the daemon is found at
+``$KVSTORE_SOCKET``, then ``/run/kvstore/kvstore.sock``, then this
+directory's ``.kvstore/run/kvstore.sock``; failing those, the default data
+directory is opened offline, and the error says where it looked.  With ``--data-dir`` they open the
 data directory directly, which only works while no daemon holds it (the
 store takes an exclusive lock); opening it runs the startup scan, which
 removes orphaned segment files left by an interrupted put (only when the
@@ -24,8 +27,10 @@ import sys
 import time
 from dataclasses import asdict
 
+from kvstore import cli_flags
 from kvstore.cli import format_table, human_bytes
 from kvstore.config import StoreConfig
+from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.errors import InvalidArgument, KVStoreError, NotFound
 from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
@@ -63,29 +68,51 @@ class LocalAdmin:
 
     def verify(self, prefix: str | None) -> tuple[str | None, list[dict]]:
         prefix_id = self.store.resolve(prefix) if prefix else None
-        return prefix_id, self.store.verify(prefix_id)
+        return prefix_id, self.store.verify(prefix_id, progress=progress)
 
     def evict(self, to_bytes: int) -> dict:
         return self.store.capacity.evict_to(to_bytes)
 
     def compact(self) -> dict:
-        return self.store.capacity.compact()
+        return self.store.capacity.compact(progress=progress)
 
     def close(self) -> None:
         self.store.close()
 
 
+ADMIN_RPCS = ("inspect", "verify", "evict", "compact")
+
+
+class AdminDisabled(KVStoreError):
+    """The daemon serves no KVStoreAdmin service (enable_admin is off)."""
+
+
 class RemoteAdmin:
     """The same operations through a running daemon."""
 
-    def __init__(self, client):
+    def __init__(self, client, where: str):
         self.client = client
+        self.where = where
+
+    def admin_call(self, name: str, *args):
+        """``client.<name>(*args)``; UNIMPLEMENTED (no admin service) becomes one sentence."""
+        from engine_client.client import KVStoreRpcError
+
+        try:
+            return getattr(self.client, name)(*args)
+        except KVStoreRpcError as exc:
+            if getattr(exc.code, "name", exc.code) != "UNIMPLEMENTED":
+                raise
+            raise AdminDisabled(
+                f"the daemon at {self.where} does not serve admin calls ({', '.join(ADMIN_RPCS)}): "
+                "start it with --enable-admin true (enable_admin = true in [server])"
+            ) from None
 
     def list_prefixes(self) -> list[dict]:
         return [_message_dict(p, quarantined=p.quarantined or None) for p in self.client.list_prefixes()]
 
     def inspect(self, prefix: str) -> dict:
-        return self.client.inspect(prefix)
+        return self.admin_call("inspect", prefix)
 
     def stats(self) -> dict:
         st = self.client.stats()
@@ -97,8 +124,8 @@ class RemoteAdmin:
         return self.client.delete(prefix)
 
     def verify(self, prefix: str | None) -> tuple[str | None, list[dict]]:
-        prefix_id = self.client.inspect(prefix)["prefix_id"] if prefix else None
-        reports = self.client.verify(prefix_id or "")
+        prefix_id = self.admin_call("inspect", prefix)["prefix_id"] if prefix else None
+        reports = self.admin_call("verify", prefix_id or "")
         quarantined = {}
         for p in self.client.list_prefixes():
             if p.quarantined:
@@ -110,11 +137,11 @@ class RemoteAdmin:
         ]
 
     def evict(self, to_bytes: int) -> dict:
-        res = self.client.evict(to_bytes)
+        res = self.admin_call("evict", to_bytes)
         return {**_message_dict(res), "evicted": list(res.evicted)}
 
     def compact(self) -> dict:
-        return _message_dict(self.client.compact())
+        return _message_dict(self.admin_call("compact"))
 
     def close(self) -> None:
         self.client.close()
@@ -128,20 +155,26 @@ def _message_dict(msg, **overrides) -> dict:
 
 
 def connect(args):
-    """A RemoteAdmin when a daemon is named or listening, else a LocalAdmin."""
-    from kvstore.server.config import ServerConfig
-
-    socket_path = args.socket or (None if args.data_dir_given or args.address else ServerConfig().socket_path)
-    if args.address or (socket_path and os.path.exists(socket_path)):
+    """A RemoteAdmin when a daemon is named or found, else a LocalAdmin on the data directory."""
+    socket_path, looked = args.socket_path, ""
+    if socket_path and not os.path.exists(socket_path):
+        raise NotFound(f"no daemon socket at {socket_path} (--socket-path)")
+    if not (socket_path or args.address or args.data_dir_given):
+        socket_path, looked = cli_flags.find_socket()
+    if args.address or socket_path:
         from engine_client.client import KVStoreClient
 
-        token = open(args.token_file).read().strip() if args.token_file else None
+        token = open(args.auth_token_file).read().strip() if args.auth_token_file else None
         ca = open(args.tls_ca_file, "rb").read() if args.tls_ca_file else None
         target = args.address or f"unix:{os.path.abspath(socket_path)}"
-        return RemoteAdmin(KVStoreClient(target, shm=False, token=token, root_certificates=ca, deadline_s=args.timeout))
-    if args.socket:
-        raise NotFound(f"no daemon socket at {args.socket}")
-    return LocalAdmin(open_store(args.data_dir))
+        client = KVStoreClient(target, shm=False, token=token, root_certificates=ca, deadline_s=args.timeout)
+        return RemoteAdmin(client, target)
+    try:
+        return LocalAdmin(open_store(args.data_dir))
+    except NotFound as exc:
+        if not looked:
+            raise
+        raise NotFound(f"no daemon found ({looked}) and {exc}; give --socket-path, --address or --data-dir") from None
 
 
 def _when(ts: float) -> str:
@@ -261,7 +294,7 @@ def cmd_verify(admin, args) -> tuple[object, str, int]:
 
 def cmd_rebuild_index(args) -> tuple[object, str, int]:
     """Runs on the data directory itself, never through a daemon or an opened store."""
-    report = rebuild_index(args.data_dir)
+    report = rebuild_index(args.data_dir, progress=progress)
     rows = [[pid[:SHORT_ID_CHARS], "restored", "-"] for pid in report.restored]
     rows += [[pid[:SHORT_ID_CHARS], "SKIPPED", why] for pid, why in sorted(report.skipped.items())]
     text = format_table(["PREFIX", "RESULT", "REASON"], rows)
@@ -285,20 +318,34 @@ COMMANDS = {
 
 
 # ------------------------------------------------------------ arguments
+CONNECTION_FLAGS = ("--socket-path", "--address", "--auth-token-file", "--tls-ca-file", "--data-dir")
+ALIASES = {"--socket": "socket_path", "--token-file": "auth_token_file"}  # older spellings, hidden
+
+
 def build_parser() -> argparse.ArgumentParser:
     default_dir = StoreConfig().data_dir
     parser = argparse.ArgumentParser(prog="kvstore-admin", description="Inspect and maintain a kvstore (daemon or data directory).")
-    parser.add_argument("--socket", help="daemon unix socket (default: the daemon's default socket, if it exists)")
+    cli_flags.add_version(parser)
+    parser.add_argument(
+        "--socket-path", help=f"daemon unix socket (default: ${cli_flags.SOCKET_ENV}, {cli_flags.SYSTEM_SOCKET}, "
+        f"then {cli_flags.LOCAL_SOCKET}, the first that exists)"
+    )
     parser.add_argument("--address", help="daemon TCP address host:port")
-    parser.add_argument("--token-file", help="bearer token for a TCP daemon")
+    parser.add_argument("--auth-token-file", help="bearer token for a TCP daemon")
     parser.add_argument("--tls-ca-file", help="CA bundle to check a TLS daemon")
     parser.add_argument("--timeout", type=float, default=600.0, help="deadline of each call in seconds")
     parser.add_argument("--data-dir", default=None, help=f"open this data directory directly, without a daemon (default: {default_dir})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    add_progress_flag(parser)
+    for flag, dest in ALIASES.items():
+        cli_flags.add_alias(parser, flag, dest)
     common = argparse.ArgumentParser(add_help=False)  # the same options after the subcommand
-    for flag in ("--socket", "--address", "--token-file", "--tls-ca-file", "--data-dir"):
+    for flag in CONNECTION_FLAGS:
         common.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    for flag, dest in ALIASES.items():
+        cli_flags.add_alias(common, flag, dest)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    common.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("ls", parents=[common], help="list stored prefixes")
     sub.add_parser("inspect", parents=[common], help="show one prefix and its segments").add_argument(
@@ -319,10 +366,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _print_quietly(text: str) -> None:
+    """Print; a reader that went away (``| head``) ends the output, not the program with a traceback."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # the interpreter's own flush at exit must not fail again
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.data_dir_given = args.data_dir is not None
     args.data_dir = args.data_dir or StoreConfig().data_dir
+    set_enabled(args.progress)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname).1s %(name)s: %(message)s")
     from engine_client.client import KVStoreRpcError
 
@@ -338,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     except (KVStoreError, KVStoreRpcError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(data, indent=2) if args.json else text)
+    _print_quietly(json.dumps(data, indent=2) if args.json else text)
     return status
 
 

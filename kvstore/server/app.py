@@ -45,6 +45,14 @@ class Daemon:
         self._socket_ident: tuple[int, int] | None = None
 
     async def start(self) -> None:
+        try:
+            await self._start()
+        except BaseException:
+            if getattr(self, "metrics_server", None) is not None:
+                self.metrics_server.close()
+            raise
+
+    async def _start(self) -> None:
         """Check credentials and claim every listening address, then open the store and serve.
 
         Every configuration problem (token or TLS files, a TCP port in use, a
@@ -53,6 +61,11 @@ class Daemon:
         """
         cfg = self.config
         tcp = self._bind_tcp() if cfg.tcp_address else None
+        self.metrics_server = None
+        if cfg.metrics_address:
+            from .prom import MetricsServer  # prometheus_client only when metrics are on
+
+            self.metrics_server = MetricsServer(cfg.metrics_address)
         with_arena = bool(cfg.shm_arena_bytes and cfg.socket_path)
         if cfg.socket_path:
             sockets.claim(cfg.socket_path, "socket_path")
@@ -82,6 +95,8 @@ class Daemon:
         # extents of deleted, evicted and compacted segments leave memory (pinned ones age out)
         self.store.capacity.on_segments_freed.append(self.tiers.drop_segment)
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
+        if self.metrics_server is not None:
+            self.metrics_server.serve(self.service)
         if cfg.socket_path:
             server = self._server([])
             bound = sockets.private_path(cfg.socket_path)
@@ -152,6 +167,10 @@ class Daemon:
 
             reflection.enable_server_reflection([*names, reflection.SERVICE_NAME], server)
 
+    @property
+    def metrics_port(self) -> int:
+        return self.metrics_server.port if self.metrics_server is not None else 0
+
     async def _set_health(self, name: str, status) -> None:
         res = self.health.set(name, status)
         if asyncio.iscoroutine(res):
@@ -197,6 +216,8 @@ class Daemon:
         # arena they point into is unmapped.
         if not await self.service.drain(UNWIND_SECONDS):
             log.warning("%d cancelled calls did not unwind within %.1fs", self.service.active_calls, UNWIND_SECONDS)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
         if self.sessions is not None:
             self.sessions.stop()
         self.service.pool.shutdown(wait=True)
@@ -238,7 +259,7 @@ async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str |
     flusher = asyncio.ensure_future(daemon.flush_scores())
     if ready_file:  # written whole, then renamed: a reader never sees it half done
         with open(ready_file + ".tmp", "w") as fh:
-            fh.write(f"{os.getpid()} {getattr(daemon, 'tcp_port', 0)}\n")
+            fh.write(f"{os.getpid()} {getattr(daemon, 'tcp_port', 0)} {daemon.metrics_port}\n")
         os.replace(ready_file + ".tmp", ready_file)
     log.info("kvstore daemon ready (pid %d)", os.getpid())
     await stop.wait()

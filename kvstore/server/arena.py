@@ -128,8 +128,7 @@ class Arena:
         """
         count = max(1, -(-nbytes // self.slot_bytes))
         keep = -(-keep_free_bytes // self.slot_bytes)
-        if count > self._alloc.num_slots:
-            raise ArenaExhausted(f"read of {nbytes} bytes exceeds the arena's lease space ({self.tier_offset} bytes)")
+        self.check_fits(nbytes)
         deadline = time.monotonic() + wait_seconds
         with self._cond:
             while (start := self._alloc.allocate(count) if self._alloc.free_slots - count >= keep else None) is None:
@@ -142,6 +141,14 @@ class Arena:
             lease = Lease(lease_id, owner, start * self.slot_bytes, nbytes, (start, count))
             self._leases[lease.lease_id] = lease
             return lease
+
+    def check_fits(self, nbytes: int, what: str = "read") -> None:
+        """ArenaExhausted at once when ``nbytes`` (held at the same time) can never be leased, however long one waits."""
+        if max(1, -(-nbytes // self.slot_bytes)) > self._alloc.num_slots:
+            raise ArenaExhausted(
+                f"{what} of {nbytes} bytes can never fit the arena's lease space ({self.tier_offset} bytes, the prefetch reserve): "
+                "read fewer chunks or layers per call, read with bytes in the stream, or raise shm_arena_bytes"
+            )
 
     @property
     def lease_bytes(self) -> int:

@@ -43,6 +43,8 @@ class ServerConfig:
     grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight calls may finish")
     io_threads: int = _opt(8, "threads running store calls for the async service")
     score_flush_seconds: float = _opt(5.0, "how often changed cache scores are written to the index")
+    metrics_address: str = _opt("", "serve Prometheus metrics at http://HOST:PORT/metrics (empty: off; port 0 picks a free one)")
+    log_format: str = _opt("text", "log lines as text (timestamp, level, logger, message) or json (one object per line)")
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -79,6 +81,12 @@ class ServerConfig:
         for name in ("stream_idle_seconds", "put_idle_seconds"):
             if not getattr(self, name) > 0:
                 raise InvalidArgument(name, "must be positive")
+        if self.metrics_address:
+            from .prom import parse_address
+
+            parse_address(self.metrics_address)
+        if self.log_format not in ("text", "json"):
+            raise InvalidArgument("log_format", f"must be text or json, got {self.log_format!r}")
         if self.max_shm_sessions < 1:
             raise InvalidArgument("max_shm_sessions", "must be positive")
         for name in ("shm_allowed_uids", "shm_allowed_gids"):  # a bad list is refused at start-up

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import sys
 
+from .. import logs
+from ..cli_flags import add_version
 from ..config import OneLineErrorParser, StoreConfig, add_config_args, load_config
 from ..errors import InvalidArgument
 from .config import ServerConfig
 
 
 def add_serve_args(parser: argparse.ArgumentParser) -> None:
+    add_version(parser)
     parser.add_argument("--config", metavar="FILE.toml", help="TOML file with [store] and [server] sections")
-    parser.add_argument("--ready-file", help="write 'PID TCP_PORT' here once listening (for supervisors and tests)")
+    parser.add_argument("--ready-file", help="write 'PID TCP_PORT METRICS_PORT' here once listening (for supervisors and tests)")
     add_config_args(parser, StoreConfig)
     add_config_args(parser, ServerConfig)
 
@@ -29,6 +31,7 @@ def serve(args: argparse.Namespace) -> int:
     try:
         store_cfg = load_config(StoreConfig, args.config, "store", args=args)
         server_cfg = load_config(ServerConfig, args.config, "server", args=args)
+        logs.configure(server_cfg.log_format)
         asyncio.run(_run(store_cfg, server_cfg, args.ready_file))
     except InvalidArgument as exc:
         print(f"kvstore serve: invalid configuration: {exc}", file=sys.stderr)
@@ -46,7 +49,7 @@ def main(argv=None) -> int:
     parser = OneLineErrorParser(prog="kvstore serve", description="run the kvstore daemon")
     add_serve_args(parser)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure("text")
     return serve(args)
 
 

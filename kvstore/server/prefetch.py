@@ -249,6 +249,7 @@ class PrefetchStream:
             for spec in specs:
                 spec.used = {s.chunk for s in sources if s.job is spec}
             if missing:
+                self._check_fits(period, g, len(missing))
                 by_chunk = {}
                 for part in self._split(g, missing):
                     job = self._submit(g, part, speculative=False, period=period)
@@ -317,6 +318,20 @@ class PrefetchStream:
     def _extent_bytes(self, group: int) -> int:
         geo = self.geometry
         return -(-geo.extent_bytes(group, geo.chunk_tokens) // 4096) * 4096
+
+    def _check_fits(self, period: int, group: int, num_missing: int) -> None:
+        """A group is sent whole, so its disk reads share the reserve at once: one that can never fit fails now."""
+        if self.arena is None:
+            return
+        need = num_missing * self._extent_bytes(group)
+        if need > self.arena.lease_bytes:
+            cfg = self.svc.config
+            raise ArenaExhausted(
+                f"period.chunks: period {period} group {group} needs {need} bytes of stream buffers at once "
+                f"({num_missing} extents read from disk), more than the whole prefetch reserve ({self.arena.lease_bytes} bytes: "
+                f"prefetch_reserve_fraction {cfg.prefetch_reserve_fraction} of shm_arena_bytes {cfg.shm_arena_bytes}); "
+                "send fewer chunks or raise shm_arena_bytes"
+            )
 
     def _split(self, group: int, chunks: list[int]) -> list[np.ndarray]:
         per = max(1, self._max_job_bytes // self._extent_bytes(group))
@@ -568,6 +583,13 @@ class PrefetchStream:
                 st.spec_bytes_wasted += sum(job.result.extent_bytes(job.group, j).size for j in job.chunks.tolist())
             elif not job.started:
                 st.spec_units_cancelled += int(job.chunks.size)
+        self.svc.metrics.add(  # daemon-wide totals (Stats, /metrics); disk bytes are the store's own counter
+            read_bytes_gpu=st.bytes_gpu,
+            read_bytes_cpu=st.bytes_cpu,
+            spec_bytes_used=st.spec_bytes_used,
+            spec_bytes_wasted=st.spec_bytes_wasted,
+            spec_units_cancelled=st.spec_units_cancelled,
+        )
         return pb.PrefetchResponse(stats=st)
 
     # ------------------------------------------------------------ end

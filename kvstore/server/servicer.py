@@ -27,7 +27,17 @@ from .prefetch import serve_prefetch
 from .status import Draining, PutStalled, streaming, unary
 from .tiers import TierManager
 
-CAPACITY_STATS = (
+# Figures of ChunkStore.stats() that Stats reports as they are.
+STORE_STATS = (
+    "backend",
+    "num_prefixes",
+    "num_segments",
+    "bytes_stored",
+    "bytes_free",
+    "bytes_read",
+    "bytes_written",
+    "quarantined_segments",
+    "index_map_bytes",
     "max_disk_bytes",
     "disk_used_bytes",
     "disk_reserved_bytes",
@@ -36,6 +46,7 @@ CAPACITY_STATS = (
     "compactions",
     "compaction_reclaimed_bytes",
 )
+STATS_FIELDS = frozenset(f.name for f in pb.StatsResponse.DESCRIPTOR.fields if f.name != "latency")
 
 
 class Service:
@@ -93,6 +104,24 @@ class Service:
         if allowed is not None and self.store.describe(pid).namespace not in allowed:
             raise NotFound(f"prefix {pid} is not stored")
         return pid
+
+    def snapshot(self) -> dict:
+        """Every store-wide figure, read now: ``Stats`` answers with it and ``/metrics`` is built from it."""
+        s = self.store.stats()
+        counters = self.metrics.counters()
+        return {
+            **{k: s[k] for k in STORE_STATS},
+            "read_only": s["read_only"] or "",
+            "requests": self.metrics.requests,
+            "shm_arena_bytes": self.arena.nbytes if self.arena else 0,
+            "shm_leased_bytes": self.arena.leased_bytes if self.arena else 0,
+            "shm_sessions": self.sessions.num_sessions if self.sessions else 0,
+            "version": __version__,
+            "bytes_read_gpu": counters["read_bytes_gpu"],
+            "bytes_read_cpu": counters["read_bytes_cpu"],
+            **{k: counters[k] for k in ("spec_bytes_used", "spec_bytes_wasted", "spec_units_cancelled")},
+            **_tier_stats(self),
+        }
 
     async def run(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
@@ -190,6 +219,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             if svc.sessions is None:
                 raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
             svc.sessions.check(session)
+            # the client holds every group's lease until it releases the read: they must fit together
+            svc.arena.check_fits(sum(len(chunks) * -(-geo.extent_bytes(g, geo.chunk_tokens) // 4096) * 4096 for g in groups), "read")
         hold = svc.store.holds.hold(pid)  # not evicted nor moved while the stream lasts
         context.add_done_callback(lambda _ctx: hold.release())
         counts = geo.chunk_token_counts(view.num_tokens)[chunks]
@@ -307,26 +338,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
     @unary
     async def Stats(self, request, context):
         svc = self.svc
-        s = await svc.run(svc.store.stats)
+        snap = await svc.run(svc.snapshot)
         return pb.StatsResponse(
-            backend=s["backend"],
-            num_prefixes=s["num_prefixes"],
-            num_segments=s["num_segments"],
-            bytes_stored=s["bytes_stored"],
-            bytes_free=s["bytes_free"],
-            bytes_read=s["bytes_read"],
-            bytes_written=s["bytes_written"],
-            requests=svc.metrics.requests,
-            read_only=s["read_only"] or "",
-            quarantined_segments=s["quarantined_segments"],
-            shm_arena_bytes=svc.arena.nbytes if svc.arena else 0,
-            shm_leased_bytes=svc.arena.leased_bytes if svc.arena else 0,
-            shm_sessions=svc.sessions.num_sessions if svc.sessions else 0,
+            **{k: v for k, v in snap.items() if k in STATS_FIELDS},
             latency=[pb.LatencySummary(**row) for row in svc.metrics.summary()],
-            index_map_bytes=s["index_map_bytes"],
-            version=__version__,
-            **{k: s[k] for k in CAPACITY_STATS},
-            **_tier_stats(svc),
         )
 
     @unary
@@ -365,6 +380,7 @@ def _tier_stats(svc: Service) -> dict:
         tier_miss_units=t.miss_units,
         tier_units=len(t),
         pinned_units=t.pinned_units(),
+        pinned_bytes=t.pinned_bytes(),
     )
 
 

@@ -74,9 +74,7 @@ def _lenient(method: str, from_string):
         try:
             return from_string(data)
         except Exception as exc:  # noqa: BLE001 - DecodeError, or whatever else the parser raises: never to grpc
-            bad = BadBody(message_name, len(data), exc.__class__.__name__)
-            log.warning("%s: %s", method, bad.error)
-            return bad
+            return BadBody(message_name, len(data), exc.__class__.__name__)  # refused (and logged) by the wrapper
 
     return parse
 
@@ -132,12 +130,25 @@ def status_of(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-async def _abort(context, exc: Exception, name: str):
+async def _abort(context, exc: Exception, name: str, call) -> None:
+    """Answer ``exc`` with its status code; one log line per refused call."""
     code = status_of(exc)
+    call.code = code.name
     if code is grpc.StatusCode.INTERNAL:
         log.exception("%s failed", name, exc_info=exc)
         await context.abort(code, f"internal error in {name}: {exc.__class__.__name__}")
+    field = getattr(exc, "field", None) or "-"
+    log.warning("refused %s: code=%s field=%s: %s", name, code.name, field, exc)
     await context.abort(code, str(exc))
+
+
+def _ended(call, context, exc: BaseException) -> None:
+    """The code of a call that ended by cancellation or by an abort from inside the method."""
+    if isinstance(exc, asyncio.CancelledError):
+        call.code = "CANCELLED"
+    elif call.code == "OK":
+        code = context.code() if hasattr(context, "code") else None
+        call.code = getattr(code, "name", None) or "UNKNOWN"
 
 
 def unary(fn):
@@ -145,14 +156,15 @@ def unary(fn):
 
     @functools.wraps(fn)
     async def wrapper(self, request, context):
-        with self.metrics.timed(fn.__name__):
+        with self.metrics.timed(fn.__name__) as call:
             try:
                 with self.admitted():
                     return await fn(self, _checked(request), context)
-            except (asyncio.CancelledError, grpc.aio.AbortError):
+            except (asyncio.CancelledError, grpc.aio.AbortError) as exc:
+                _ended(call, context, exc)
                 raise
             except Exception as exc:
-                await _abort(context, exc, fn.__name__)
+                await _abort(context, exc, fn.__name__, call)
 
     return wrapper
 
@@ -162,14 +174,15 @@ def streaming(fn):
 
     @functools.wraps(fn)
     async def wrapper(self, request, context):
-        with self.metrics.timed(fn.__name__):
+        with self.metrics.timed(fn.__name__) as call:
             try:
                 with self.admitted():
                     async for msg in fn(self, _checked(request), context):
                         yield msg
-            except (asyncio.CancelledError, grpc.aio.AbortError):
+            except (asyncio.CancelledError, grpc.aio.AbortError) as exc:
+                _ended(call, context, exc)
                 raise
             except Exception as exc:
-                await _abort(context, exc, fn.__name__)
+                await _abort(context, exc, fn.__name__, call)
 
     return wrapper

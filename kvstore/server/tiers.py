@@ -140,6 +140,10 @@ class TierManager:
         with self._lock:
             return sum(1 for u, r in self._where.items() if self._policy[r.tier].leased(u))
 
+    def pinned_bytes(self) -> int:
+        with self._lock:
+            return sum(r.length for u, r in self._where.items() if self._policy[r.tier].leased(u))
+
     def cpu_view(self, res: Resident) -> np.ndarray:
         return np.frombuffer(self.arena.view, np.uint8, count=res.length, offset=res.offset)
 

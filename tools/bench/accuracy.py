@@ -33,6 +33,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvstore.progress import progress
+
 DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "recall-small")
 SELECTORS = ("summary", "exact", "recent")
 CHUNK_TOKENS = 16
@@ -129,7 +131,7 @@ def keep_rows_without(num_prefix: int, drop_chunks: np.ndarray, chunk_tokens: in
 def predict_in_process(model, examples, path: EvalPath):
     from engine_client.runner import chunked_prefill
 
-    for ex in examples:
+    for ex in progress(examples, f"accuracy {path.kind}", unit="ex"):
         _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix))
         keep = keep_rows_without(ex.prefix.size, ex.answer_chunks(CHUNK_TOKENS)) if path.kind == "drop-answer" else None
         yield int(answer_logits(model, kv, ex.prefix.size, ex.suffix, keep).argmax()), {}
@@ -161,7 +163,7 @@ def predict_reprefill(model, examples, path: EvalPath, directory: str):
         with KVStoreClient(f"unix:{daemon.socket}") as client:
             runner = ModelRunner(model, client, chunk_tokens=CHUNK_TOKENS)
             cfg = ReprefillConfig(budget=path.budget, selector=path.selector, period_layers=PERIOD_LAYERS)
-            for ex in examples:
+            for ex in progress(examples, "accuracy re-prefill", unit="ex"):
                 handle = runner.store_prefix(ex.prefix)
                 res = runner.reprefill(handle.prefix_id, ex.suffix, cfg)
                 wanted = set(ex.answer_chunks(CHUNK_TOKENS).tolist())
@@ -242,6 +244,7 @@ def format_report(r: dict) -> str:
 
 def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     from engine_client.tasks import TASKS
+    from kvstore.cli_flags import add_alias
 
     p = sub.add_parser("accuracy", help="answer accuracy on the held-out synthetic recall tasks, full / drop-answer / Re-Prefill")
     p.add_argument("--task", required=True, choices=list(TASKS))
@@ -252,7 +255,8 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the held-out (eval) stream")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32", help="compute dtype (and stored KV dtype)")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--directory", default=".kvstore/bench", help="where the Re-Prefill paths put their temporary store")
+    p.add_argument("--data-dir", dest="directory", default=".kvstore/bench", help="where the Re-Prefill paths put their temporary store")
+    add_alias(p, "--directory", "directory")  # older spelling
     p.add_argument("--json", action="store_true", help="print only machine-readable JSON")
     p.set_defaults(run=lambda args: command_accuracy(args, p))
     return p

@@ -28,7 +28,10 @@ import os
 import random
 import sys
 
+from kvstore import cli_flags
+from kvstore.cli import fractions_arg, one_fraction_arg
 from kvstore.errors import KVStoreError
+from kvstore.progress import add_progress_flag, set_enabled
 
 from .fio import compare_with_fio, format_comparison
 from .io_jobs import RW_MODES, BenchError, JobSpec, format_run, parse_size, run_io
@@ -45,25 +48,23 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a budget is a fraction in (0, 1], got {text}")
-    return value
-
-
 def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job = parser.add_argument_group("job (fio's options of the same names)")
     job.add_argument("--rw", choices=RW_MODES, default="randread")
     job.add_argument("--bs", type=_size, default=parse_size("256k"), help="block size (4k, 32k, 256k, 1m; k=1024)")
-    job.add_argument("--iodepth", type=int, default=16, help="requests in flight per job")
+    job.add_argument("--iodepth", type=int, default=16, help="requests in flight per job (fio's name; --io-queue-depth elsewhere)")
+    cli_flags.add_alias(job, "--io-queue-depth", "iodepth", type=int)
     job.add_argument("--numjobs", type=int, default=1, help="jobs, one process each, on the same file")
     job.add_argument("--size", type=_size, default=parse_size("1g"), help="file bytes each job covers")
     job.add_argument("--runtime", type=float, default=10.0, help="seconds (time based, like fio --time_based)")
     job.add_argument("--direct", type=int, choices=(0, 1), default=1, help="1: O_DIRECT, no page cache")
     job.add_argument("--backend", choices=("auto", "posix", "kvikio"), default="auto")
-    job.add_argument("--directory", default=DEFAULT_DIRECTORY, help="where the default --filename lives")
-    job.add_argument("--filename", help=f"test file (default: DIRECTORY/{DEFAULT_FILENAME})")
+    job.add_argument(
+        "--data-dir", dest="directory", default=DEFAULT_DIRECTORY,
+        help="work directory: the default --filename, the --via-daemon stores and the --chunked store (DATA_DIR/store)",
+    )
+    cli_flags.add_alias(job, "--directory", "directory")
+    job.add_argument("--filename", help=f"test file (default: DATA_DIR/{DEFAULT_FILENAME})")
     job.add_argument("--seed", type=int, help="offset and data seed (default: random, reported)")
     job.add_argument("--json", action="store_true", help="print only machine-readable JSON")
 
@@ -83,7 +84,10 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     """Options of ``--chunked``; None means chunked.DEFAULTS decides."""
     chk = parser.add_argument_group("chunked reads (--chunked; defaults: tools.bench.chunked.DEFAULTS)")
     chk.add_argument("--chunked", action="store_true", help="run the chunked-read benchmark instead of a raw job")
-    chk.add_argument("--budget", type=_fraction, action="append", help=f"fraction of chunks read (repeatable; default {' and '.join(map(str, DEFAULT_BUDGETS))})")
+    chk.add_argument(
+        "--budgets", dest="budget", type=fractions_arg, help=f"fractions of chunks read, comma-separated (default {','.join(map(str, DEFAULT_BUDGETS))})"
+    )
+    cli_flags.add_alias(chk, "--budget", "budget", type=one_fraction_arg, action=cli_flags.AppendAlias)
     chk.add_argument("--layers", type=int)
     chk.add_argument("--kv-heads", type=int)
     chk.add_argument("--head-dim", type=int)
@@ -93,26 +97,37 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     chk.add_argument("--period-layers", type=int)
     chk.add_argument("--selection", choices=("random", "runs", "both"))
     chk.add_argument("--groups", choices=("all", "period"), help="one read for all period groups, or one per group")
-    chk.add_argument("--data-dir", help="store directory of the chunked benchmark")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Subcommands whose modules import torch: their parsers are built only when chosen,
+# so `kvstore-bench --help` and `kvstore-bench io` never import it.
+LAZY_COMMANDS = {
+    "reprefill": ("tools.bench.reprefill", "add_reprefill_parser", "Re-Prefill TTFT vs full recompute and full load"),
+    "accuracy": ("tools.bench.accuracy", "add_accuracy_parser", "answer accuracy on the held-out synthetic recall tasks"),
+    "prefill": ("tools.bench.prefill", "add_prefill_parser", "dense prefill time per layer against transformers"),
+}
+
+
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The parser for ``argv`` (default: sys.argv): a torch-bound subcommand's options only when it is the one chosen."""
+    import importlib
+
     parser = argparse.ArgumentParser(prog="kvstore-bench", description=__doc__.split("\n\n")[0])
+    cli_flags.add_version(parser)
+    add_progress_flag(parser)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     io = sub.add_parser("io", help="fio-style raw I/O job through the store's backend")
     _add_job_options(io)
     _add_compare_options(io)
     _add_chunked_options(io)
     io.set_defaults(run=lambda args: command_io(args, io))
-    from .reprefill import add_reprefill_parser
-
-    add_reprefill_parser(sub)
-    from .accuracy import add_accuracy_parser
-
-    add_accuracy_parser(sub)
-    from .prefill import add_prefill_parser
-
-    add_prefill_parser(sub)
+    args = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in args if not a.startswith("-")), None)
+    for name, (module, add, help_text) in LAZY_COMMANDS.items():
+        if name == chosen:
+            getattr(importlib.import_module(module), add)(sub)
+        else:
+            sub.add_parser(name, help=help_text)  # listed in --help; replaced when chosen
     return parser
 
 
@@ -142,6 +157,7 @@ def command_io(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         from .chunked import run_chunked  # needs the store; imported only when asked for
 
         args.budget = args.budget or list(DEFAULT_BUDGETS)
+        args.data_dir = os.path.join(args.directory, "store")
         report = run_chunked(args)
         if args.json:
             _print_json(report)
@@ -170,10 +186,11 @@ def command_io(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
 def main(argv: list[str] | None = None) -> int:
     """Console entry point of ``kvstore-bench``; returns the exit status."""
-    parser = build_parser()
+    parser = build_parser(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         args = parser.parse_args(argv)
+        set_enabled(args.progress)
         return args.run(args)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message printed)
         return exc.code if isinstance(exc.code, int) else int(exc.code is not None)

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvstore.progress import progress
+
 from .io_jobs import BenchError, machine_info
 
 SYSTEMS_DOC = "full-recompute, full-load, reprefill at each budget"
@@ -120,7 +122,7 @@ def run_reprefill_bench(args) -> dict:
                 samples.append(_sample(res))
             report["systems"]["full-load"] = summarize(samples)
             true_scores = _true_scores(runner, prefix_id, suffixes, args, exact_chunk_scores) if args.recall else None
-            for budget in args.budgets:
+            for budget in progress(args.budgets, "reprefill budgets"):
                 if budget >= 1:
                     continue
                 run(budget, args.selector)(suffixes[0])
@@ -242,6 +244,7 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--prefix-tokens", type=int, default=16384)
     p.add_argument("--suffix-tokens", type=int, default=64)
     from kvstore.cli import fractions_arg
+    from kvstore.cli_flags import add_alias, unix_target
 
     p.add_argument("--budgets", type=fractions_arg, default=[0.05, 0.10, 0.25, 0.50, 1.0])
     p.add_argument("--repeats", type=int, default=3, help="suffixes timed per system")
@@ -250,10 +253,13 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--period-layers", type=int, default=8)
     p.add_argument("--group-layers", type=int, default=4, help="stored period group (SubPeriod)")
     p.add_argument("--no-recall", dest="recall", action="store_false", help="skip the true-top-chunk recall")
-    p.add_argument("--target", help="a running daemon (default: start one on --directory)")
-    p.add_argument("--directory", default=".kvstore/bench")
+    p.add_argument("--socket-path", dest="target", type=unix_target, help="a running daemon (default: start one in --data-dir)")
+    p.add_argument("--data-dir", dest="directory", default=".kvstore/bench")
+    add_alias(p, "--target", "target")  # older spellings (kvstore.cli_flags)
+    add_alias(p, "--directory", "directory")
     p.add_argument("--backend", default="auto", choices=("auto", "posix", "kvikio"))
-    p.add_argument("--iodepth", type=int, default=16)
+    p.add_argument("--io-queue-depth", dest="iodepth", type=int, default=16)
+    add_alias(p, "--iodepth", "iodepth", type=int)
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")

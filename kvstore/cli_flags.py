@@ -1,0 +1,75 @@
+"""Flags every command line shares: one name per thing, old spellings as hidden aliases.
+
+The names (``kvstore serve``, ``kvstore demo``, ``kvstore-admin``, ``kvstore-bench``):
+
+    --socket-path PATH       the daemon's unix socket   (old: --socket, --target unix:PATH)
+    --auth-token-file FILE   bearer token for TCP        (old: --token-file)
+    --data-dir DIR           data / work directory       (old: --directory)
+    --budgets F,F,...        budget fractions            (old: --budget F, repeated)
+    --io-queue-depth N       requests in flight          (old: --iodepth; ``kvstore-bench io`` keeps
+                                                          --iodepth as its name, like every option of
+                                                          its fio-style job, and takes this as an alias)
+    --version
+
+An alias is a second option with the same ``dest``, hidden from ``--help``
+and with no default of its own, so it changes nothing unless it is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from . import __version__
+
+# Where kvstore-admin looks for a daemon, after $KVSTORE_SOCKET.
+SOCKET_ENV = "KVSTORE_SOCKET"
+SYSTEM_SOCKET = "/run/kvstore/kvstore.sock"  # deploy/kvstore.toml, the systemd unit and the DaemonSet
+LOCAL_SOCKET = ".kvstore/run/kvstore.sock"  # `kvstore serve` / `make demo` in a checkout
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+
+def add_alias(parser, flag: str, dest: str, **kwargs) -> None:
+    """``flag`` sets ``dest`` like its new name does, unlisted in ``--help``."""
+    parser.add_argument(flag, dest=dest, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+
+
+class AppendAlias(argparse.Action):
+    """A repeated one-value alias of a list option (``--budget F`` for ``--budgets``):
+    the first replaces the default list, the next ones add to it."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        marker = f"_{self.dest}_appended"
+        current = list(getattr(namespace, self.dest) or []) if getattr(namespace, marker, False) else []
+        setattr(namespace, marker, True)
+        setattr(namespace, self.dest, current + [value])
+
+
+def unix_target(text: str) -> str:
+    """``PATH`` or ``unix:PATH`` -> ``unix:/abs/PATH`` (a gRPC target)."""
+    path = text.removeprefix("unix:")
+    if not path:
+        raise argparse.ArgumentTypeError("expected a socket path")
+    return f"unix:{os.path.abspath(path)}"
+
+
+def socket_candidates(environ=os.environ) -> list[tuple[str, str]]:
+    """(path, where it came from), in the order kvstore-admin tries them."""
+    out = []
+    if environ.get(SOCKET_ENV):
+        out.append((environ[SOCKET_ENV], f"${SOCKET_ENV}"))
+    out.append((SYSTEM_SOCKET, "system default"))
+    out.append((os.path.abspath(LOCAL_SOCKET), "this directory"))
+    return out
+
+
+def find_socket(environ=os.environ) -> tuple[str | None, str]:
+    """The first candidate socket that exists, and a sentence saying where it looked."""
+    candidates = socket_candidates(environ)
+    for path, _ in candidates:
+        if os.path.exists(path):
+            return path, ""
+    return None, "looked at " + ", ".join(f"{path} ({why})" for path, why in candidates)

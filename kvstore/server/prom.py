@@ -1,0 +1,141 @@
+"""``/metrics``: the daemon's figures in the Prometheus text format.
+
+A custom collector reads ``Service.snapshot()`` (the dict ``Stats`` answers
+with) and the RPC histograms at scrape time, so there is one set of
+counters and no second bookkeeping: a scrape and ``kvstore-admin stats``
+taken at the same moment agree.  The HTTP listener (``metrics_address``) is
+``prometheus_client``'s own server thread, bound before the store opens so a
+port in use is a configuration error.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import CollectorRegistry
+
+from ..errors import InvalidArgument
+from .metrics import LATENCY_BUCKETS_SECONDS
+
+log = logging.getLogger(__name__)
+
+# (metric name, help, key of the snapshot) for the plain counters and gauges.
+COUNTERS = (
+    ("kvstore_written_bytes_total", "Bytes written to segment files by puts (padding and trailers included).", "bytes_written"),
+    ("kvstore_tier_hits_total", "Extents a Prefetch stream found in a memory tier.", "tier_hit_units"),
+    ("kvstore_tier_misses_total", "Extents a Prefetch stream had to read from disk.", "tier_miss_units"),
+    ("kvstore_evictions_total", "Prefixes evicted to stay under max_disk_bytes (or by kvstore-admin evict).", "evictions"),
+    ("kvstore_evicted_bytes_total", "Segment bytes freed by evictions.", "evicted_bytes"),
+    ("kvstore_compactions_total", "Segments compacted.", "compactions"),
+    ("kvstore_compaction_reclaimed_bytes_total", "Bytes compactions gave back.", "compaction_reclaimed_bytes"),
+    ("kvstore_prefetch_speculative_cancelled_units_total", "Speculative extents cancelled before their read.", "spec_units_cancelled"),
+    ("kvstore_requests_total", "RPCs served (every method and outcome).", "requests"),
+)
+GAUGES = (
+    ("kvstore_prefixes", "Stored prefixes.", "num_prefixes"),
+    ("kvstore_segments", "Segment files the index references.", "num_segments"),
+    ("kvstore_stored_bytes", "Bytes of the segment files the index references.", "bytes_stored"),
+    ("kvstore_disk_used_bytes", "Segment bytes counted against max_disk_bytes.", "disk_used_bytes"),
+    ("kvstore_disk_reserved_bytes", "Bytes reserved by puts in progress.", "disk_reserved_bytes"),
+    ("kvstore_disk_capacity_bytes", "max_disk_bytes (0: unlimited).", "max_disk_bytes"),
+    ("kvstore_filesystem_free_bytes", "Free bytes of the data directory's file system.", "bytes_free"),
+    ("kvstore_quarantined_segments", "Segments whose reads are refused after a checksum failure or loss.", "quarantined_segments"),
+    ("kvstore_shm_arena_bytes", "Size of the shared-memory arena.", "shm_arena_bytes"),
+    ("kvstore_shm_leased_bytes", "Arena bytes leased to reads in flight and to clients.", "shm_leased_bytes"),
+    ("kvstore_shm_sessions", "Open shared-memory sessions.", "shm_sessions"),
+    ("kvstore_prefetch_reserve_bytes", "Arena bytes kept for stream buffers.", "prefetch_reserve_bytes"),
+    ("kvstore_pinned_bytes", "Tier-resident bytes held by streams (never evicted while held).", "pinned_bytes"),
+    ("kvstore_pinned_units", "Tier-resident extents held by streams.", "pinned_units"),
+    ("kvstore_tier_units", "Extents resident in a memory tier.", "tier_units"),
+    ("kvstore_index_map_bytes", "LMDB map size of the index.", "index_map_bytes"),
+)
+
+
+class DaemonCollector:
+    """Reads the daemon's counters at each scrape; nothing before the store is open."""
+
+    def __init__(self):
+        self.service = None  # set once the daemon serves
+
+    def describe(self):
+        return []  # families depend on the live daemon; registering must not call collect()
+
+    def collect(self):
+        svc = self.service
+        if svc is None:
+            return
+        snap = svc.snapshot()
+        read = CounterMetricFamily("kvstore_read_bytes", "Bytes served to readers by source (disk: read from segment files).", labels=["source"])
+        read.add_metric(["gpu"], snap["bytes_read_gpu"])
+        read.add_metric(["cpu"], snap["bytes_read_cpu"])
+        read.add_metric(["disk"], snap["bytes_read"])
+        yield read
+        spec = CounterMetricFamily(
+            "kvstore_prefetch_speculative_bytes", "Bytes read ahead on speculation, by whether a later period used them.", labels=["outcome"]
+        )
+        spec.add_metric(["used"], snap["spec_bytes_used"])
+        spec.add_metric(["wasted"], snap["spec_bytes_wasted"])
+        yield spec
+        for name, doc, key in COUNTERS:
+            if key in snap:
+                yield CounterMetricFamily(name.removesuffix("_total"), doc, value=snap[key])
+        for name, doc, key in GAUGES:
+            if key in snap:
+                yield GaugeMetricFamily(name, doc, value=snap[key])
+        tier_cap = GaugeMetricFamily("kvstore_tier_capacity_bytes", "Capacity of each memory tier.", labels=["tier"])
+        tier_used = GaugeMetricFamily("kvstore_tier_used_bytes", "Bytes resident in each memory tier.", labels=["tier"])
+        for tier in ("gpu", "cpu"):
+            tier_cap.add_metric([tier], snap.get(f"{tier}_tier_bytes", 0))
+            tier_used.add_metric([tier], snap.get(f"{tier}_tier_used_bytes", 0))
+        yield tier_cap
+        yield tier_used
+        yield GaugeMetricFamily("kvstore_read_only", "1 once the store turned read-only (a failed fdatasync).", value=int(bool(snap["read_only"])))
+        info = GaugeMetricFamily("kvstore_build_info", "Version, I/O backend and cache policy.", labels=["version", "backend", "cache_policy"])
+        info.add_metric([snap["version"], snap["backend"], snap.get("cache_policy", "")], 1)
+        yield info
+        yield _latency(svc.metrics.histograms())
+
+
+def _latency(histograms) -> HistogramMetricFamily:
+    fam = HistogramMetricFamily("kvstore_rpc_duration_seconds", "RPC latency by method and status code.", labels=["method", "code"])
+    for (method, code), (buckets, count, total) in sorted(histograms.items()):
+        cumulative, acc = [], 0
+        for le, n in zip((*map(str, LATENCY_BUCKETS_SECONDS), "+Inf"), buckets):
+            acc += n
+            cumulative.append((le, acc))
+        fam.add_metric([method, code], cumulative, total)
+    return fam
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """``host:port`` (``[v6]:port``) -> (host, port); InvalidArgument naming metrics_address."""
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise InvalidArgument("metrics_address", f"must be host:port, got {text!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+class MetricsServer:
+    """The ``/metrics`` HTTP listener: bound at construction, serving from a thread."""
+
+    def __init__(self, address: str):
+        from prometheus_client import start_http_server
+
+        host, port = parse_address(address)
+        self.collector = DaemonCollector()
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+        try:
+            self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise InvalidArgument("metrics_address", f"cannot listen on {address}: {exc.strerror or exc}") from None
+        self.port = self._server.server_port
+        log.info("metrics on http://%s:%d/metrics", host, self.port)
+
+    def serve(self, service) -> None:
+        self.collector.service = service
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,147 @@
+"""``/metrics`` of a real daemon, scraped over HTTP during a workload, against ``Stats``."""
+
+import json
+import os
+import urllib.request
+
+import numpy as np
+from helpers import GEOMETRIES, make_kv, make_tokens
+from prometheus_client.parser import text_string_to_metric_families
+
+from engine_client.client import KVStoreClient, KVStoreRpcError
+
+GEO = GEOMETRIES[2]  # 4 layers, one period group
+
+
+def metrics_port(daemon) -> int:
+    with open(daemon.ready) as fh:
+        return int(fh.read().split()[2])
+
+
+def scrape(port: int) -> dict[tuple, float]:
+    """{(sample name, sorted labels): value} of one scrape."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
+        assert resp.status == 200
+        text = resp.read().decode()
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_move_with_stats_during_a_workload(daemon_factory):
+    d = daemon_factory("--metrics-address", "127.0.0.1:0")
+    port = metrics_port(d)
+    assert port > 0
+    before = scrape(port)
+    assert before[("kvstore_written_bytes_total", ())] == 0
+    assert before[("kvstore_prefixes", ())] == 0
+    n = 200
+    kv, tokens = make_kv(GEO, n, 5), make_tokens(n, 5)
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, GEO).prefix_id
+        for shm in (True, False):
+            with client.read_chunks(pid, [0, 3, 7], shm=shm) as got:
+                assert got.to_kv().shape[3] > 0
+        try:
+            client.read_chunks(pid, [999])
+        except KVStoreRpcError as exc:
+            assert exc.code.name == "INVALID_ARGUMENT"
+        else:
+            raise AssertionError("a chunk out of range was accepted")
+        after = scrape(port)
+        st = client.stats()
+    # the same counters feed both
+    assert after[("kvstore_written_bytes_total", ())] == st.bytes_written > 0
+    assert after[("kvstore_read_bytes_total", (("source", "disk"),))] == st.bytes_read > 0
+    assert after[("kvstore_prefixes", ())] == st.num_prefixes == 1
+    assert after[("kvstore_stored_bytes", ())] == st.bytes_stored
+    assert after[("kvstore_shm_arena_bytes", ())] == st.shm_arena_bytes == 32 << 20
+    assert after[("kvstore_tier_capacity_bytes", (("tier", "cpu"),))] == st.cpu_tier_bytes
+    # latency histograms by method and code
+    ok_reads = after[("kvstore_rpc_duration_seconds_count", (("code", "OK"), ("method", "ReadChunks")))]
+    assert ok_reads == 2
+    assert after[("kvstore_rpc_duration_seconds_count", (("code", "INVALID_ARGUMENT"), ("method", "ReadChunks")))] == 1
+    assert after[("kvstore_rpc_duration_seconds_count", (("code", "OK"), ("method", "PutPrefix")))] == 1
+    inf = after[("kvstore_rpc_duration_seconds_bucket", (("code", "OK"), ("le", "+Inf"), ("method", "ReadChunks")))]
+    assert inf == ok_reads
+    assert after[("kvstore_rpc_duration_seconds_sum", (("code", "OK"), ("method", "PutPrefix")))] > 0
+    # Stats' own per-RPC count is the same bookkeeping (it counts refused calls too)
+    latency = {row.rpc: row.count for row in st.latency}
+    assert latency["ReadChunks"] == 3 and latency["PutPrefix"] == 1
+    assert after[("kvstore_requests_total", ())] >= sum(latency.values()) - 1  # Stats itself is counted after it answers
+
+
+def test_prefetch_tier_bytes_and_speculation_reach_metrics(daemon_factory):
+    d = daemon_factory("--metrics-address", "127.0.0.1:0")
+    port = metrics_port(d)
+    geo = GEOMETRIES[2]
+    n = 300
+    kv, tokens = make_kv(geo, n, 6), make_tokens(n, 6)
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, geo).prefix_id
+        sets = [np.arange(0, 10)]
+        for _ in range(2):  # cold (disk), then the CPU tier
+            with client.prefetch(pid, period_layers=geo.period_layers) as st:
+                st.send(0, sets[0])
+                for _g, _kv in st.groups(0):
+                    pass
+        m = scrape(port)
+        s = client.stats()
+    assert m[("kvstore_read_bytes_total", (("source", "cpu"),))] == s.bytes_read_cpu > 0
+    assert m[("kvstore_tier_hits_total", ())] == s.tier_hit_units > 0
+    assert m[("kvstore_tier_misses_total", ())] == s.tier_miss_units > 0
+    assert ("kvstore_prefetch_speculative_bytes_total", (("outcome", "wasted"),)) in m
+
+
+def test_metrics_off_by_default_and_bad_address_is_one_line(daemon_factory, tmp_path):
+    d = daemon_factory()
+    with open(d.ready) as fh:
+        assert int(fh.read().split()[2]) == 0
+    bad = daemon_factory("--metrics-address", "nowhere", data_dir=tmp_path / "d2", start=False)
+    try:
+        bad.start(timeout=20)
+    except RuntimeError as exc:
+        assert "metrics_address: must be host:port" in str(exc)
+    else:
+        raise AssertionError("a bad metrics address was accepted")
+    assert bad.proc.returncode == 2
+
+
+def test_json_logs_one_object_per_line_and_refusals_logged_once(daemon_factory):
+    d = daemon_factory("--log-format", "json")
+    with KVStoreClient(d.target) as client:
+        try:
+            client.read_chunks("ab" * 32, [0])
+        except KVStoreRpcError as exc:
+            assert exc.code.name == "NOT_FOUND"
+        else:
+            raise AssertionError("an unknown prefix was read")
+        try:
+            client.read_chunks("zz", [0])
+        except KVStoreRpcError as exc:
+            assert exc.code.name == "INVALID_ARGUMENT"
+    d.stop()
+    events = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+    assert events and all({"ts", "level", "logger", "msg"} <= set(e) for e in events)
+    refused = [e for e in events if e["msg"].startswith("refused ")]
+    assert len(refused) == 2, refused
+    assert "code=NOT_FOUND" in refused[0]["msg"] and refused[0]["level"] == "WARNING"
+    assert "code=INVALID_ARGUMENT field=prefix_id" in refused[1]["msg"], refused[1]
+    assert any(e["msg"] == "stopped" for e in events)
+    assert os.path.exists(d.log_path)
+
+
+def test_grafana_dashboard_queries_only_exported_metrics(daemon_factory):
+    import re
+
+    d = daemon_factory("--metrics-address", "127.0.0.1:0")
+    with KVStoreClient(d.target) as client:
+        client.stats()
+    names = {name for name, _labels in scrape(metrics_port(d))}
+    with open(os.path.join(os.path.dirname(__file__), "..", "..", "deploy", "grafana-dashboard.json")) as fh:
+        dashboard = json.load(fh)
+    queried = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"kvstore_[a-z_]+", t["expr"])}
+    assert len(queried) >= 10
+    assert queried <= names, sorted(queried - names)
