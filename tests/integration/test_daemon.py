@@ -165,7 +165,12 @@ def test_stream_cut_mid_put_leaves_nothing_listed(daemon):
     with KVStoreClient(daemon.target, shm=False) as client:
         call = client.stub.PutPrefix.future(frames(), timeout=60)
         assert sent.wait(10)
-        time.sleep(0.3)
+        segments = os.path.join(daemon.data_dir, "segments")
+        deadline = time.monotonic() + 10
+        while not os.listdir(segments) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        written = os.listdir(segments)
+        assert written and sum(os.path.getsize(os.path.join(segments, f)) for f in written) > 0  # the half put is on disk
         call.cancel()
         deadline = time.monotonic() + 10
         while os.listdir(os.path.join(daemon.data_dir, "segments")) and time.monotonic() < deadline:
