@@ -452,6 +452,23 @@ def test_attention_reports_and_accesses_make_scores_that_survive_restart(daemon_
         np.testing.assert_allclose(client.get_scores(pid, 0)["score"], [4.5, 0, 0.75, 0])
 
 
+def test_scores_flushed_periodically_survive_a_crash(daemon_factory):
+    d = daemon_factory("--score-flush-seconds", "0.2")
+    kv, tokens = make_kv(GEO, 64, 1), make_tokens(64, 1)
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, GEO).prefix_id
+        for _ in range(2):
+            client.read_chunks(pid, [1, 3]).release()
+        client.report_attention(pid, 0, [1, 3], [0.5, 2.0])
+        expected_scores = client.get_scores(pid, 0)["score"]
+        assert expected_scores.tolist() == pytest.approx([0, 1.0, 0, 4.0])
+    time.sleep(1.5)  # several flush periods
+    d.kill()  # SIGKILL: no flush at shutdown
+    again = daemon_factory(data_dir=d.data_dir)
+    with KVStoreClient(again.target) as client:
+        np.testing.assert_allclose(client.get_scores(pid, 0)["score"], expected_scores)
+
+
 @pytest.mark.parametrize("shm", [True, False])
 def test_groups_stream_in_order_and_early_exit_releases(daemon, shm):
     geo = GEOMETRIES[3]  # 24 layers in groups of 8
