@@ -53,6 +53,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .baselines import chooser, impress_probe, stored_layout
 from .figures import headline_ratios, summarize
 from .io_jobs import BenchError, machine_info
 
@@ -71,8 +72,6 @@ class System:
 
 
 LOOKAHEAD = 2.0  # contiguouskv's speculative guess: twice the budget, scored one period ahead
-SINK_TOKENS = LOCAL_TOKENS = 16  # one 16-token chunk each, for every system
-PROBE_KV_HEADS, PROBE_CHANNEL_FRACTION = 1, 0.5  # IMPRESS's partial probe keys
 
 SYSTEMS = {
     "contiguouskv-paper": System(16, "summary", "score", speculate=True, push=False),
@@ -173,19 +172,6 @@ def _prefill_all(model, args) -> list[_Prefix]:
     return out
 
 
-def stored_layout(prefix: _Prefix, period_layers: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(kv [L, 2, Hkv, n, d], orders [periods, n])``: each Period's rows in ``storage_order``."""
-    from engine_client.selection.tokens import storage_order
-
-    if period_layers not in prefix.stored:
-        orders = torch.stack([storage_order(s, sink_tokens=SINK_TOKENS, local_tokens=LOCAL_TOKENS) for s in prefix.scores])
-        kv = torch.empty_like(prefix.kv)
-        for layer in range(kv.shape[0]):
-            kv[layer] = prefix.kv[layer][:, :, orders[layer // period_layers]]
-        prefix.stored[period_layers] = (kv, orders)
-    return prefix.stored[period_layers]
-
-
 @torch.inference_mode()
 def _dense_logits(model, kv: torch.Tensor, suffix: torch.Tensor) -> torch.Tensor:
     """First-token logits with full attention over the prefix KV (the fidelity reference)."""
@@ -258,7 +244,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     from .reprefill import _DaemonArgs
 
     geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers)
-    probes = [_impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
+    probes = [impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
     state = sum(p.nbytes() for p in probes if p is not None)
     if sysdef.selection == "summary":
         state = ModelRunner.summary_bytes(geo, args.prefix_tokens, args.period_layers) * len(prefixes)
@@ -292,39 +278,13 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     return _Run(key, sysdef, budget, daemon, client, runner, cfg, ids, probes, state, [])
 
 
-@dataclass
-class _Probe:
-    """IMPRESS's resident partial probe keys of one prefix, per Period, in storage order."""
-
-    heads: list  # per period: [h] KV head ids
-    channels: list  # per period: [c] channel ids
-    keys: list  # per period: [h, n, c] in the model dtype
-
-    def nbytes(self) -> int:
-        return sum(k.numel() * k.element_size() for k in self.keys)
-
-
-def _impress_probe(prefix: _Prefix, period_layers: int) -> _Probe:
-    from engine_client.selection.tokens import probe_subset
-
-    kv, _ = stored_layout(prefix, period_layers)
-    out = _Probe([], [], [])
-    for l0 in range(0, kv.shape[0], period_layers):
-        keys = kv[l0, 0]  # [Hkv, n, d]
-        heads, channels = probe_subset(keys, PROBE_KV_HEADS, max(1, int(keys.shape[2] * PROBE_CHANNEL_FRACTION)))
-        out.heads.append(heads)
-        out.channels.append(channels)
-        out.keys.append(keys[heads][:, :, channels].clone())
-    return out
-
-
 def _one_request(run: _Run, prefix: _Prefix, req, reference) -> dict:
     from engine_client.fidelity import compare_logits
     from engine_client.selection.tokens import token_cap
 
     n = prefix.tokens.numel()
     cap = token_cap(n, run.budget)
-    choose = _chooser(run, prefix, cap, run.probes[req.prefix])
+    choose = chooser(run, prefix, cap, run.probes[req.prefix])
     res = run.runner.reprefill(run.ids[req.prefix], torch.as_tensor(req.suffix), run.cfg, choose=choose)
     periods = len(res.selected)
     loaded = [int(np.sum(_chunk_sizes(s.numpy(), n, run.sysdef.chunk_tokens))) for s in res.selected]
@@ -388,25 +348,6 @@ def _np_kv(kv: torch.Tensor) -> np.ndarray:
     from engine_client.client import as_numpy_kv
 
     return as_numpy_kv(kv)
-
-
-def _chooser(run: _Run, prefix: _Prefix, cap: int, probe: _Probe | None):
-    """The baselines' per-period selection in their stored layout (None: the runner's own selector)."""
-    from engine_client.selection.tokens import h2o_chunks, impress_blocks, partial_probe_scores
-
-    n = prefix.tokens.numel()
-    if run.sysdef.selection == "h2o":
-        retained = h2o_chunks(n, run.budget, chunk_tokens=run.sysdef.chunk_tokens)
-        return lambda period, l0, q, m: retained
-    if run.sysdef.selection != "impress":
-        return None
-    num_kv_heads = prefix.kv.shape[2]
-
-    def choose(period, l0, q, m):
-        scores = partial_probe_scores(q, probe.keys[period], probe.heads[period], probe.channels[period], num_kv_heads=num_kv_heads)
-        return impress_blocks(scores, cap, block_tokens=run.sysdef.chunk_tokens, forced_tokens=SINK_TOKENS + LOCAL_TOKENS)
-
-    return choose
 
 
 def _guess_recalls(res) -> dict:
