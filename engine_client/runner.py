@@ -55,6 +55,10 @@ class ReprefillConfig:
     # first-layer queries of the hidden state at hand (period i's input) and
     # hint the top ``lookahead x budget`` of them.  0: period i's set.
     lookahead: float = 0.0
+    # push: the daemon hands speculative groups over as they come into
+    # memory and the client computes on them without asking (shared memory
+    # only); off, every group is asked for by a round trip.
+    push: bool = True
 
 
 @dataclass
@@ -87,6 +91,7 @@ class ReprefillResult:
     hints: list = field(default_factory=list)  # per period: the look-ahead guess sent for it (None: none)
     daemon_wait_s: float = 0.0  # the daemon's time waiting for reads of groups asked for
     probe_bytes: int = 0  # probe keys fetched for exact selection
+    state_bytes_fetched: int = 0  # client state (key summaries) fetched from the daemon for this request
     select_s: float = 0.0
     io_wait_s: float = 0.0
     compute_s: float = 0.0
@@ -110,7 +115,9 @@ class ModelRunner:
         self.client = client
         self.namespace = namespace
         self.geometry = model_geometry(model, chunk_tokens=chunk_tokens, group_layers=group_layers)
-        self._summaries: dict[str, torch.Tensor] = {}  # resident key summaries, per prefix
+        # resident key summaries of each Period's first layer, per (prefix, period_layers):
+        # [chunks, periods, kv_heads, 2, head_dim] in the model's dtype (min/max of stored keys: exact)
+        self._summaries: dict[tuple[str, int], torch.Tensor] = {}
 
     # ------------------------------------------------------------ prefill
     def store_prefix(self, tokens) -> PrefixHandle:
@@ -179,7 +186,10 @@ class ModelRunner:
         mass_inputs = []
         hints = bool(cfg.speculate and cfg.lookahead and choose is None and selector.name != "full" and cfg.budget < 1)
         out.hints = [None] * -(-model.num_layers // cfg.period_layers)
-        with self.client.prefetch(desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate, hints=hints) as stream:
+        push = None if cfg.push else False  # None: pushed whenever speculating over shared memory
+        with self.client.prefetch(
+            desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate, hints=hints, push=push
+        ) as stream:
             for p, l0 in enumerate(range(0, model.num_layers, cfg.period_layers)):
                 t0 = time.perf_counter()
                 q = model.layer_queries(l0, hidden, positions)  # [Hq, s, d]
@@ -228,16 +238,38 @@ class ModelRunner:
             out.probe_bytes += probe.nbytes
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, probe_keys=_as_torch(probe, self.geometry))
         elif selector.name == "summary":
-            inputs = PeriodInputs.from_store_summaries(q, self.summaries(prefix_id), l0, chunk_tokens=self.geometry.chunk_tokens)
+            summ = self.summaries(prefix_id, cfg.period_layers, out)
+            inputs = PeriodInputs.from_store_summaries(q, summ, l0 // cfg.period_layers, chunk_tokens=self.geometry.chunk_tokens)
         elif selector.name == "recent":
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, key_min=torch.zeros(m, 1, 1), key_max=torch.zeros(m, 1, 1))
         return select_chunks(selector.score(inputs), cfg.budget, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks)
 
-    def summaries(self, prefix_id: str) -> torch.Tensor:
-        """Key summaries, fetched once per prefix and kept resident."""
-        if prefix_id not in self._summaries:
-            self._summaries[prefix_id] = torch.from_numpy(self.client.get_summaries(prefix_id))
-        return self._summaries[prefix_id]
+    def summaries(self, prefix_id: str, period_layers: int, out: ReprefillResult | None = None) -> torch.Tensor:
+        """Key summaries of each Period's first layer, ``[chunks, periods, kv_heads, 2, head_dim]``.
+
+        Fetched once per prefix and kept resident (``resident_bytes``); the
+        bytes of a fetch are added to ``out.state_bytes_fetched``.
+        """
+        key = (prefix_id, period_layers)
+        if key not in self._summaries:
+            full = self.client.get_summaries(prefix_id)  # [chunks, layers, kv_heads, 2, head_dim] float32
+            if out is not None:
+                out.state_bytes_fetched += full.nbytes
+            firsts = np.ascontiguousarray(full[:, ::period_layers])  # [chunks, periods, kv_heads, 2, head_dim]
+            self._summaries[key] = torch.from_numpy(firsts).to(self.model.dtype)
+        return self._summaries[key]
+
+    def resident_bytes(self) -> int:
+        """Bytes of client state kept between requests (the key summaries)."""
+        return sum(t.numel() * t.element_size() for t in self._summaries.values())
+
+    @staticmethod
+    def summary_bytes(geometry: StoreGeometry, num_tokens: int, period_layers: int) -> int:
+        """What ``summaries`` keeps resident for one prefix of ``num_tokens``."""
+        m = geometry.model
+        periods = -(-m.num_layers // period_layers)
+        itemsize = np.dtype(m.numpy_dtype()).itemsize
+        return geometry.num_chunks(num_tokens) * periods * m.num_kv_heads * 2 * m.head_dim * itemsize
 
     def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out):
         """Compute the period's layers, each group as soon as it has arrived."""
@@ -280,7 +312,6 @@ class ModelRunner:
         return logits, time.perf_counter() - t0
 
 
-@torch.inference_mode()
 def chunked_prefill(model: Decoder, tokens: torch.Tensor, block_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill in blocks of ``block_tokens``, each attending to the KV before it.
 
@@ -288,18 +319,40 @@ def chunked_prefill(model: Decoder, tokens: torch.Tensor, block_tokens: int = 10
     ``heads x block x n`` instead of ``heads x n x n`` (16k tokens would need
     gigabytes).  Returns ``(last logits [vocab], kv [L, 2, Hkv, n, d])``.
     """
+    logits, kv, _ = prefill_with_attention(model, tokens, (), block_tokens)
+    return logits, kv
+
+
+@torch.inference_mode()
+def prefill_with_attention(
+    model: Decoder, tokens: torch.Tensor, layers, block_tokens: int = 1024
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``chunked_prefill`` that also accumulates H2O's attention scores at ``layers``.
+
+    Returns ``(logits [vocab], kv [L, 2, Hkv, n, d], mass [len(layers), n])``:
+    ``mass[i, t]`` is the causal softmax mass every prefix query pays to
+    token ``t`` at layer ``layers[i]``, summed over query heads (each row
+    sums to ``Hq * n``), accumulated block by block as the prefill runs.
+    """
+    from .selection.tokens import window_attention_mass
+
     c = model.config
     n = tokens.numel()
+    watch = {layer: i for i, layer in enumerate(layers)}
     kv = torch.empty(c.num_hidden_layers, 2, c.num_key_value_heads, n, c.head_dim, dtype=model.dtype)
+    mass = torch.zeros(len(watch), n, dtype=torch.float32)  # [len(layers), n]
     hidden = None
     for start in range(0, n, block_tokens):
         end = min(start + block_tokens, n)
         positions = torch.arange(start, end)
         hidden = model.embed(tokens[start:end])
         for layer in range(c.num_hidden_layers):
+            q = model.layer_queries(layer, hidden, positions) if layer in watch else None  # [Hq, block, d]
             prefix = kv[layer, :, :, :start] if start else None
             hidden, kv[layer, :, :, start:end] = model.layer_forward(layer, hidden, positions, prefix)
-    return model.final_logits(hidden), kv
+            if q is not None:
+                mass[watch[layer], :end] += window_attention_mass(q, kv[layer, 0, :, :end], start).cpu()
+    return model.final_logits(hidden), kv, mass
 
 
 def _token_tensor(tokens, field_name: str = "tokens") -> torch.Tensor:

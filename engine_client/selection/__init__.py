@@ -18,7 +18,16 @@ from .baselines import FullSelector, RecencySelector
 from .budget import budget_count, select_chunks
 from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
 from .summary import SummarySelector, chunk_upper_bounds, summaries_for_layer, summary_chunk_scores
-from .tokens import h2o_token_scores, impress_token_scores, select_blocks_for_tokens, token_budget
+from .tokens import (
+    h2o_chunks,
+    impress_blocks,
+    impress_token_scores,
+    partial_probe_scores,
+    probe_subset,
+    storage_order,
+    token_budget,
+    token_cap,
+)
 
 SELECTORS: dict[str, type[Selector]] = {
     cls.name: cls for cls in (ExactSelector, SummarySelector, FullSelector, RecencySelector)
@@ -45,13 +54,17 @@ __all__ = [
     "chunk_upper_bounds",
     "exact_chunk_scores",
     "get_selector",
-    "h2o_token_scores",
+    "h2o_chunks",
+    "impress_blocks",
     "impress_token_scores",
-    "select_blocks_for_tokens",
+    "partial_probe_scores",
+    "probe_subset",
     "select_chunks",
     "sum_per_chunk",
     "summaries_for_layer",
     "summary_chunk_scores",
     "token_attention_mass",
+    "storage_order",
     "token_budget",
+    "token_cap",
 ]

@@ -1,25 +1,29 @@
-"""Token-level selection of the baselines that store 64-token blocks.
+"""Token-level policies of the baselines (pure torch, no I/O).
 
-* AS+H2O (AttentionStore with H2O's heavy hitters), query-agnostic: a
-  token's importance is the attention it has accumulated by the end of
-  prefill, taken here from the prefix's last ``window`` tokens (an
-  observation window) at each Period's first layer.
-* IMPRESS, query-aware: the suffix queries of the Period's first layer
-  against that layer's prefix keys (the probe keys, read from the store).
+* **H2O** (heavy hitters): a token's importance is the attention it has
+  accumulated over the prefix's own prefill - every later prefix query's
+  causal softmax mass on it, summed over query heads - at each Period's
+  first layer (``window_attention_mass`` applied block by block during the
+  prefill, ``engine_client.runner.prefill_with_attention``).  It is
+  query-agnostic, known when the prefix is stored.
+* **IMPRESS**: a query's important tokens found from *partial* probe keys -
+  a subset of KV heads and channels of each Period's first layer, kept
+  resident by the client (``probe_subset`` picks it, ``partial_probe_scores``
+  scores with it).
 
-Both keep the top ``ceil(budget * n)`` tokens and then load whole blocks:
+Both store each Period's rows reordered (``storage_order``): the sink
+tokens, the local tokens, then the rest by descending accumulated
+attention.  Attention over a set of prefix rows does not depend on their
+order (the keys carry their RoPE), so a reordered extent computes the same
+thing.  H2O then loads exactly its retained tokens, the first
+``token_cap`` rows (compacted: no other token is read or attended to);
+IMPRESS loads the first block (sink, local and the most accumulated
+tokens) and then the blocks holding most of the query's important tokens
+(``impress_blocks``).
 
-* ``cover`` (AS+H2O): every block that holds a selected token;
-* ``dense`` (IMPRESS): blocks ranked by how many selected tokens they hold
-  (ties: larger summed score, then lower index), taken until the loaded
-  tokens reach the token budget, at least one block.
-
-Sink and local blocks (the first ``sink_blocks`` and last ``local_blocks``)
-are always loaded.  As with the chunk budget (``budget.py``) they count
-towards the budget: in ``dense`` mode the ranked blocks only fill what they
-leave, so tokens loaded stay within a block of the budget and are comparable
-with ContiguousKV's at the same fraction.  The selected tokens are returned
-too, so a caller can report read amplification (tokens loaded / selected).
+One budget for every system: ``token_cap(n, budget)`` prefix tokens per
+Period, sink and local included, the product's own rounding (``ceil(budget x
+m)`` 16-token chunks, ``budget.py``); no system loads more.
 """
 
 from __future__ import annotations
@@ -31,62 +35,39 @@ import torch
 
 from kvstore.errors import InvalidArgument
 
-from ._common import DEFAULT_BLOCK_ELEMS, row_blocks
-from .budget import _check_count
+from ._common import DEFAULT_BLOCK_ELEMS, num_chunks, row_blocks
+from .budget import _check_count, budget_count
 from .exact import token_attention_mass
 
-BLOCK_MODES = ("cover", "dense")
+
+# ---------------------------------------------------------------- budget
 
 
-# ---------------------------------------------------------------- token scores
+def token_cap(num_tokens: int, budget: float | int, *, chunk_tokens: int = 16, sink_chunks: int = 1, local_chunks: int = 1) -> int:
+    """Prefix tokens a Period may load under ``budget``, sink and local included: ``budget_count`` chunks of ``chunk_tokens``, at most ``n``."""
+    n = _check_count("num_tokens", num_tokens, 1)
+    m = num_chunks(n, _check_count("chunk_tokens", chunk_tokens, 1))
+    return min(n, budget_count(m, budget, sink_chunks, local_chunks) * chunk_tokens)
 
 
-@torch.inference_mode()
-def h2o_token_scores(
-    model,
-    kv: torch.Tensor,
-    tokens: torch.Tensor,
-    *,
-    period_layers: int,
-    window: int = 64,
-    max_block_elems: int = DEFAULT_BLOCK_ELEMS,
-) -> torch.Tensor:
-    """H2O accumulated attention per prefix token at each Period's first layer: ``[periods, n]`` float32.
+def token_budget(num_tokens: int, budget: float | int) -> int:
+    """Tokens to select out of ``num_tokens``: ``ceil(fraction * n)`` for a fraction in (0, 1], or an int count in [1, n]."""
+    n = _check_count("num_tokens", num_tokens, 1)
+    if isinstance(budget, bool):
+        raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int token count, got {budget!r}")
+    if isinstance(budget, numbers.Integral):
+        if not 1 <= budget <= n:
+            raise InvalidArgument("budget", f"token count {budget} out of range [1, {n}] (the prefix has {n} tokens)")
+        return int(budget)
+    if isinstance(budget, numbers.Real):
+        if not 0.0 < budget <= 1.0:  # also rejects NaN
+            raise InvalidArgument("budget", f"fraction {budget!r} out of range (0, 1]")
+        return max(1, math.ceil(round(float(budget) * n, 9)))  # 9 decimals: 0.05 of 100 is 5, as in budget.py
+    raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int token count, got {type(budget).__name__}")
 
-    ``kv``: the prefix's ``[layers, 2, Hkv, n, d]`` (post-RoPE, as stored);
-    ``tokens``: its ``[n]`` token ids.  Row ``p`` is the softmax mass that the
-    last ``w = min(window, n)`` prefix tokens pay to each token at layer
-    ``l0 = p * period_layers``, summed over query heads and window queries
-    (each window query sees the keys up to its own position), so every row
-    sums to ``Hq * w``.
 
-    Post hoc, without a second prefill: the window's hidden states are
-    recomputed by running only the window through layers ``0 .. l0-1``,
-    attending to the stored KV of the tokens before it.  Scores are built
-    ``max_block_elems`` float32 logits at a time.
-    """
-    c = model.config
-    expected = (c.num_hidden_layers, 2, c.num_key_value_heads, c.head_dim)
-    if kv.dim() != 5 or (*kv.shape[:3], kv.shape[4]) != expected or kv.shape[3] < 1:
-        raise InvalidArgument("kv", f"expected [{', '.join(map(str, expected[:3]))}, n >= 1, {expected[3]}], got {list(kv.shape)}")
-    n = kv.shape[3]
-    tokens = torch.as_tensor(tokens).reshape(-1)
-    if tokens.numel() != n:
-        raise InvalidArgument("tokens", f"has {tokens.numel()} tokens, the KV has {n}")
-    period_layers = _check_count("period_layers", period_layers, 1)
-    window = _check_count("window", window, 1)
-    start = n - min(window, n)  # first window position
-    positions = torch.arange(start, n, device=model.device)  # [w]
-    first_layers = range(0, c.num_hidden_layers, period_layers)
-    hidden = model.embed(tokens[start:])  # [w, hidden]
-    out = torch.empty(len(first_layers), n, dtype=torch.float32, device=model.device)  # [periods, n]
-    for layer in range(first_layers[-1] + 1):
-        if layer % period_layers == 0:
-            q = model.layer_queries(layer, hidden, positions)  # [Hq, w, d]
-            out[layer // period_layers] = window_attention_mass(q, kv[layer, 0], start, max_block_elems=max_block_elems)
-        if layer < first_layers[-1]:
-            hidden, _ = model.layer_forward(layer, hidden, positions, kv[layer, :, :, :start] if start else None)
-    return out
+
+# ---------------------------------------------------------------- H2O
 
 
 def window_attention_mass(
@@ -129,92 +110,121 @@ def impress_token_scores(
     return token_attention_mass(queries, probe_keys, max_block_elems=max_block_elems)
 
 
-# ---------------------------------------------------------------- block mapping
+
+def storage_order(scores: torch.Tensor, *, sink_tokens: int = 16, local_tokens: int = 16) -> torch.Tensor:
+    """Stored row order of one Period: ``[n]`` token positions, a permutation.
+
+    The first ``sink_tokens`` positions, then the last ``local_tokens``, then
+    every other token by descending ``scores`` (ties: lower position).
+    """
+    if scores.dim() != 1 or scores.numel() == 0:
+        raise InvalidArgument("scores", f"expected [tokens >= 1], got shape {tuple(scores.shape)}")
+    if torch.isnan(scores).any():
+        raise InvalidArgument("scores", "contains NaN")
+    n = scores.numel()
+    sink = min(_check_count("sink_tokens", sink_tokens, 0), n)
+    local = min(_check_count("local_tokens", local_tokens, 0), n - sink)
+    middle = torch.arange(sink, n - local, device=scores.device)  # [n - sink - local]
+    # A stable descending sort keeps equal scores in position order.
+    ranked = middle[torch.sort(scores[middle].float(), descending=True, stable=True).indices]
+    return torch.cat([torch.arange(sink, device=scores.device), torch.arange(n - local, n, device=scores.device), ranked])
 
 
-def token_budget(num_tokens: int, budget: float | int) -> int:
-    """Tokens to select out of ``num_tokens``: ``ceil(fraction * n)`` for a fraction in (0, 1], or an int count in [1, n]."""
-    n = _check_count("num_tokens", num_tokens, 1)
-    if isinstance(budget, bool):
-        raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int token count, got {budget!r}")
-    if isinstance(budget, numbers.Integral):
-        if not 1 <= budget <= n:
-            raise InvalidArgument("budget", f"token count {budget} out of range [1, {n}] (the prefix has {n} tokens)")
-        return int(budget)
-    if isinstance(budget, numbers.Real):
-        if not 0.0 < budget <= 1.0:  # also rejects NaN
-            raise InvalidArgument("budget", f"fraction {budget!r} out of range (0, 1]")
-        return max(1, math.ceil(round(float(budget) * n, 9)))  # 9 decimals: 0.05 of 100 is 5, as in budget.py
-    raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int token count, got {type(budget).__name__}")
+def h2o_chunks(num_tokens: int, budget: float | int, *, chunk_tokens: int = 16) -> torch.Tensor:
+    """H2O's chunks in ``storage_order``: exactly the first ``token_cap`` rows (the retained tokens), ascending ids.
+
+    ``token_cap`` is a whole number of ``chunk_tokens`` chunks unless it is
+    the whole prefix, so no token beyond the retained ones is loaded.
+    """
+    cap = token_cap(num_tokens, budget, chunk_tokens=chunk_tokens)
+    return torch.arange(num_chunks(cap, chunk_tokens))
 
 
-def select_blocks_for_tokens(
-    token_scores: torch.Tensor,
-    budget: float | int,
+# ---------------------------------------------------------------- IMPRESS
+
+
+def probe_subset(keys: torch.Tensor, num_heads: int, num_channels: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(heads, channels)`` ascending ids of IMPRESS's partial probe keys.
+
+    ``keys``: ``[Hkv, n, d]``, a Period's first-layer prefix keys.  The
+    ``num_heads`` KV heads and then, within them, the ``num_channels``
+    channels of largest mean absolute key (ties: lower id).
+    """
+    if keys.dim() != 3:
+        raise InvalidArgument("keys", f"expected [kv_heads, tokens, head_dim], got shape {tuple(keys.shape)}")
+    hkv, _, d = keys.shape
+    num_heads = _check_count("num_heads", num_heads, 1)
+    num_channels = _check_count("num_channels", num_channels, 1)
+    if num_heads > hkv or num_channels > d:
+        raise InvalidArgument("num_heads", f"{num_heads} heads x {num_channels} channels exceed the keys' {hkv} x {d}")
+    mag = keys.float().abs().mean(dim=1)  # [Hkv, d]
+    heads = torch.sort(torch.sort(mag.sum(1), descending=True, stable=True).indices[:num_heads]).values
+    channels = torch.sort(torch.sort(mag[heads].sum(0), descending=True, stable=True).indices[:num_channels]).values
+    return heads, channels
+
+
+def partial_probe_scores(
+    queries: torch.Tensor,
+    probe: torch.Tensor,
+    heads: torch.Tensor,
+    channels: torch.Tensor,
     *,
-    block_tokens: int = 64,
-    sink_blocks: int = 1,
-    local_blocks: int = 1,
-    mode: str = "cover",
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(blocks, selected_tokens)``: both ascending, unique ``LongTensor`` on ``token_scores``' device.
-
-    ``token_scores``: ``[n]``, higher is more important.  The top
-    ``token_budget(n, budget)`` tokens are selected (ties: lower index);
-    ``mode`` maps them onto blocks of ``block_tokens`` (the last may be
-    short), see the module docstring.
-    """
-    if token_scores.dim() != 1 or token_scores.numel() == 0:
-        raise InvalidArgument("token_scores", f"expected [tokens >= 1], got shape {tuple(token_scores.shape)}")
-    if torch.isnan(token_scores).any():
-        raise InvalidArgument("token_scores", "contains NaN")
-    block_tokens = _check_count("block_tokens", block_tokens, 1)
-    sink_blocks = _check_count("sink_blocks", sink_blocks, 0)
-    local_blocks = _check_count("local_blocks", local_blocks, 0)
-    if mode not in BLOCK_MODES:
-        raise InvalidArgument("mode", f"must be one of {', '.join(BLOCK_MODES)}, got {mode!r}")
-    n = token_scores.numel()
-    k = token_budget(n, budget)
-    scores = token_scores.float()  # [n]
-    device = scores.device
-    m = -(-n // block_tokens)
-    # A stable descending sort keeps equal scores in index order: ties -> lower index.
-    selected = torch.sort(torch.sort(scores, descending=True, stable=True).indices[:k]).values  # [k]
-    block_of = selected // block_tokens  # [k]
-    chosen = torch.zeros(m, dtype=torch.bool, device=device)  # [m]
-    chosen[:sink_blocks] = True
-    chosen[m - min(local_blocks, m) :] = True
-    if mode == "cover":
-        chosen[block_of] = True
-    else:
-        chosen |= _densest_blocks(scores, selected, block_of, chosen, k, block_tokens)
-    return torch.nonzero(chosen).squeeze(1), selected
-
-
-def _densest_blocks(
-    scores: torch.Tensor, selected: torch.Tensor, block_of: torch.Tensor, forced: torch.Tensor, k: int, block_tokens: int
+    num_kv_heads: int,
+    max_block_elems: int = DEFAULT_BLOCK_ELEMS,
 ) -> torch.Tensor:
-    """``[m]`` bool: the non-forced blocks IMPRESS loads, best first until forced + taken tokens reach ``k``.
+    """IMPRESS token importance from partial probe keys: ``[n]`` float32.
 
-    Ranked by selected tokens held, then summed score of those tokens, then
-    lower index; only blocks holding a selected token are candidates, and at
-    least one is taken when there is any.
+    ``queries``: ``[Hq, s, d]``, the Period's first layer, post-RoPE, over
+    ``num_kv_heads`` KV heads; ``probe``: ``[len(heads), n, len(channels)]``,
+    the kept heads' keys on the kept channels.  Only the query heads that
+    read the kept KV heads take part (GQA: query head ``h`` reads KV head
+    ``h // (Hq // Hkv)``), on the kept channels, with the full ``1/sqrt(d)``
+    logit scale; the mass is summed over them and the suffix queries.
     """
-    m = forced.shape[0]
-    n = scores.shape[0]
-    counts = torch.bincount(block_of, minlength=m)  # [m] selected tokens per block
-    mass = torch.zeros(m, dtype=torch.float32, device=scores.device).index_add_(0, block_of, scores[selected])  # [m]
-    sizes = torch.full((m,), block_tokens, dtype=torch.long, device=scores.device)  # [m] tokens per block
+    hq, _, d = queries.shape
+    num_kv_heads = _check_count("num_kv_heads", num_kv_heads, 1)
+    if hq % num_kv_heads or probe.dim() != 3 or probe.shape[0] != heads.numel() or probe.shape[2] != channels.numel():
+        raise InvalidArgument("probe", f"{tuple(probe.shape)} does not match {heads.numel()} heads x {channels.numel()} channels of {hq} query heads")
+    g = hq // num_kv_heads
+    qheads = (heads[:, None] * g + torch.arange(g)).reshape(-1)  # [len(heads) * g], grouped by KV head
+    sub = queries.float()[qheads][:, :, channels] * math.sqrt(channels.numel() / d)  # keep the 1/sqrt(d) scale
+    return token_attention_mass(sub, probe.float(), max_block_elems=max_block_elems)
+
+
+def impress_blocks(scores: torch.Tensor, budget_tokens: int, *, block_tokens: int = 64, forced_tokens: int = 32) -> torch.Tensor:
+    """IMPRESS's blocks in ``storage_order``: ascending ids, at most ``budget_tokens`` rows in all.
+
+    ``scores``: ``[n]`` token importance in stored row order.  The blocks
+    holding the first ``forced_tokens`` rows (sink and local) are always
+    loaded; the ``budget_tokens`` highest-scoring rows are the important
+    ones, and the other blocks are taken by how many of them they hold
+    (then their summed score, then lower id) while the total stays within
+    ``budget_tokens``.
+    """
+    if scores.dim() != 1 or scores.numel() == 0:
+        raise InvalidArgument("scores", f"expected [tokens >= 1], got shape {tuple(scores.shape)}")
+    n = scores.numel()
+    block_tokens = _check_count("block_tokens", block_tokens, 1)
+    k = _check_count("budget_tokens", budget_tokens, 1)
+    m = num_chunks(n, block_tokens)
+    sizes = torch.full((m,), block_tokens, dtype=torch.long)  # [m] rows per block
     sizes[-1] = n - (m - 1) * block_tokens
-    # Lexicographic rank by stable sorts, least significant key first.
-    order = torch.arange(m, device=scores.device)
+    num_forced = num_chunks(min(_check_count("forced_tokens", forced_tokens, 0), n), block_tokens)
+    if int(sizes[:num_forced].sum()) > k:
+        raise InvalidArgument("budget_tokens", f"{k} tokens hold less than the {num_forced} forced {block_tokens}-token blocks")
+    s = scores.float().cpu()
+    important = torch.sort(s, descending=True, stable=True).indices[: min(k, n)]  # [k]
+    block_of = important // block_tokens
+    counts = torch.bincount(block_of, minlength=m)  # [m] important rows per block
+    mass = torch.zeros(m).index_add_(0, block_of, s[important])  # [m]
+    order = torch.arange(m)
     order = order[torch.sort(mass[order], descending=True, stable=True).indices]
     order = order[torch.sort(counts[order], descending=True, stable=True).indices]
-    order = order[(counts[order] > 0) & ~forced[order]]  # candidates, best first
-    # Take a block while the tokens loaded before it are short of the budget.
-    loaded_before = int(sizes[forced].sum()) + torch.cumsum(sizes[order], 0) - sizes[order]  # [candidates]
-    take = loaded_before < k
-    take[:1] = True  # at least one block chosen by importance
-    out = torch.zeros(m, dtype=torch.bool, device=scores.device)
-    out[order[take]] = True
-    return out
+    order = order[(order >= num_forced) & (counts[order] > 0)]
+    loaded = int(sizes[:num_forced].sum())
+    take = [*range(num_forced)]
+    for b in order.tolist():
+        if loaded + int(sizes[b]) <= k:
+            take.append(b)
+            loaded += int(sizes[b])
+    return torch.tensor(sorted(take), dtype=torch.long)

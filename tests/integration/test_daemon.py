@@ -165,7 +165,12 @@ def test_stream_cut_mid_put_leaves_nothing_listed(daemon):
     with KVStoreClient(daemon.target, shm=False) as client:
         call = client.stub.PutPrefix.future(frames(), timeout=60)
         assert sent.wait(10)
-        time.sleep(0.3)
+        segments = os.path.join(daemon.data_dir, "segments")
+        deadline = time.monotonic() + 10
+        while not os.listdir(segments) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        written = os.listdir(segments)
+        assert written and sum(os.path.getsize(os.path.join(segments, f)) for f in written) > 0  # the half put is on disk
         call.cancel()
         deadline = time.monotonic() + 10
         while os.listdir(os.path.join(daemon.data_dir, "segments")) and time.monotonic() < deadline:
@@ -445,6 +450,23 @@ def test_attention_reports_and_accesses_make_scores_that_survive_restart(daemon_
     again = daemon_factory(data_dir=d.data_dir)
     with KVStoreClient(again.target) as client:
         np.testing.assert_allclose(client.get_scores(pid, 0)["score"], [4.5, 0, 0.75, 0])
+
+
+def test_scores_flushed_periodically_survive_a_crash(daemon_factory):
+    d = daemon_factory("--score-flush-seconds", "0.2")
+    kv, tokens = make_kv(GEO, 64, 1), make_tokens(64, 1)
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, GEO).prefix_id
+        for _ in range(2):
+            client.read_chunks(pid, [1, 3]).release()
+        client.report_attention(pid, 0, [1, 3], [0.5, 2.0])
+        expected_scores = client.get_scores(pid, 0)["score"]
+        assert expected_scores.tolist() == pytest.approx([0, 1.0, 0, 4.0])
+    time.sleep(1.5)  # several flush periods
+    d.kill()  # SIGKILL: no flush at shutdown
+    again = daemon_factory(data_dir=d.data_dir)
+    with KVStoreClient(again.target) as client:
+        np.testing.assert_allclose(client.get_scores(pid, 0)["score"], expected_scores)
 
 
 @pytest.mark.parametrize("shm", [True, False])

@@ -50,12 +50,14 @@ def test_sigkill_during_concurrent_puts(daemon_factory):
             if len(acked) >= 12:
                 break
         threads[0].join(0.02)
-    d.kill()
+    with lock:  # no put can begin between this snapshot and the kill
+        in_flight = begun - set(acked)
+        d.kill()
     stop.set()
     for t in threads:
         t.join(60)
     with lock:
-        assert begun - set(acked), "no put was in flight when the daemon was killed"
+        assert in_flight - set(acked), "no put begun before the kill was cut by it"
         ids = {chunk_hashes(inputs(i)[0], GEO, "", "")[-1].hex(): i for i in begun}
 
     restarted = daemon_factory(data_dir=d.data_dir)

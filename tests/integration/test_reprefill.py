@@ -67,9 +67,10 @@ def test_full_budget_reproduces_full_prefill_and_sparse_reports_scores(runner):
 
 def test_lookahead_speculation_changes_what_is_read_ahead_not_the_answer(runner):
     gen = torch.Generator().manual_seed(5)
-    prefix = torch.randint(0, 500, (640,), generator=gen)  # 40 chunks, 4 periods of 1 layer
+    prefix = torch.randint(0, 500, (640,), generator=gen)  # 40 chunks, 2 periods of 1 layer
     handle = runner.store_prefix(prefix)
-    for k in range(3):
+    covered = 0
+    for k in range(6):
         suffix = torch.randint(0, 500, (7,), generator=gen)
         base = ReprefillConfig(budget=0.25, period_layers=1, selector="summary", report_attention=False)
         plain = runner.reprefill(handle.prefix_id, suffix, base)
@@ -79,10 +80,33 @@ def test_lookahead_speculation_changes_what_is_read_ahead_not_the_answer(runner)
         assert [c.tolist() for c in ahead.selected] == [c.tolist() for c in plain.selected]
         torch.testing.assert_close(ahead.logits, plain.logits, atol=0, rtol=0)
         assert ahead.tokens_loaded == plain.tokens_loaded
-        assert ahead.spec_bytes_used + ahead.spec_bytes_wasted > 0 or ahead.units_cpu + ahead.units_gpu > 0
+        # the hint for each later period was sent and was what the daemon read ahead
+        assert ahead.hints[0] is None and all(h is not None and h.numel() == 20 for h in ahead.hints[1:])  # 2 x 25% of 40
+        assert plain.hints == [None] * len(plain.selected)
+        covered += ahead.groups_covered
+        unpushed = runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(**{**base.__dict__, "lookahead": 2.0, "push": False}))
+        assert unpushed.hints[1] is not None and unpushed.groups_covered == 0  # hinted, but every group asked for
+        torch.testing.assert_close(unpushed.logits, plain.logits, atol=0, rtol=0)
+    assert covered > 0  # with pushes, later periods were computed on groups the daemon pushed
     with pytest.raises(InvalidArgument) as err:
         runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(budget=0.25, lookahead=5.0))
     assert err.value.field == "lookahead"
+
+
+def test_key_summaries_are_fetched_once_counted_and_kept_small(runner):
+    prefix = torch.randint(0, 500, (200,), generator=torch.Generator().manual_seed(8))  # 13 chunks
+    handle = runner.store_prefix(prefix)
+    cfg = ReprefillConfig(budget=0.25, period_layers=1, selector="summary", report_attention=False)
+    first = runner.reprefill(handle.prefix_id, [1, 2, 3], cfg)
+    layers, kv_heads, head_dim = 2, 2, 16  # the tiny model
+    assert first.state_bytes_fetched == 13 * layers * kv_heads * 2 * head_dim * 4  # the whole float32 fetch
+    again = runner.reprefill(handle.prefix_id, [4, 5], cfg)
+    assert again.state_bytes_fetched == 0  # resident since
+    # kept: each Period's first layer only, in the model's dtype
+    assert runner.resident_bytes() == runner.summary_bytes(runner.geometry, 200, 1) == 13 * 2 * kv_heads * 2 * head_dim * 4
+    other = ReprefillConfig(budget=0.25, period_layers=2, selector="summary", report_attention=False)
+    runner.reprefill(handle.prefix_id, [4, 5], other)
+    assert runner.resident_bytes() == runner.summary_bytes(runner.geometry, 200, 1) + runner.summary_bytes(runner.geometry, 200, 2)
 
 
 def test_chunked_prefill_equals_dense_prefill(tiny_model):

@@ -267,7 +267,7 @@ def add_reprefill_parser(sub) -> None:
 
     z = p.add_argument_group("shared-prefix workload (--workload zipf): systems side by side")
     z.add_argument("--workload", choices=("single", "zipf"), default="single", help="single: one prefix (default); zipf: many")
-    z.add_argument("--systems", type=systems_arg, default=["contiguouskv", "impress", "as-h2o", "as-lru"], help=f"from {', '.join(SYSTEMS)}")
+    z.add_argument("--systems", type=systems_arg, default=["contiguouskv-paper", "contiguouskv", "impress", "as-h2o", "as-lru"], help=f"from {', '.join(SYSTEMS)}")
     z.add_argument("--prefixes", type=int, default=20)
     z.add_argument("--requests", type=int, default=40, help="timed requests per system and budget")
     z.add_argument("--warmup", type=int, default=10, help="requests before timing (they fill the tiers)")
@@ -284,7 +284,8 @@ def command_reprefill(args) -> int:
     if args.prefix_tokens < 1 or args.suffix_tokens < 1 or args.repeats < 1:
         raise BenchError("--prefix-tokens, --suffix-tokens and --repeats must be positive")
     if args.workload == "zipf":
-        from .workload import check_zipf_args, format_zipf_report, run_zipf_bench
+        from .figures import format_zipf_report
+        from .workload import check_zipf_args, run_zipf_bench
 
         check_zipf_args(args)
         report = run_zipf_bench(args)
