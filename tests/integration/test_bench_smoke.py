@@ -138,6 +138,8 @@ def test_zipf_paper_rules_and_product_extensions_differ(zipf_report):
     for r in requests["contiguouskv-noprefetch@0.25"]:
         assert r["spec_used"] == r["spec_wasted"] == 0 and r["groups_covered"] == 0
     # layer-wise preloading: AttentionStore reads the next period ahead, and all of it is used
-    assert sum(r["spec_used"] for r in requests["as-lru@1"]) > 0
+    # (from disk, unless the tiers already held every unit it read: then there is nothing to read ahead)
+    lru = requests["as-lru@1"]
+    assert sum(r["spec_used"] for r in lru) > 0 or all(r["bytes_disk"] == 0 for r in lru)
     assert sum(r["groups_covered"] for r in requests["as-lru@1"]) > 0  # computed on preloaded (pushed) groups
     assert all(r["spec_wasted"] == 0 for r in requests["as-lru@1"] + requests["as-h2o@0.25"])
