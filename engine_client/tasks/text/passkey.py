@@ -26,6 +26,7 @@ FILLER = (
 )
 QUESTION = "\n\nWhat is the pass key? The pass key is"
 KEY_DIGITS = 5
+MAX_NEW_TOKENS = 8
 
 
 def needle(key: str) -> str:
@@ -49,5 +50,5 @@ def example(tokenizer, seed: int, num_tokens: int, depth: float | None = None, *
         answers=(key,),
         needle_spans=tuple(spans),
         depth=depth,
-        meta={"key": key},
+        meta={"key": key, "max_new_tokens": MAX_NEW_TOKENS},
     )
