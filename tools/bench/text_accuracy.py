@@ -147,6 +147,10 @@ def run_text_accuracy(args) -> dict:
     pm = zoo.load(args.model, dtype=dtype)
     depths = [float(d) for d in args.depths.split(",")] if args.depths else None
     examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, start=args.start, depths=depths)
+    limit = pm.config.max_position_embeddings
+    too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
+    if too_long:
+        raise ValueError(f"examples {too_long[:3]} exceed the model's context of {limit} tokens with their question and answer")
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
     seconds = time.perf_counter() - start
