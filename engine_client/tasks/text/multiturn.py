@@ -34,15 +34,13 @@ def example(tokenizer, seed: int, num_tokens: int, depth: float | None = None, *
     depth = drawn if depth is None else depth
     stream = niah.haystack(rng)
     encode = encoder or Encoder(tokenizer)
-    turns = []  # user passages; the conversation grows until it no longer fits
-    per_turn = None
+    room = num_tokens - encode(niah.needle(city, number)).size
+    turns = []  # user passages, added while the rendered conversation fits
     while True:
-        passage = "".join(next(stream) for _ in range(SENTENCES_PER_TURN)).strip()
-        candidate = turns + [passage]
-        if per_turn is not None and (len(candidate) + 1) * per_turn > num_tokens:
+        candidate = turns + ["".join(next(stream) for _ in range(SENTENCES_PER_TURN)).strip()]
+        if len(tokenizer.encode(_render(tokenizer, _messages(candidate, None, 0), False))) > room:
             break
         turns = candidate
-        per_turn = encode(_render(tokenizer, _messages(turns, None, 0), False)).size / len(turns)
     if not turns:
         raise ValueError(f"{num_tokens} tokens cannot hold one turn")
     while True:
