@@ -224,7 +224,7 @@ class Decoder:
             r = prefix_kv.shape[2]
             keys = torch.cat([prefix_kv[0], k], dim=1)  # [Hkv, r+s, d]
             values = torch.cat([prefix_kv[1], v], dim=1)  # [Hkv, r+s, d]
-        attn = _gqa_attention(q, keys, values, _attention_mask(r, s, self.device), c.num_query_groups)  # [Hq, s, d]
+        attn = _gqa_attention(q, keys, values, r)  # [Hq, s, d]
         hidden = hidden + _linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight)
         x = _rms_norm(hidden, w.post_norm, c.rms_norm_eps)
         gate, up = _linear(x, w.gate_up_weight).chunk(2, dim=-1)  # [s, intermediate] each
@@ -327,15 +327,29 @@ def _attention_mask(r: int, s: int, device) -> torch.Tensor:
     return mask
 
 
-def _gqa_attention(q, keys, values, mask, groups: int) -> torch.Tensor:
-    """SDPA with the ``g`` query heads of one KV head folded into the query axis.
+def _gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_prefix_rows: int) -> torch.Tensor:
+    """Attention of ``q [Hq, s, d]`` over ``keys``/``values [Hkv, r+s, d]`` -> ``[Hq, s, d]``.
 
-    ``q [Hq, s, d]``, ``keys``/``values [Hkv, t, d]``, ``mask [s, t]`` -> ``[Hq, s, d]``.
-    Query head ``h`` reads KV head ``h // g`` (HF ``repeat_kv`` order), so no
-    KV copy is made.
+    The ``s`` queries attend to all ``r = num_prefix_rows`` prefix rows and
+    causally to themselves.  Query head ``h`` reads KV head ``h // g`` (HF
+    ``repeat_kv`` order) through ``enable_gqa``: no KV copy.  Inputs are given
+    4-D (``[1, H, t, d]``), the layout for which PyTorch picks its fused
+    (flash) kernel on CPU, and a mask is built only where the kernel cannot do
+    without one:
+
+    * ``r == 0`` (dense prefill): ``is_causal=True``, the whole causal square;
+    * ``s == 1`` (one new token): no mask, it sees every key;
+    * otherwise: a boolean ``[s, r+s]`` mask.  ``is_causal`` would align the
+      triangle top-left (query ``i`` sees keys ``<= i``), which is wrong when
+      the queries are the last ``s`` of ``r+s`` keys.
     """
-    hq, s, d = q.shape
-    hkv = keys.shape[0]
-    folded = q.reshape(hkv, groups * s, d)  # [Hkv, g*s, d]: row j*s + i is head (kv*g + j), token i
-    out = F.scaled_dot_product_attention(folded, keys, values, attn_mask=mask.repeat(groups, 1))  # [Hkv, g*s, d]
-    return out.reshape(hq, s, d)
+    s = q.shape[1]
+    q4, k4, v4 = q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)  # [1, H, t, d]
+    if num_prefix_rows == 0:
+        out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+    elif s == 1:
+        out = F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
+    else:
+        mask = _attention_mask(num_prefix_rows, s, q.device)  # [s, r+s]
+        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
+    return out[0]
