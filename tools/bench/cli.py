@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .accuracy import add_accuracy_parser
 
     add_accuracy_parser(sub)
+    from .recall import add_recall_parser
+
+    add_recall_parser(sub)
     return parser
 
 

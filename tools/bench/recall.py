@@ -114,13 +114,13 @@ def period_recall(per_layer: np.ndarray, period_layers: int) -> tuple[np.ndarray
 # ---------------------------------------------------------------------------- examples
 
 
-def passkey_examples(tokenizer, num_examples: int, num_tokens: int, seeds: str = "tune", seed: int = 0):
-    """Pass-key examples ``(prefix, suffix, needle_chunks, depth)`` from the task module."""
-    from engine_client.tasks import passkey  # the tasks branch's pass-key task
+def task_examples(task: str, tokenizer, num_examples: int, num_tokens: int, stream: str = "tune", start: int = 0):
+    """``(prefix, suffix, needle_chunks, depth)`` of the real-text task's examples from ``stream``."""
+    from engine_client.tasks import text
 
     out = []
-    for ex in passkey.examples(tokenizer, num_examples, num_tokens, purpose=seeds, seed=seed):
-        out.append((ex.prefix, ex.suffix, ex.answer_chunks(CHUNK_TOKENS), ex.meta.get("depth", float("nan"))))
+    for ex in text.examples(task, tokenizer, num_examples, num_tokens, stream=stream, start=start):
+        out.append((ex.prefix_tokens, ex.suffix_tokens, ex.needle_chunks(CHUNK_TOKENS), ex.depth))
     return out
 
 
@@ -184,12 +184,12 @@ def plot_recall(report: dict, path: str, budget: float) -> None:
 def add_recall_parser(sub) -> None:
     p = sub.add_parser("recall", help="per-layer and per-Period needle recall of the chunk selectors on a real model")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--task", default="passkey", choices=("passkey",))
+    p.add_argument("--task", default="passkey", help="a real-text task (engine_client.tasks.text)")
     p.add_argument("--tokens", type=int, default=2000)
     p.add_argument("--examples", type=int, default=10)
     p.add_argument("--budget", type=float, action="append", help="fraction of chunks (repeatable; default 0.05 and 0.10)")
     p.add_argument("--seeds", choices=("tune", "eval"), default="tune", help="seed stream (tune the design on 'tune')")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="first seed within the stream")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", action="store_true")
     p.add_argument("--plot", help="write a PNG of the per-layer recall here")
@@ -202,7 +202,7 @@ def command_recall(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     budgets = tuple(args.budget or (0.05, 0.10))
     pm = zoo.load(args.model, dtype=torch.float32)
-    examples = passkey_examples(pm.tokenizer, args.examples, args.tokens, args.seeds, args.seed)
+    examples = task_examples(args.task, pm.tokenizer, args.examples, args.tokens, args.seeds, args.seed)
     report = run_recall(pm.decoder, examples, budgets)
     report.update(model=args.model, task=args.task, tokens=args.tokens, seeds=args.seeds)
     if args.plot:
