@@ -1,17 +1,17 @@
 """Which layers load everything, and how many chunks each other Period gets.
 
-A Re-Prefill budget ``B`` is a fraction of the prefix's KV.  With one
-selection of ``ceil(B * m)`` chunks per Period (``budget.budget_count``),
-every layer loads ``k = ceil(B * m)`` chunks, ``k * L`` chunk-layers in all.
+A Re-Prefill budget ``B`` is a fraction of the prefix's KV: of ``m`` chunks
+and ``L`` layers, at most ``floor(B * m * L)`` chunk-layers are loaded, all
+layers counted (an ``int`` budget is a chunk count per layer: ``B * L``).
 ``full_layers = F`` loads the first ``F`` layers whole (``F * m``
-chunk-layers) and charges them to the same total: the other ``L - F`` layers
-share what is left,
+chunk-layers, charged to the same total); every other layer loads
 
-    k_sparse = floor((k * L - F * m) / (L - F)),
+    k = floor((floor(B * m * L) - F * m) / (L - F))
 
-so the chunk-layers loaded never exceed the plain schedule's ``k * L``.  A
-plan whose sparse layers would get fewer chunks than the sink and local ones
-is refused rather than silently exceeding the budget.
+chunks, its sink and local chunks included.  Only when ``k`` is below the
+sink and local chunks does a plan exceed ``B``: without full layers ``k`` is
+raised to them (as ``budget.budget_count`` does for tiny prefixes); with
+full layers the plan is refused, since the full layers are what overspend.
 
 ``PeriodPlan.periods`` lists ``(first_layer, num_layers, chunk_count)``; a
 ``chunk_count`` equal to ``m`` means "load all".
@@ -19,6 +19,7 @@ is refused rather than silently exceeding the budget.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from kvstore.errors import InvalidArgument
@@ -65,19 +66,25 @@ def plan_periods(
         raise InvalidArgument(
             "full_layers", f"must be a multiple of period_layers ({period_layers}) below {num_layers} layers, got {full_layers}"
         )
-    m = num_chunks
-    k = budget_count(m, budget, sink_chunks, local_chunks)
+    m = _check_count("num_chunks", num_chunks, 1)
+    budget_count(m, budget, sink_chunks, local_chunks)  # validates the budget, sink and local
+    if isinstance(budget, float):
+        allowed = math.floor(round(budget * m * num_layers, 9))
+    else:
+        allowed = int(budget) * num_layers
     sparse = num_layers - full_layers
-    k_sparse = (k * num_layers - full_layers * m) // sparse
-    floor = min(m, sink_chunks + local_chunks)
-    if full_layers and k_sparse < floor:
-        raise InvalidArgument(
-            "full_layers",
-            f"{full_layers} full layers of {m} chunks leave {max(k_sparse, 0)} chunks per other layer "
-            f"within the budget ({k} x {num_layers} chunk-layers), fewer than the {floor} sink and local chunks",
-        )
+    k = min(m, (allowed - full_layers * m) // sparse)
+    forced = min(m, sink_chunks + local_chunks)
+    if k < forced:
+        if full_layers:
+            raise InvalidArgument(
+                "full_layers",
+                f"{full_layers} full layers of {m} chunks leave {max(k, 0)} chunks per other layer within the "
+                f"budget ({allowed} chunk-layers of {m} x {num_layers}), fewer than the {forced} sink and local chunks",
+            )
+        k = forced
     periods = []
     for first in range(0, num_layers, period_layers):
         layers = min(period_layers, num_layers - first)
-        periods.append((first, layers, m if first < full_layers else (k if not full_layers else k_sparse)))
+        periods.append((first, layers, m if first < full_layers else k))
     return PeriodPlan(m, num_layers, tuple(periods))

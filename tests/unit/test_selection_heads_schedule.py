@@ -72,10 +72,13 @@ def test_bad_aggregation_is_an_error_naming_the_field():
 
 
 def test_plan_without_full_layers_is_the_plain_schedule():
+    # 125 chunks x 30 layers at 5%: 187.5 -> 187 chunk-layers, 6 chunks per layer.
     plan = plan_periods(30, 125, 0.05, period_layers=2)
-    assert len(plan.periods) == 15 and all(count == 7 for _, _, count in plan.periods)  # ceil(6.25)
-    assert plan.periods[-1] == (28, 2, 7)
-    assert plan_periods(30, 125, 0.05, period_layers=8).periods[-1] == (24, 6, 7)  # short last Period
+    assert len(plan.periods) == 15 and all(count == 6 for _, _, count in plan.periods)
+    assert plan.periods[-1] == (28, 2, 6) and plan.kv_fraction <= 0.05
+    assert plan_periods(30, 125, 0.05, period_layers=8).periods[-1] == (24, 6, 6)  # short last Period
+    assert plan_periods(4, 10, 0.01, period_layers=1).periods[0] == (0, 1, 2)  # raised to sink + local
+    assert plan_periods(4, 10, 3, period_layers=2).chunk_layers == 12  # an int is a count per layer
 
 
 def test_full_layers_are_charged_to_the_budget():
@@ -101,12 +104,13 @@ def test_full_layers_are_charged_to_the_budget():
 )
 def test_plan_never_exceeds_the_plain_budget(num_layers, m, budget, period, full_periods):
     full = full_periods * period
-    plain = plan_periods(num_layers, m, budget, period_layers=period)
     try:
         plan = plan_periods(num_layers, m, budget, period_layers=period, full_layers=full)
     except InvalidArgument:
+        assert full  # only full layers can make a plan impossible
         return
-    assert plan.chunk_layers <= plain.chunk_layers
+    forced = min(m, 2) * num_layers  # sink + local, the floor of a plan without full layers
+    assert plan.chunk_layers <= max(budget * m * num_layers + 1e-6, forced if not full else 0)
     assert sum(layers for _, layers, _ in plan.periods) == num_layers
     for first, _, count in plan.periods:
         assert count == m if first < full else 1 <= count <= m
