@@ -97,6 +97,9 @@ class ReprefillResult:
     io_wait_s: float = 0.0
     compute_s: float = 0.0
     reported_units: int = 0
+    # keep_kv: per layer, the prefix rows it attended to then the suffix's KV, [2, Hkv, rows + s, d]
+    layer_kv: list = field(default_factory=list)
+    num_prefix_tokens: int = 0
 
     @property
     def read_amplification(self) -> float:
@@ -173,12 +176,14 @@ class ModelRunner:
         return desc, suffix
 
     def reprefill(
-        self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = ReprefillConfig(), *, choose=None
+        self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = ReprefillConfig(), *, choose=None, keep_kv: bool = False
     ) -> ReprefillResult:
         """First-token logits of ``suffix_tokens`` after the stored prefix, loading only selected chunks.
 
         ``choose(period, first_layer, queries, num_chunks) -> chunk ids`` replaces
         the configured selector (the baselines' token-level selections).
+        ``keep_kv`` keeps each layer's loaded rows and suffix KV in ``layer_kv``
+        (what ``generate`` decodes over).
         """
         desc, suffix = self.check_request(prefix_id, suffix_tokens, cfg)
         t_start = time.perf_counter()
@@ -191,7 +196,9 @@ class ModelRunner:
             model.num_layers, m, cfg.budget, period_layers=cfg.period_layers,
             full_layers=cfg.full_layers, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks,
         )
-        out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[])
+        out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=n)
+        if keep_kv:
+            out.layer_kv = [None] * model.num_layers
         mass_inputs = []
         hints = bool(cfg.speculate and cfg.lookahead and choose is None and selector.name != "full" and cfg.budget < 1)
         out.hints = [None] * -(-model.num_layers // cfg.period_layers)
@@ -271,6 +278,8 @@ class ModelRunner:
             kv = _as_torch(raw, geo)  # [group layers, 2, kv_heads, rows, head_dim]
             for i, layer in enumerate(geo.group_layer_range(group)):
                 hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i])
+                if out.layer_kv:
+                    out.layer_kv[layer] = torch.cat([kv[i], suffix_kv], dim=2)  # [2, Hkv, rows + s, d]
                 if layer == l0:
                     first_keys = (kv[i, 0].clone(), suffix_kv[0])
             out.compute_s += time.perf_counter() - t0
@@ -290,6 +299,38 @@ class ModelRunner:
             for g in range(first, min(first + groups_per_period, self.geometry.num_groups)):
                 units += self.client.report_attention(prefix_id, g, chunks.numpy(), mass.numpy())
         return units
+
+    # ------------------------------------------------------------ generation
+    def generate(
+        self,
+        prefix_id: str,
+        suffix_tokens,
+        cfg: ReprefillConfig = ReprefillConfig(),
+        max_new_tokens: int = 16,
+        *,
+        tokenizer=None,
+        eos_token_ids=None,
+        choose=None,
+    ):
+        """Re-Prefill, then greedy decoding of up to ``max_new_tokens`` tokens (the first included).
+
+        Each layer decodes over the prefix rows its Period loaded, the suffix
+        and the tokens generated so far; decoding stops at an EOS id (the
+        tokenizer's unless ``eos_token_ids`` is given).  Returns a
+        ``GenerationResult``: tokens, text (with a tokenizer), the first
+        token's TTFT, per-step seconds and the ``ReprefillResult``.
+        """
+        from .generation import GenerationResult, LayerKV, check_max_new_tokens, decode_greedy, eos_ids
+
+        max_new_tokens = check_max_new_tokens(max_new_tokens)
+        res = self.reprefill(prefix_id, suffix_tokens, cfg, choose=choose, keep_kv=True)
+        s = _token_tensor(suffix_tokens, field_name="suffix_tokens").numel()
+        kv = LayerKV(res.layer_kv, max_new_tokens)
+        res.layer_kv = []
+        rows = [kv.rows(i) - s for i in range(len(kv))]
+        tokens, steps, stop = decode_greedy(self.model, res.logits, kv, res.num_prefix_tokens + s, max_new_tokens, eos_ids(tokenizer, eos_token_ids))
+        text = None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
+        return GenerationResult(tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows)
 
     # ------------------------------------------------------------ baselines
     def full_recompute(self, prefix_tokens, suffix_tokens) -> tuple[torch.Tensor, float]:

@@ -1,17 +1,14 @@
 """Helpers for tests on the pretrained models of ``engine_client.model.zoo``."""
 
-import importlib.metadata
-
 import pytest
 
 from engine_client.model import zoo
+from tools.bench.prefill import prose_text
 
 
 def real_text() -> str:
     """Apache-2.0 licence text shipped in grpcio's wheel (a pinned dependency): real English prose."""
-    files = importlib.metadata.distribution("grpcio").files or []
-    path = next(f for f in files if str(f).endswith("licenses/LICENSE"))
-    return path.read_text(encoding="utf-8")
+    return prose_text()
 
 
 def installed(name: str) -> bool:

@@ -26,6 +26,7 @@ import argparse
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -243,9 +244,19 @@ def format_report(r: dict) -> str:
 def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     from engine_client.tasks import TASKS
 
-    p = sub.add_parser("accuracy", help="answer accuracy on the held-out synthetic recall tasks, full / drop-answer / Re-Prefill")
-    p.add_argument("--task", required=True, choices=list(TASKS))
-    p.add_argument("--path", required=True, help="full | drop-answer | SELECTOR@BUDGET (summary, exact, recent; budget in (0, 1])")
+    p = sub.add_parser("accuracy", help="answer accuracy on held-out recall tasks (toy checkpoint or --model on real text), full / drop / Re-Prefill")
+    p.add_argument("--task", required=True, help=f"toy checkpoint: {', '.join(TASKS)}; --model: a real-text task or file:PATH")
+    p.add_argument(
+        "--path", required=True,
+        help="full | drop-answer (toy) | drop-needle (--model) | SELECTOR@BUDGET (summary, exact, recent; budget in (0, 1]); "
+        "--model accepts several, comma-separated",
+    )
+    p.add_argument("--model", default=None, help="a pretrained model by name (smollm2-135m): real-text tasks, greedy decoding")
+    p.add_argument("--depths", default="", help="--model: needle depths to cycle through, e.g. 0,0.25,0.5,0.75,1 (default: seeded)")
+    p.add_argument("--start", type=int, default=0, help="--model: offset into the evaluation seeds (1_000_000 + start on)")
+    p.add_argument("--max-new-tokens", type=int, default=0, help="--model: tokens to decode (default: the task's)")
+    p.add_argument("--period-layers", type=int, default=8, help="--model: layers sharing one chunk selection")
+    p.add_argument("--group-layers", type=int, default=4, help="--model: layers per stored group")
     p.add_argument("--examples", type=int, default=200, help="held-out examples")
     p.add_argument("--tokens", type=int, default=2048, help="prefix + suffix tokens of each example")
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="HF checkpoint directory (default: checkpoints/recall-small)")
@@ -261,6 +272,12 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
 def command_accuracy(args, parser) -> int:
     import json
 
+    if args.model:
+        return _command_text_accuracy(args, parser)
+    from engine_client.tasks import TASKS
+
+    if args.task not in TASKS:
+        parser.error(f"--task must be one of {', '.join(TASKS)} for the toy checkpoint (real-text tasks need --model)")
     try:
         parse_path(args.path)
     except ValueError as exc:
@@ -269,4 +286,28 @@ def command_accuracy(args, parser) -> int:
         parser.error("--examples must be >= 1 and --tokens >= 64")
     report = run_accuracy(args)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    return 0
+
+
+def _command_text_accuracy(args, parser) -> int:
+    import json
+
+    from engine_client.tasks import text
+
+    from .text_accuracy import format_text_report, parse_paths, run_text_accuracy
+
+    try:
+        parse_paths(args.path)
+        if not args.task.startswith("file:"):
+            text.get_task(args.task)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.examples < 1 or args.tokens < 64 or args.max_new_tokens < 0:
+        parser.error("--examples must be >= 1, --tokens >= 64 and --max-new-tokens >= 0")
+    try:
+        report = run_text_accuracy(args)
+    except (ValueError, LookupError) as exc:  # unknown model, bad JSONL line, prompt too long: one line
+        print(f"kvstore-bench accuracy: {exc}", file=sys.stderr)
+        return 2
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_text_report(report))
     return 0

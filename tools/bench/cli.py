@@ -6,6 +6,9 @@ Subcommands (a parser and a ``command_*`` function each, bound with
 ``reprefill``  Re-Prefill TTFT against full recompute and full load
         (``reprefill``).
 
+``prefill``  dense prefill ms per layer of a pretrained model, the project's
+        decoder against transformers on the same threads (``prefill``).
+
 ``io``  fio-style raw job through the store's backend (``io_jobs``), and with
         ``--compare-fio`` the same job run by fio right after on the same file
         (``fio``).  ``--chunked`` runs the chunked-read benchmark instead
@@ -107,6 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .accuracy import add_accuracy_parser
 
     add_accuracy_parser(sub)
+    from .prefill import add_prefill_parser
+
+    add_prefill_parser(sub)
     from .recall import add_recall_parser
 
     add_recall_parser(sub)

@@ -15,10 +15,10 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Sequence
 
-from . import passkey
+from . import multikey, multiquery, multiturn, multivalue, niah, passkey, vt
 from .base import EVAL_SEED_START, TUNING_SEED_LIMIT, Encoder, TextExample, answer_in
 
-TASKS: dict[str, ModuleType] = {m.NAME: m for m in (passkey,)}
+TASKS: dict[str, ModuleType] = {m.NAME: m for m in (passkey, niah, multikey, multivalue, multiquery, vt, multiturn)}
 STREAMS = {"eval": EVAL_SEED_START, "tune": 0}
 
 

@@ -1,9 +1,11 @@
 """Pass-key retrieval in raw text.
 
 A fixed instruction, repeated filler sentences ("The grass is green. The sky
-is blue. ..."), the needle "The pass key is NNNNN. Remember it. NNNNN is the
-pass key." at ``depth`` of the filler, and the question as the suffix:
-"What is the pass key? The pass key is".  The answer is the five digits.
+is blue. ..."), the needle "The pass key is NNNNN. Remember it." at ``depth`` of the
+filler, and the question as the suffix: "What is the pass key? The pass key
+is".  The answer is the five digits.  (Repeating the key after the needle,
+"NNNNN is the pass key.", makes this model answer "the pass key." instead:
+9/20 at 1k tokens with the full KV, on the evaluation seeds.)
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ FILLER = (
 )
 QUESTION = "\n\nWhat is the pass key? The pass key is"
 KEY_DIGITS = 5
+MAX_NEW_TOKENS = 8
 
 
 def needle(key: str) -> str:
-    return f" The pass key is {key}. Remember it. {key} is the pass key."
+    return f" The pass key is {key}. Remember it."
 
 
 def example(tokenizer, seed: int, num_tokens: int, depth: float | None = None, *, encoder: Encoder | None = None) -> TextExample:
@@ -49,5 +52,5 @@ def example(tokenizer, seed: int, num_tokens: int, depth: float | None = None, *
         answers=(key,),
         needle_spans=tuple(spans),
         depth=depth,
-        meta={"key": key},
+        meta={"key": key, "max_new_tokens": MAX_NEW_TOKENS},
     )

@@ -1,0 +1,170 @@
+"""Greedy generation after the first token, over whatever KV the first token saw.
+
+``decode_greedy`` continues from the first token's logits: each step feeds the
+last token through every layer, attending to that layer's KV (the prefix rows
+the first token attended to, the suffix, the tokens generated so far), and
+appends the new token's KV.  It stops at an end-of-sequence id or after
+``max_new_tokens`` tokens.
+
+The paths that produce the first token and the KV:
+
+* ``ModelRunner.generate`` (Re-Prefill): each layer's loaded prefix rows plus
+  the suffix (decoding attends to the rows the layer's Period loaded);
+* ``dense_generate`` (the full-KV reference): dense prefill of the prefix, the
+  suffix over all its rows, then decoding - the same arithmetic as Re-Prefill
+  at a 100% budget, so the two agree token for token;
+* ``dense_generate(..., keep_rows=...)``: the same with only some prefix rows
+  (e.g. every chunk but the needle's), in process.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from .model.decoder import Decoder
+
+
+@dataclass
+class GenerationResult:
+    tokens: list[int]  # generated ids, the first token included, EOS included if reached
+    ttft_s: float  # until the first token's logits (prefill or Re-Prefill)
+    step_s: list[float]  # each later token's decode step
+    stop: str  # "eos" | "length"
+    first_logits: torch.Tensor  # [vocab] float32
+    text: str | None = None  # decoded ``tokens`` without special tokens, when a tokenizer was given
+    reprefill: object | None = None  # the ReprefillResult of the Re-Prefill path (selected chunks, bytes, ...)
+    rows_attended: list[int] = field(default_factory=list)  # per layer: prefix rows decoding attends to
+
+    @property
+    def total_s(self) -> float:
+        return self.ttft_s + sum(self.step_s)
+
+
+class LayerKV:
+    """Per-layer KV ``[2, Hkv, rows, d]`` with room for ``extra`` appended tokens (layers may differ in rows)."""
+
+    def __init__(self, kv: Sequence[torch.Tensor], extra: int):
+        self._buf, self._len = [], []
+        for t in kv:  # [2, Hkv, r, d]
+            buf = t.new_empty(t.shape[0], t.shape[1], t.shape[2] + extra, t.shape[3])
+            buf[:, :, : t.shape[2]] = t
+            self._buf.append(buf)
+            self._len.append(t.shape[2])
+
+    def __len__(self) -> int:
+        return len(self._buf)
+
+    def rows(self, layer: int) -> int:
+        return self._len[layer]
+
+    def view(self, layer: int) -> torch.Tensor:
+        return self._buf[layer][:, :, : self._len[layer]]  # [2, Hkv, rows, d]
+
+    def append(self, layer: int, kv: torch.Tensor) -> None:
+        """Add ``kv [2, Hkv, t, d]`` after the layer's rows."""
+        n, t = self._len[layer], kv.shape[2]
+        if n + t > self._buf[layer].shape[2]:
+            raise ValueError(f"layer {layer}: no room for {t} more rows (capacity {self._buf[layer].shape[2]})")
+        self._buf[layer][:, :, n : n + t] = kv
+        self._len[layer] = n + t
+
+
+def check_max_new_tokens(max_new_tokens) -> int:
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, (int, np.integer)) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    return int(max_new_tokens)
+
+
+def eos_ids(tokenizer=None, eos_token_ids: Sequence[int] | None = None) -> frozenset[int]:
+    """The ids that end generation: those given, else the tokenizer's EOS (none without either)."""
+    if eos_token_ids is not None:
+        return frozenset(int(i) for i in eos_token_ids)
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return frozenset() if eos is None else frozenset([int(eos)])
+
+
+@torch.inference_mode()
+def decode_greedy(
+    model: Decoder,
+    first_logits: torch.Tensor,
+    kv: LayerKV,
+    next_position: int,
+    max_new_tokens: int,
+    stop_ids: frozenset[int] = frozenset(),
+) -> tuple[list[int], list[float], str]:
+    """Greedy tokens from ``first_logits`` on; ``kv`` grows by one row per layer per step.
+
+    ``next_position`` is the position of the first generated token (prefix +
+    suffix length).  Returns ``(tokens, step seconds, stop reason)``.
+    """
+    if len(kv) != model.num_layers:
+        raise ValueError(f"kv has {len(kv)} layers, the model {model.num_layers}")
+    tokens, steps = [int(first_logits.argmax())], []
+    while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
+        t0 = time.perf_counter()
+        position = torch.tensor([next_position + len(tokens) - 1])
+        hidden = model.embed(torch.tensor([tokens[-1]]))  # [1, hidden]
+        for layer in range(model.num_layers):
+            hidden, new_kv = model.layer_forward(layer, hidden, position, kv.view(layer))  # new_kv [2, Hkv, 1, d]
+            kv.append(layer, new_kv)
+        tokens.append(int(model.final_logits(hidden).argmax()))
+        steps.append(time.perf_counter() - t0)
+    return tokens, steps, "eos" if tokens[-1] in stop_ids else "length"
+
+
+@torch.inference_mode()
+def suffix_over_prefix(model: Decoder, prefix_kv: torch.Tensor, num_prefix: int, suffix: torch.Tensor, keep_rows: torch.Tensor | None = None):
+    """The suffix over prefix rows ``keep_rows`` (all if None) of ``prefix_kv [L, 2, Hkv, n, d]``.
+
+    Returns ``(first logits [vocab], per-layer KV [2, Hkv, rows + s, d])``.
+    """
+    positions = torch.arange(num_prefix, num_prefix + suffix.numel())
+    hidden = model.embed(suffix)
+    layers = []
+    for layer in range(model.num_layers):
+        rows = prefix_kv[layer] if keep_rows is None else prefix_kv[layer].index_select(2, keep_rows)
+        hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows)
+        layers.append(torch.cat([rows, suffix_kv], dim=2))
+    return model.final_logits(hidden), layers
+
+
+def dense_generate(
+    model: Decoder,
+    prefix_tokens,
+    suffix_tokens,
+    max_new_tokens: int = 16,
+    *,
+    tokenizer=None,
+    eos_token_ids: Sequence[int] | None = None,
+    keep_rows: torch.Tensor | None = None,
+    prefix_kv: torch.Tensor | None = None,
+) -> GenerationResult:
+    """Full-KV reference: prefill the prefix, run the suffix over its rows (``keep_rows``: only those), decode.
+
+    ``prefix_kv [L, 2, Hkv, n, d]`` skips the prefill when the caller has it.
+    """
+    from .runner import chunked_prefill
+
+    max_new_tokens = check_max_new_tokens(max_new_tokens)
+    prefix = torch.as_tensor(np.asarray(prefix_tokens), dtype=torch.long).reshape(-1)
+    suffix = torch.as_tensor(np.asarray(suffix_tokens), dtype=torch.long).reshape(-1)
+    if prefix.numel() == 0 or suffix.numel() == 0:
+        raise ValueError("prefix_tokens and suffix_tokens must not be empty")
+    t0 = time.perf_counter()
+    if prefix_kv is None:
+        _, prefix_kv = chunked_prefill(model, prefix)
+    logits, layers = suffix_over_prefix(model, prefix_kv, prefix.numel(), suffix, keep_rows)
+    ttft = time.perf_counter() - t0
+    kv = LayerKV(layers, max_new_tokens)
+    rows = [kv.rows(i) - suffix.numel() for i in range(len(kv))]
+    tokens, steps, stop = decode_greedy(model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids))
+    return GenerationResult(tokens, ttft, steps, stop, logits, _text(tokenizer, tokens), rows_attended=rows)
+
+
+def _text(tokenizer, tokens: list[int]) -> str | None:
+    return None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)

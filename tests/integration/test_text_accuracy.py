@@ -1,0 +1,42 @@
+"""``kvstore-bench accuracy --model``: a small slice of real-text tasks through a real daemon."""
+
+import argparse
+
+import pytest
+
+from engine_client.tasks.text import answer_in
+from pretrained import needs_smollm2
+from tools.bench.text_accuracy import format_text_report, parse_paths, run_text_accuracy
+
+pytestmark = needs_smollm2
+
+
+def test_passkey_slice_full_drop_needle_and_reprefill_at_5_percent(tmp_path):
+    args = argparse.Namespace(
+        model="smollm2-135m", task="passkey", tokens=320, path="full,drop-needle,exact@0.05", examples=2, depths="0.3,0.7",
+        start=0, max_new_tokens=0, period_layers=8, group_layers=4, threads=1, dtype="float32", directory=str(tmp_path),
+    )
+    r = run_text_accuracy(args)
+    assert r["seeds"] == [1_000_000, 1_000_001] and set(r["paths"]) == {"full", "drop-needle", "exact@0.05"}
+    full, drop, sparse = (r["paths"][k] for k in ("full", "drop-needle", "exact@0.05"))
+    assert full["correct"] == 2  # the full KV answers short pass-key prompts (checked before writing this)
+    assert drop["correct"] == 0  # without the needle's chunks the key is not in the context
+    for p in (full, drop, sparse):
+        assert p["examples"] == 2 and p["correct"] == sum(row["correct"] for row in p["rows"])
+        lo, hi = p["wilson95"]
+        assert lo <= p["accuracy"] <= hi
+    for row, depth in zip(sparse["rows"], (0.3, 0.7)):
+        assert row["depth"] == depth and row["needle_chunks"]
+        assert len(row["needle_loaded"]) == 4 and all(0 <= x <= 1 for x in row["needle_loaded"])  # 30 layers / 8
+        chunks = -(-row["prefix_tokens"] // 16)
+        assert row["tokens_loaded"] <= 4 * 16 * (1 + 1 + -(-chunks * 5 // 100)) + 4 * 16  # sink + local + 5% per Period
+        assert row["correct"] == answer_in(row["answers"][0], row["text"])
+    assert len(sparse["needle_loaded_per_period"]) == 4
+    assert "exact@0.05: " in format_text_report(r)
+
+
+def test_paths_are_checked():
+    assert parse_paths("full,summary@0.1") == [("full", "", 1.0), ("summary@0.1", "summary", 0.1)]
+    for bad, msg in (("nope", "SELECTOR@BUDGET"), ("exact@2", "fraction"), ("full,full", "twice"), ("exact@x", "not a number")):
+        with pytest.raises(ValueError, match=msg):
+            parse_paths(bad)

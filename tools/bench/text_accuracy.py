@@ -1,0 +1,179 @@
+"""``kvstore-bench accuracy --model NAME``: greedy-decoded answers of a pretrained model on real-text tasks.
+
+    kvstore-bench accuracy --model smollm2-135m --task passkey|niah|...|file:PATH --tokens N
+                           --path full|drop-needle|SELECTOR@BUDGET[,PATH...] [--examples N] [--json]
+
+Paths (several, comma-separated, share each example's prefill and store):
+
+``full``            dense prefill of the prefix, the suffix over all its rows, greedy decoding (in process);
+``drop-needle``     the same without the 16-token chunks that overlap the needle(s): the answer must
+                    then be lost, which shows it is read from the needle;
+``SELECTOR@BUDGET`` Re-Prefill through a real daemon on a private socket: ``store_prefix`` then
+                    ``ModelRunner.generate`` (the suffix over the chunks each Period selects, then
+                    decoding over them).
+
+An example is correct when the decoded text holds an accepted answer (numbers
+as whole numbers).  Examples use the evaluation seeds (from 1_000_000 on,
+``--start`` offsets them); accuracy comes with its Wilson 95% interval.  Per
+example: the needle's depth, and for Re-Prefill, the fraction of the needle's
+chunks each Period loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+import time
+from contextlib import ExitStack
+
+import numpy as np
+import torch
+
+from .accuracy import CHUNK_TOKENS, SELECTORS, _DaemonArgs, keep_rows_without, wilson_interval
+
+
+def parse_paths(text: str) -> list[tuple[str, str, float]]:
+    """``full``, ``drop-needle`` or ``SELECTOR@BUDGET``, comma-separated -> ``[(name, selector, budget)]``."""
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if item in ("full", "drop-needle"):
+            out.append((item, "", 1.0))
+            continue
+        selector, sep, budget = item.partition("@")
+        if not sep or selector not in SELECTORS:
+            raise ValueError(f"path must be full, drop-needle or SELECTOR@BUDGET with SELECTOR in {', '.join(SELECTORS)}; got {item!r}")
+        try:
+            value = float(budget)
+        except ValueError:
+            raise ValueError(f"budget of {item!r} is not a number") from None
+        if not 0 < value <= 1:
+            raise ValueError(f"budget of {item!r} must be a fraction in (0, 1]")
+        out.append((f"{selector}@{value:g}", selector, value))
+    if len({name for name, _, _ in out}) != len(out):
+        raise ValueError(f"path {text!r} names a path twice")
+    return out
+
+
+def _progress(total: int, desc: str):
+    """A tqdm bar on a terminal when tqdm is installed; otherwise nothing."""
+    if not sys.stderr.isatty():
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return None
+    return tqdm(total=total, desc=desc, file=sys.stderr)
+
+
+def needle_loaded(needle_chunks: np.ndarray, selected) -> list[float]:
+    """Per Period: the fraction of the needle's chunks among the chunks it loaded."""
+    if needle_chunks.size == 0:
+        return []
+    want = set(needle_chunks.tolist())
+    return [len(want & set(sel.tolist())) / len(want) for sel in selected]
+
+
+def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
+    """Rows per path name, one per example, in example order."""
+    from engine_client.generation import dense_generate
+
+    reprefill = [p for p in paths if p[1]]
+    rows: dict[str, list[dict]] = {name: [] for name, _, _ in paths}
+    bar = _progress(len(examples) * len(paths), f"{args.task}@{args.tokens}")
+    with ExitStack() as stack:
+        runner = _runner(model, args, stack) if reprefill else None
+        for ex in examples:
+            base = {"seed": ex.seed, "depth": ex.depth, "prefix_tokens": ex.num_prefix_tokens,
+                    "needle_chunks": ex.needle_chunks(CHUNK_TOKENS).tolist(), "answers": list(ex.answers)}
+            kv = None
+            if any(name in ("full", "drop-needle") for name, _, _ in paths):
+                from engine_client.runner import chunked_prefill
+
+                _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix_tokens))
+            handle = runner.store_prefix(ex.prefix_tokens) if runner else None
+            for name, selector, budget in paths:
+                if name in ("full", "drop-needle"):
+                    keep = keep_rows_without(ex.num_prefix_tokens, ex.needle_chunks(CHUNK_TOKENS)) if name == "drop-needle" else None
+                    gen = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, _max_new(ex, args), tokenizer=tokenizer,
+                                         keep_rows=keep, prefix_kv=kv)
+                    extra = {}
+                else:
+                    from engine_client.runner import ReprefillConfig
+
+                    cfg = ReprefillConfig(budget=budget, selector=selector, period_layers=args.period_layers)
+                    gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, _max_new(ex, args), tokenizer=tokenizer)
+                    res = gen.reprefill
+                    extra = {"needle_loaded": needle_loaded(ex.needle_chunks(CHUNK_TOKENS), res.selected),
+                             "tokens_loaded": res.tokens_loaded, "bytes_read": res.bytes_read}
+                rows[name].append({**base, "correct": ex.is_correct(gen.text), "text": gen.text, "ttft_s": gen.ttft_s,
+                                   "decode_s": sum(gen.step_s), "new_tokens": len(gen.tokens), **extra})
+                if bar is not None:
+                    bar.update(1)
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def _max_new(ex, args) -> int:
+    return args.max_new_tokens or int(ex.meta.get("max_new_tokens", 16))
+
+
+def _runner(model, args, stack: ExitStack):
+    """A ModelRunner on a fresh daemon in a private directory, torn down by ``stack``."""
+    from engine_client.client import KVStoreClient
+    from engine_client.runner import ModelRunner
+
+    from .daemon_io import _Daemon
+
+    os.makedirs(args.directory, exist_ok=True)
+    data_dir = tempfile.mkdtemp(prefix="accuracy-store-", dir=args.directory)
+    stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
+    daemon = _Daemon(data_dir, _DaemonArgs())
+    stack.callback(daemon.stop)
+    client = stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
+    return ModelRunner(model, client, chunk_tokens=CHUNK_TOKENS, group_layers=args.group_layers)
+
+
+def run_text_accuracy(args) -> dict:
+    from engine_client.model import zoo
+    from engine_client.tasks import text
+
+    paths = parse_paths(args.path)
+    torch.set_num_threads(max(1, args.threads))
+    dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
+    pm = zoo.load(args.model, dtype=dtype)
+    depths = [float(d) for d in args.depths.split(",")] if args.depths else None
+    examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, start=args.start, depths=depths)
+    limit = pm.config.max_position_embeddings
+    too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
+    if too_long:
+        raise ValueError(f"examples {too_long[:3]} exceed the model's context of {limit} tokens with their question and answer")
+    start = time.perf_counter()
+    rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
+    seconds = time.perf_counter() - start
+    results = {}
+    for name, rs in rows.items():
+        correct = sum(r["correct"] for r in rs)
+        lo, hi = wilson_interval(correct, len(rs))
+        results[name] = {"correct": correct, "examples": len(rs), "accuracy": correct / len(rs), "wilson95": [lo, hi],
+                         "ttft_s_mean": float(np.mean([r["ttft_s"] for r in rs])), "rows": rs}
+        loaded = [r["needle_loaded"] for r in rs if r.get("needle_loaded")]
+        if loaded:
+            results[name]["needle_loaded_per_period"] = np.mean(loaded, axis=0).tolist()
+    return {"model": args.model, "task": args.task, "tokens": args.tokens, "examples": len(examples), "dtype": args.dtype,
+            "seeds": [examples[0].seed, examples[-1].seed] if examples else [], "period_layers": args.period_layers,
+            "group_layers": args.group_layers, "threads": args.threads, "seconds": seconds, "paths": results}
+
+
+def format_text_report(r: dict) -> str:
+    lines = [f"{r['model']} {r['task']} @ {r['tokens']} tokens, {r['examples']} examples (seeds {r['seeds']}) in {r['seconds']:.0f}s"]
+    for name, p in r["paths"].items():
+        lo, hi = p["wilson95"]
+        line = f"  {name:>14}: {p['correct']}/{p['examples']} = {p['accuracy']:.1%} (Wilson 95% {lo:.1%}..{hi:.1%}), TTFT {p['ttft_s_mean']:.2f}s"
+        if "needle_loaded_per_period" in p:
+            line += "; needle chunks loaded per Period " + " ".join(f"{x:.0%}" for x in p["needle_loaded_per_period"])
+        lines.append(line)
+    return "\n".join(lines)
