@@ -5,7 +5,9 @@ is blue. ..."), the needle "The pass key is NNNNN. Remember it." at ``depth`` of
 filler, and the question as the suffix: "What is the pass key? The pass key
 is".  The answer is the five digits.  (Repeating the key after the needle,
 "NNNNN is the pass key.", makes this model answer "the pass key." instead:
-9/20 at 1k tokens with the full KV, on the evaluation seeds.)
+9/20 at 1k tokens with the full KV; and a blank line before the question
+makes it answer "a magical key..." when the needle is late: 12/20.  The
+question follows the filler after a space, checked on tuning seeds.)
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ FILLER = (
     " Here we go.",
     " There and back again.",
 )
-QUESTION = "\n\nWhat is the pass key? The pass key is"
+QUESTION = " What is the pass key? The pass key is"
 KEY_DIGITS = 5
 MAX_NEW_TOKENS = 8
 
