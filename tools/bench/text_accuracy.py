@@ -47,7 +47,7 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
         selector, sep, budget = item.partition("@")
         if not sep or selector not in (*SELECTORS, *SYSTEMS):
             known = ", ".join((*SELECTORS, *(n for n in SYSTEMS if n not in SELECTORS)))
-            raise ValueError(f"path must be full, drop-needle or SYSTEM@BUDGET with SYSTEM in {known}; got {item!r}")
+            raise ValueError(f"path must be full, drop-needle or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}")
         try:
             value = float(budget)
         except ValueError:
@@ -152,7 +152,7 @@ def run_text_accuracy(args) -> dict:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     pm = zoo.load(args.model, dtype=dtype)
     depths = [float(d) for d in args.depths.split(",")] if args.depths else None
-    examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=args.stream, start=args.start, depths=depths)
+    examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=getattr(args, "stream", "eval"), start=args.start, depths=depths)
     limit = pm.config.max_position_embeddings
     too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
     if too_long:
@@ -170,7 +170,7 @@ def run_text_accuracy(args) -> dict:
         if loaded:
             results[name]["needle_loaded_per_period"] = np.mean(loaded, axis=0).tolist()
     return {"model": args.model, "task": args.task, "tokens": args.tokens, "examples": len(examples), "dtype": args.dtype,
-            "stream": args.stream, "seeds": [examples[0].seed, examples[-1].seed] if examples else [], "period_layers": args.period_layers,
+            "stream": getattr(args, "stream", "eval"), "seeds": [examples[0].seed, examples[-1].seed] if examples else [], "period_layers": args.period_layers,
             "group_layers": args.group_layers, "threads": args.threads, "seconds": seconds, "paths": results}
 
 
