@@ -31,7 +31,7 @@ from kvstore.server.convert import geometry_from_pb
 
 from .client import KVStoreClient, KVStoreRpcError, as_numpy_kv, to_torch
 from .model.decoder import Decoder
-from .selection import PeriodInputs, get_selector, select_chunks
+from .selection import PeriodInputs, get_selector, plan_periods, select_chunks
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -41,6 +41,11 @@ class ReprefillConfig:
     budget: float = 0.05  # fraction of the prefix's chunks, in (0, 1]
     period_layers: int = 8  # layers sharing one selection (a multiple of the stored group)
     selector: str = "summary"  # exact | summary | full | recent
+    head_aggregation: str = "sum"  # sum | max over query heads of each chunk's score (selection.heads)
+    # full_layers: the first layers (a multiple of period_layers) load every
+    # chunk; their KV is charged to the budget, the other layers share the
+    # rest (selection.schedule.plan_periods).
+    full_layers: int = 0
     sink_chunks: int = 1
     local_chunks: int = 1
     report_attention: bool = True
@@ -78,6 +83,7 @@ class ReprefillResult:
     selected: list[torch.Tensor]  # per period: chunk ids
     chunk_attention: list[torch.Tensor] = field(default_factory=list)  # per period: [selected] mass
     tokens_loaded: int = 0  # selected tokens, summed over periods
+    kv_fraction: float = 0.0  # of the prefix's KV loaded: token-layers loaded / (tokens x layers)
     bytes_read: int = 0  # from disk, padding included (speculation included)
     bytes_useful: int = 0  # extent bytes delivered
     bytes_gpu: int = 0  # delivered from the GPU tier
@@ -146,7 +152,9 @@ class ModelRunner:
             raise InvalidArgument(
                 "period_layers", f"must be a positive multiple of the stored group ({self.geometry.period_layers} layers)"
             )
-        get_selector(cfg.selector)
+        get_selector(cfg.selector, cfg.head_aggregation)
+        if isinstance(cfg.full_layers, bool) or not isinstance(cfg.full_layers, int):
+            raise InvalidArgument("full_layers", f"must be an int, got {cfg.full_layers!r}")
         if isinstance(cfg.lookahead, bool) or not isinstance(cfg.lookahead, (int, float)) or not 0 <= cfg.lookahead <= 1 / cfg.budget:
             raise InvalidArgument("lookahead", f"must be in [0, 1 / budget = {1 / cfg.budget:g}], got {cfg.lookahead!r}")
         suffix = _token_tensor(suffix_tokens, field_name="suffix_tokens")
@@ -156,6 +164,10 @@ class ModelRunner:
             if exc.code.name == "NOT_FOUND":
                 raise NotFound(f"prefix_id: {exc.message}") from None
             raise
+        plan_periods(  # refuses a full_layers the budget cannot pay for
+            self.model.num_layers, desc.num_chunks, cfg.budget, period_layers=cfg.period_layers,
+            full_layers=cfg.full_layers, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks,
+        )
         stored = geometry_from_pb(desc.geometry)
         if stored != self.geometry or desc.model_fingerprint != self.model.fingerprint:
             raise InvalidArgument(
@@ -186,7 +198,11 @@ class ModelRunner:
         n, m = desc.num_tokens, desc.num_chunks
         positions = torch.arange(n, n + suffix.numel())
         hidden = model.embed(suffix)  # [s, hidden]
-        selector = get_selector(cfg.selector)
+        selector = get_selector(cfg.selector, cfg.head_aggregation)
+        plan = plan_periods(
+            model.num_layers, m, cfg.budget, period_layers=cfg.period_layers,
+            full_layers=cfg.full_layers, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks,
+        )
         out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=n)
         if keep_kv:
             out.layer_kv = [None] * model.num_layers
@@ -202,8 +218,10 @@ class ModelRunner:
                 q = model.layer_queries(l0, hidden, positions)  # [Hq, s, d]
                 if choose is not None:
                     chunks = torch.as_tensor(choose(p, l0, q, m), dtype=torch.long)
+                elif plan.periods[p][2] == m:  # a layer loaded in full
+                    chunks = torch.arange(m)
                 else:
-                    chunks = self._select(selector, desc.prefix_id, q, l0, m, cfg, out)
+                    chunks = self._select(selector, desc.prefix_id, q, l0, m, replace(cfg, budget=plan.periods[p][2]), out)
                 out.selected.append(chunks)
                 out.select_s += time.perf_counter() - t0
                 stream.send(p, chunks.numpy())
@@ -218,6 +236,7 @@ class ModelRunner:
                 hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out)
                 chunk_tokens = stream.chunk_tokens(p).tolist()
                 out.tokens_loaded += sum(chunk_tokens)
+                out.kv_fraction += sum(chunk_tokens) * plan.periods[p][1] / (n * model.num_layers)
                 mass_inputs.append((q, first_keys, chunk_tokens))
             t0 = time.perf_counter()
             out.logits = model.final_logits(hidden)
@@ -237,7 +256,8 @@ class ModelRunner:
         return out
 
     def _select(self, selector, prefix_id, q, l0, m, cfg, out) -> torch.Tensor:
-        if selector.name == "full" or cfg.budget >= 1:
+        """``cfg.budget``: a fraction of the chunks, or an int chunk count (from the Period plan)."""
+        if selector.name == "full" or (isinstance(cfg.budget, float) and cfg.budget >= 1) or cfg.budget == m:
             return torch.arange(m)
         inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens)
         if selector.name == "exact":

@@ -16,6 +16,8 @@ from kvstore.errors import InvalidArgument
 from .base import PeriodInputs, Selector
 from .baselines import FullSelector, RecencySelector
 from .budget import budget_count, select_chunks
+from .heads import HEAD_AGGREGATIONS, aggregate_heads, check_aggregation, exact_head_chunk_scores, summary_head_chunk_scores
+from .schedule import PeriodPlan, plan_periods
 from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
 from .summary import SummarySelector, chunk_upper_bounds, summaries_for_layer, summary_chunk_scores
 from .tokens import (
@@ -34,15 +36,27 @@ SELECTORS: dict[str, type[Selector]] = {
 }
 
 
-def get_selector(name: str) -> Selector:
-    """A new selector by its config name: one of ``SELECTORS`` ("exact", "summary", "full", "recent")."""
+def get_selector(name: str, head_aggregation: str = "sum") -> Selector:
+    """A new selector by its config name: one of ``SELECTORS`` ("exact", "summary", "full", "recent").
+
+    ``head_aggregation`` ("sum" | "max", see ``heads``) applies to the scoring
+    selectors (exact, summary); the others rank without heads.
+    """
+    check_aggregation(head_aggregation)
     try:
-        return SELECTORS[name]()
+        cls = SELECTORS[name]
     except (KeyError, TypeError):
         raise InvalidArgument("selector", f"unknown selector {name!r}; known: {', '.join(sorted(SELECTORS))}") from None
+    return cls(head_aggregation) if cls in (ExactSelector, SummarySelector) else cls()
 
 
 __all__ = [
+    "HEAD_AGGREGATIONS",
+    "PeriodPlan",
+    "aggregate_heads",
+    "exact_head_chunk_scores",
+    "plan_periods",
+    "summary_head_chunk_scores",
     "SELECTORS",
     "ExactSelector",
     "FullSelector",

@@ -17,6 +17,7 @@ from kvstore.errors import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, check_queries, group_queries, num_chunks, row_blocks
 from .base import PeriodInputs, Selector
+from .heads import aggregate_heads, check_aggregation, exact_head_chunk_scores
 
 
 def token_attention_mass(
@@ -71,11 +72,21 @@ def exact_chunk_scores(
 
 
 class ExactSelector(Selector):
-    """Scores chunks by exact softmax mass over the stored probe keys."""
+    """Scores chunks by exact softmax mass over the stored probe keys.
+
+    ``head_aggregation``: "sum" over query heads (``exact_chunk_scores``) or
+    "max" of each head's normalised mass (``heads.aggregate_heads``).
+    """
 
     name = "exact"
+
+    def __init__(self, head_aggregation: str = "sum"):
+        self.head_aggregation = check_aggregation(head_aggregation)
 
     def score(self, inputs: PeriodInputs) -> torch.Tensor:
         if inputs.probe_keys is None:
             raise InvalidArgument("probe_keys", "the exact selector needs the period's probe keys")
-        return exact_chunk_scores(inputs.queries, inputs.probe_keys, inputs.chunk_tokens)
+        if self.head_aggregation == "sum":
+            return exact_chunk_scores(inputs.queries, inputs.probe_keys, inputs.chunk_tokens)
+        heads = exact_head_chunk_scores(inputs.queries, inputs.probe_keys, inputs.chunk_tokens)  # [Hq, m]
+        return aggregate_heads(heads, self.head_aggregation)

@@ -27,6 +27,7 @@ from kvstore.errors import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, check_queries, group_queries, row_blocks
 from .base import PeriodInputs, Selector
+from .heads import aggregate_heads, check_aggregation, summary_head_chunk_scores
 
 
 def summaries_for_layer(summaries: torch.Tensor | np.ndarray, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,11 +90,17 @@ def summary_chunk_scores(
 
 
 class SummarySelector(Selector):
-    """Scores chunks from the DRAM-resident key summaries (no probe keys needed)."""
+    """Scores chunks from the DRAM-resident key summaries (no probe keys needed); ``head_aggregation`` as in ``ExactSelector``."""
 
     name = "summary"
+
+    def __init__(self, head_aggregation: str = "sum"):
+        self.head_aggregation = check_aggregation(head_aggregation)
 
     def score(self, inputs: PeriodInputs) -> torch.Tensor:
         if inputs.key_min is None or inputs.key_max is None:
             raise InvalidArgument("key_min", "the summary selector needs key_min and key_max")
-        return summary_chunk_scores(inputs.queries, inputs.key_min, inputs.key_max)
+        if self.head_aggregation == "sum":
+            return summary_chunk_scores(inputs.queries, inputs.key_min, inputs.key_max)
+        heads = summary_head_chunk_scores(inputs.queries, inputs.key_min, inputs.key_max)  # [Hq, m]
+        return aggregate_heads(heads, self.head_aggregation)

@@ -251,12 +251,14 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help=f"toy checkpoint: {', '.join(TASKS)}; --model: a real-text task or file:PATH")
     p.add_argument(
         "--path", required=True,
-        help="full | drop-answer (toy) | drop-needle (--model) | SELECTOR@BUDGET (summary, exact, recent; budget in (0, 1]); "
+        help="full | drop-answer (toy) | drop-needle (--model) | SYSTEM@BUDGET (summary, exact, recent; --model also layerwise, layerwise-summary: engine_client.selection.systems; budget in (0, 1]); "
         "--model accepts several, comma-separated",
     )
     p.add_argument("--model", default=None, help="a pretrained model by name (smollm2-135m): real-text tasks, greedy decoding")
     p.add_argument("--depths", default="", help="--model: needle depths to cycle through, e.g. 0,0.25,0.5,0.75,1 (default: seeded)")
     p.add_argument("--start", type=int, default=0, help="--model: offset into the evaluation seeds (1_000_000 + start on)")
+    p.add_argument("--stream", choices=("eval", "tune"), default="eval",
+                   help="--model: seed stream; choose a design on 'tune' (seeds below 1000), report on 'eval'")
     p.add_argument("--max-new-tokens", type=int, default=0, help="--model: tokens to decode (default: the task's)")
     p.add_argument("--period-layers", type=int, default=8, help="--model: layers sharing one chunk selection")
     p.add_argument("--group-layers", type=int, default=4, help="--model: layers per stored group")

@@ -105,6 +105,7 @@ LAZY_COMMANDS = {
     "reprefill": ("tools.bench.reprefill", "add_reprefill_parser", "Re-Prefill TTFT vs full recompute and full load"),
     "accuracy": ("tools.bench.accuracy", "add_accuracy_parser", "answer accuracy on the held-out synthetic recall tasks"),
     "prefill": ("tools.bench.prefill", "add_prefill_parser", "dense prefill time per layer against transformers"),
+    "recall": ("tools.bench.recall", "add_recall_parser", "per-layer needle recall of each selection on a pretrained model"),
 }
 
 

@@ -31,6 +31,8 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
+from engine_client.selection.systems import SYSTEMS, system_fields
+
 from .accuracy import CHUNK_TOKENS, SELECTORS, _DaemonArgs, keep_rows_without, wilson_interval
 
 
@@ -43,8 +45,9 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
             out.append((item, "", 1.0))
             continue
         selector, sep, budget = item.partition("@")
-        if not sep or selector not in SELECTORS:
-            raise ValueError(f"path must be full, drop-needle or SELECTOR@BUDGET with SELECTOR in {', '.join(SELECTORS)}; got {item!r}")
+        if not sep or selector not in (*SELECTORS, *SYSTEMS):
+            known = ", ".join((*SELECTORS, *(n for n in SYSTEMS if n not in SELECTORS)))
+            raise ValueError(f"path must be full, drop-needle or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}")
         try:
             value = float(budget)
         except ValueError:
@@ -103,7 +106,10 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                 else:
                     from engine_client.runner import ReprefillConfig
 
-                    cfg = ReprefillConfig(budget=budget, selector=selector, period_layers=args.period_layers)
+                    if selector in SELECTORS:  # a plain selector at --period-layers
+                        cfg = ReprefillConfig(budget=budget, selector=selector, period_layers=args.period_layers)
+                    else:  # a named selection system (engine_client.selection.systems)
+                        cfg = ReprefillConfig(budget=budget, **system_fields(selector))
                     gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, _max_new(ex, args), tokenizer=tokenizer)
                     res = gen.reprefill
                     extra = {"needle_loaded": needle_loaded(ex.needle_chunks(CHUNK_TOKENS), res.selected),
@@ -146,7 +152,7 @@ def run_text_accuracy(args) -> dict:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     pm = zoo.load(args.model, dtype=dtype)
     depths = [float(d) for d in args.depths.split(",")] if args.depths else None
-    examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, start=args.start, depths=depths)
+    examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=getattr(args, "stream", "eval"), start=args.start, depths=depths)
     limit = pm.config.max_position_embeddings
     too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
     if too_long:
@@ -164,7 +170,7 @@ def run_text_accuracy(args) -> dict:
         if loaded:
             results[name]["needle_loaded_per_period"] = np.mean(loaded, axis=0).tolist()
     return {"model": args.model, "task": args.task, "tokens": args.tokens, "examples": len(examples), "dtype": args.dtype,
-            "seeds": [examples[0].seed, examples[-1].seed] if examples else [], "period_layers": args.period_layers,
+            "stream": getattr(args, "stream", "eval"), "seeds": [examples[0].seed, examples[-1].seed] if examples else [], "period_layers": args.period_layers,
             "group_layers": args.group_layers, "threads": args.threads, "seconds": seconds, "paths": results}
 
 

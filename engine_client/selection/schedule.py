@@ -1,0 +1,90 @@
+"""Which layers load everything, and how many chunks each other Period gets.
+
+A Re-Prefill budget ``B`` is a fraction of the prefix's KV: of ``m`` chunks
+and ``L`` layers, at most ``floor(B * m * L)`` chunk-layers are loaded, all
+layers counted (an ``int`` budget is a chunk count per layer: ``B * L``).
+``full_layers = F`` loads the first ``F`` layers whole (``F * m``
+chunk-layers, charged to the same total); every other layer loads
+
+    k = floor((floor(B * m * L) - F * m) / (L - F))
+
+chunks, its sink and local chunks included.  Only when ``k`` is below the
+sink and local chunks does a plan exceed ``B``: without full layers ``k`` is
+raised to them (as ``budget.budget_count`` does for tiny prefixes); with
+full layers the plan is refused, since the full layers are what overspend.
+
+``PeriodPlan.periods`` lists ``(first_layer, num_layers, chunk_count)``; a
+``chunk_count`` equal to ``m`` means "load all".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from kvstore.errors import InvalidArgument
+
+from .budget import _check_count, budget_count
+
+
+@dataclass(frozen=True)
+class PeriodPlan:
+    num_chunks: int
+    num_layers: int
+    periods: tuple[tuple[int, int, int], ...]  # (first layer, layers, chunks loaded per layer)
+
+    @property
+    def chunk_layers(self) -> int:
+        """Chunk-layers loaded in all (the KV loaded, in chunks x layers)."""
+        return sum(layers * count for _, layers, count in self.periods)
+
+    @property
+    def kv_fraction(self) -> float:
+        """Fraction of the prefix's KV loaded (all layers), padding of a short last chunk ignored."""
+        return self.chunk_layers / (self.num_chunks * self.num_layers)
+
+
+def plan_periods(
+    num_layers: int,
+    num_chunks: int,
+    budget: float | int,
+    *,
+    period_layers: int,
+    full_layers: int = 0,
+    sink_chunks: int = 1,
+    local_chunks: int = 1,
+) -> PeriodPlan:
+    """The Periods of a Re-Prefill and each one's chunk count (module docstring).
+
+    ``full_layers`` must be a multiple of ``period_layers`` (a Period is either
+    loaded whole or selected) and less than ``num_layers``.
+    """
+    num_layers = _check_count("num_layers", num_layers, 1)
+    period_layers = _check_count("period_layers", period_layers, 1)
+    full_layers = _check_count("full_layers", full_layers, 0)
+    if full_layers % period_layers or full_layers >= num_layers:
+        raise InvalidArgument(
+            "full_layers", f"must be a multiple of period_layers ({period_layers}) below {num_layers} layers, got {full_layers}"
+        )
+    m = _check_count("num_chunks", num_chunks, 1)
+    budget_count(m, budget, sink_chunks, local_chunks)  # validates the budget, sink and local
+    if isinstance(budget, float):
+        allowed = math.floor(round(budget * m * num_layers, 9))
+    else:
+        allowed = int(budget) * num_layers
+    sparse = num_layers - full_layers
+    k = min(m, (allowed - full_layers * m) // sparse)
+    forced = min(m, sink_chunks + local_chunks)
+    if k < forced:
+        if full_layers:
+            raise InvalidArgument(
+                "full_layers",
+                f"{full_layers} full layers of {m} chunks leave {max(k, 0)} chunks per other layer within the "
+                f"budget ({allowed} chunk-layers of {m} x {num_layers}), fewer than the {forced} sink and local chunks",
+            )
+        k = forced
+    periods = []
+    for first in range(0, num_layers, period_layers):
+        layers = min(period_layers, num_layers - first)
+        periods.append((first, layers, m if first < full_layers else k))
+    return PeriodPlan(m, num_layers, tuple(periods))

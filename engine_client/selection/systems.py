@@ -1,0 +1,39 @@
+"""Named selection systems: the ``ReprefillConfig`` selection fields each name stands for.
+
+``kvstore-bench accuracy --path SYSTEM@BUDGET`` and any caller that wants a
+named system use ``system_fields(name)`` and build
+``ReprefillConfig(budget=..., **fields)``.  The plain selector names keep
+their historical meaning (one selection per 8-layer Period from the Period's
+first layer, scores summed over query heads).
+
+``layerwise`` is the selection measured to keep the answer on SmolLM2-135M
+(README, "Selection that keeps the answer"): a new selection at every
+2-layer Period (the stored group), each from that Period's own queries and
+exact probe-key scores, a chunk ranked by the query head that wants it most
+(``head_aggregation="max"``).  ``layerwise-summary`` is the same schedule on
+the resident min/max summaries (no probe keys fetched).
+"""
+
+from __future__ import annotations
+
+from kvstore.errors import InvalidArgument
+
+SYSTEMS: dict[str, dict] = {
+    "summary": {"selector": "summary", "period_layers": 8},
+    "exact": {"selector": "exact", "period_layers": 8},
+    "recent": {"selector": "recent", "period_layers": 8},
+    "full": {"selector": "full", "period_layers": 8},
+    "layerwise": {"selector": "exact", "period_layers": 2, "head_aggregation": "max"},
+    "layerwise-summary": {"selector": "summary", "period_layers": 2, "head_aggregation": "max"},
+}
+
+# The stored group (SubPeriod) the layerwise systems need: their Period is one group.
+LAYERWISE_GROUP_LAYERS = 2
+
+
+def system_fields(name: str) -> dict:
+    """The ``ReprefillConfig`` selection fields of system ``name`` (a copy)."""
+    try:
+        return dict(SYSTEMS[name])
+    except KeyError:
+        raise InvalidArgument("system", f"unknown selection system {name!r}; known: {', '.join(sorted(SYSTEMS))}") from None

@@ -1,0 +1,41 @@
+"""Pure parts of ``kvstore-bench recall`` and the named selection systems."""
+
+import numpy as np
+import pytest
+import torch
+
+from engine_client.selection.systems import SYSTEMS, system_fields
+from kvstore.errors import InvalidArgument
+from tools.bench.recall import chunk_summaries, needle_recall, period_recall
+from tools.bench.text_accuracy import parse_paths
+
+
+def test_chunk_summaries_match_the_per_chunk_min_max_with_a_short_last_chunk():
+    keys = torch.arange(2 * 5 * 3, dtype=torch.float32).reshape(2, 5, 3)  # [Hkv, n=5, d]
+    kmin, kmax = chunk_summaries(keys, 2)
+    assert kmin.shape == (3, 2, 3)
+    torch.testing.assert_close(kmin[2], keys[:, 4])  # the last chunk holds one token
+    torch.testing.assert_close(kmax[0], keys[:, 1])
+
+
+def test_period_recall_credits_each_layer_with_its_period_s_first_layer():
+    per_layer = np.array([[0.0, 1.0, 0.5, 1.0, 1.0]])  # [examples, layers]
+    periods, loaded = period_recall(per_layer, 2)
+    assert periods.tolist() == [[0.0, 0.5, 1.0]]
+    assert loaded.tolist() == [[0.0, 0.0, 0.5, 0.5, 1.0]]
+    assert needle_recall(torch.tensor([0, 3, 7]), np.array([3, 4])) == 0.5
+
+
+def test_systems_are_valid_reprefill_fields_and_paths():
+    from engine_client.runner import ReprefillConfig
+
+    for name in SYSTEMS:
+        ReprefillConfig(budget=0.05, **system_fields(name))
+    assert system_fields("layerwise") == {"selector": "exact", "period_layers": 2, "head_aggregation": "max"}
+    with pytest.raises(InvalidArgument, match="system"):
+        system_fields("nope")
+    assert parse_paths("full,layerwise@0.05,summary@0.1") == [
+        ("full", "", 1.0), ("layerwise@0.05", "layerwise", 0.05), ("summary@0.1", "summary", 0.1)
+    ]
+    with pytest.raises(ValueError, match="SELECTOR@BUDGET.*layerwise"):
+        parse_paths("bogus@0.05")
