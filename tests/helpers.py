@@ -51,3 +51,16 @@ def _has_cuda() -> bool:
 
 
 HAS_CUDA = _has_cuda()
+
+
+def settled(client, timeout_s: float = 15.0):
+    """Stats once the daemon has let go of every lease and pin (released
+    leases travel on the shm connection, after the call that freed them)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = client.stats()
+        if (s.shm_leased_bytes == 0 and s.pinned_units == 0) or time.monotonic() > deadline:
+            return s
+        time.sleep(0.02)

@@ -13,14 +13,13 @@ The default run is bounded (derandomized, a few dozen examples per method);
 """
 
 import os
-import time
 
 import grpc
 import numpy as np
 import pytest
 from daemon import DaemonProcess
 from google.protobuf.descriptor import FieldDescriptor
-from helpers import GEOMETRIES, make_kv, make_tokens
+from helpers import GEOMETRIES, make_kv, make_tokens, settled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -351,12 +350,7 @@ def _run_fuzz(d, service, method, *, raw: bool, examples: int, derandomize: bool
 
 def _check_daemon_intact(d, guarded: dict, exposed: dict):
     with KVStoreClient(d.target) as client:
-        deadline = time.monotonic() + 15
-        while True:
-            s = client.stats()
-            if (s.shm_leased_bytes == 0 and s.pinned_units == 0) or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        s = settled(client)
         assert s.shm_leased_bytes == 0 and s.pinned_units == 0, "a fuzzed call leaked a lease or a pin"
         listed = {p.prefix_id for p in client.list_prefixes()}
         assert set(guarded) <= listed

@@ -16,7 +16,7 @@ import time
 import grpc
 import numpy as np
 import pytest
-from helpers import GEOMETRIES, data_root, make_kv, make_tokens
+from helpers import GEOMETRIES, data_root, make_kv, make_tokens, settled
 
 from engine_client.client import KVStoreClient
 from kvstore._proto import kvstore_pb2 as pb
@@ -64,16 +64,6 @@ def _attack(daemon, victim_leases, other_pid) -> dict:
     return json.loads(out.stdout)
 
 
-def _settled(client, timeout_s: float = 15.0):
-    """Stats once released leases have landed (they travel on the shm connection, after the call)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        s = client.stats()
-        if (s.shm_leased_bytes == 0 and s.pinned_units == 0) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.02)
-
-
 def test_another_client_cannot_release_a_streams_or_a_sessions_leases(daemon_factory):
     # no CPU tier: every extent a stream or a read hands out lives in a leased buffer
     d = daemon_factory("--prefetch-reserve-fraction", "1.0")
@@ -102,7 +92,7 @@ def test_another_client_cannot_release_a_streams_or_a_sessions_leases(daemon_fac
         assert a.stub.Release(pb.ReleaseRequest(shm_session=a.session_id, lease_ids=held), timeout=10).released == len(held)
         st.close()
     with KVStoreClient(d.target) as check:
-        s = _settled(check)
+        s = settled(check)
         assert s.shm_leased_bytes == 0 and s.pinned_units == 0
 
 

@@ -9,23 +9,13 @@ import time
 import grpc
 import numpy as np
 import pytest
-from helpers import GEOMETRIES, data_root, make_kv, make_tokens
+from helpers import GEOMETRIES, data_root, make_kv, make_tokens, settled
 
 from engine_client.client import KVStoreClient, KVStoreRpcError
 from kvstore._proto import kvstore_pb2 as pb
 
 GEO3 = GEOMETRIES[0]  # 5 layers in groups of 2: 3 groups, bf16, head dim 1
 GEO24 = GEOMETRIES[3]  # 24 layers in groups of 8: 3 groups, bf16
-
-
-def settled(client, timeout_s: float = 15.0):
-    """Stats once the daemon has let go of every stream's leases and pins."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        s = client.stats()
-        if (s.shm_leased_bytes == 0 and s.pinned_units == 0) or time.monotonic() > deadline:
-            return s
-        time.sleep(0.02)
 
 
 def one_shot(client, pid, chunks, group, geo):
