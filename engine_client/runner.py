@@ -194,7 +194,7 @@ class ModelRunner:
         """
         desc, suffix = self.check_request(prefix_id, suffix_tokens, cfg)
         t_start = time.perf_counter()
-        model, geo = self.model, self.geometry
+        model = self.model
         n, m = desc.num_tokens, desc.num_chunks
         positions = torch.arange(n, n + suffix.numel())
         hidden = model.embed(suffix)  # [s, hidden]

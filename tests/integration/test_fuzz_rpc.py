@@ -25,7 +25,6 @@ from hypothesis import strategies as st
 
 from engine_client.client import KVStoreClient
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.server.convert import geometry_to_pb
 
 GEO = GEOMETRIES[0]  # 5 layers, 1 head, head dim 1: small extents, 3 groups
