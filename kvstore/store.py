@@ -17,7 +17,15 @@ segment or manifest file only when the index opened cleanly with this
 store's identity and does not reference it; a missing, truncated, foreign or
 undecodable index is ``IndexDamaged`` and nothing is touched.
 ``kvstore-admin rebuild-index`` (``rebuild.py``) restores every prefix with a
-manifest file whose pieces all verify.
+manifest file whose pieces all verify, finding chunks by hash wherever a
+compaction moved them.
+
+Why one file of ~1000 lines: ``ChunkStore`` and ``PendingPut`` share the
+write-order invariants above (reservation, trailer, manifest file, commit,
+quarantine) and reach into each other's state; capacity, compaction, holds
+and rebuild already live apart.  Its remaining seams (the LMDB schema into
+``index.py``, listings and verify apart from the data path) are the next
+split.
 """
 
 from __future__ import annotations
