@@ -29,7 +29,7 @@ from dataclasses import asdict
 
 from kvstore import cli_flags
 from kvstore.cli import format_table, human_bytes
-from kvstore.config import StoreConfig
+from kvstore.config import StoreConfig, parse_bytes
 from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.errors import InvalidArgument, KVStoreError, NotFound
 from kvstore.rebuild import rebuild_index
@@ -260,13 +260,13 @@ def cmd_compact(admin, args) -> tuple[object, str, int]:
 
 
 def _non_negative_bytes(text: str) -> int:
+    """A byte size with the configuration's units (``4096``, ``512MiB``, ``1GB``)."""
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"must not be negative, got {text.strip()}")
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number of bytes, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must not be negative, got {value}")
-    return value
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _verify_row(r: dict) -> list:
@@ -361,7 +361,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="daemon stopped: move the index aside and rebuild it from the segments (exit 1 if a prefix is skipped)",
     )
     p = sub.add_parser("evict", parents=[common], help="evict the lowest-score prefixes not in use down to a size")
-    p.add_argument("--to-bytes", type=_non_negative_bytes, required=True, help="segment bytes to keep at most")
+    p.add_argument("--to-bytes", type=_non_negative_bytes, required=True, help="segment bytes to keep at most (units: 512MiB, 1GiB, 1GB)")
     sub.add_parser("compact", parents=[common], help="copy the live chunks of mostly-dead segments into new ones")
     return parser
 

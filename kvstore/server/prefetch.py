@@ -22,6 +22,12 @@ to the tiers (the cache policy decides); what the policy keeps out is served
 from the stream's own buffers.  Everything a stream hands out (tier pins,
 buffers) stays valid until the stream ends, then goes back; buffers a read
 is still filling go back when the read finishes, never earlier.
+
+Why one file of ~700 lines: ``PrefetchStream`` still plans (hits, cancels,
+reuse of speculative reads, pushes) while it executes them, so the plan and
+its lease and message handling cannot be separated without the split into a
+pure read planner and one executor shared with ``ReadChunks``; that split is
+the next change to this module, not a reshuffle of the same class.
 """
 
 from __future__ import annotations

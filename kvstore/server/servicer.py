@@ -1,4 +1,10 @@
-"""Thin gRPC servicers: validate, translate, call the store, translate back."""
+"""Thin gRPC servicers: validate, translate, call the store, translate back.
+
+Why ~500 lines in one file: each handler is short, but ``ReadChunks`` still
+carries its own group reader (``_GroupReader``), which goes when reads share
+the Prefetch stream's executor; the handlers themselves stay together so the
+service's surface reads in one place.
+"""
 
 from __future__ import annotations
 

@@ -59,6 +59,15 @@ WRITER = textwrap.dedent(
 )
 
 
+def kill_and_drain(proc, take) -> None:
+    """SIGKILL the writer, then read what it said before it died (still in the pipe)."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    for line in proc.stdout:
+        take(line)
+    proc.stdout.close()
+
+
 def kill_writer_mid_puts(data: str):
     """Run the writer, SIGKILL it after 25 acknowledged puts; (begun, acked)."""
     script = WRITER.format(root=data_root(), tests=os.path.join(data_root(), "tests", "integration"), data=data)
@@ -79,11 +88,7 @@ def kill_writer_mid_puts(data: str):
         take(line)
         if len(acked) >= 25 or time.monotonic() > deadline:
             break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    for line in proc.stdout:  # what the writer said before it died is still in the pipe
-        take(line)
-    proc.stdout.close()
+    kill_and_drain(proc, take)
     assert not finished, "the writer finished before it could be killed"
     assert len(acked) >= 25
     return begun, acked
@@ -223,11 +228,7 @@ def run_and_kill(data: str, seed: int) -> tuple[set[int], set[int]]:
         if take(line) == "BEGIN" and max(said["BEGIN"]) == kill_at:
             time.sleep(delay_s)  # a random point inside (or just after) the step
             break
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    for line in proc.stdout:  # what the writer said before it died is still in the pipe
-        take(line)
-    proc.stdout.close()
+    kill_and_drain(proc, take)
     return said["BEGIN"], said["ACK"], evicted
 
 

@@ -60,13 +60,18 @@ def parse_path(text: str) -> EvalPath:
     selector, sep, budget = text.partition("@")
     if not sep or selector not in SELECTORS:
         raise ValueError(f"path must be full, drop-answer or SELECTOR@BUDGET with SELECTOR in {', '.join(SELECTORS)}; got {text!r}")
+    return EvalPath("reprefill", selector, budget_fraction(budget, text))
+
+
+def budget_fraction(budget: str, path: str) -> float:
+    """The BUDGET of a SELECTOR@BUDGET path: a fraction in (0, 1]."""
     try:
         value = float(budget)
     except ValueError:
-        raise ValueError(f"budget of {text!r} is not a number") from None
+        raise ValueError(f"budget of {path!r} is not a number") from None
     if not 0 < value <= 1:
-        raise ValueError(f"budget of {text!r} must be a fraction in (0, 1]")
-    return EvalPath("reprefill", selector, value)
+        raise ValueError(f"budget of {path!r} must be a fraction in (0, 1]")
+    return value
 
 
 def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:

@@ -33,7 +33,7 @@ import torch
 
 from engine_client.selection.systems import SYSTEMS, system_fields
 
-from .accuracy import CHUNK_TOKENS, SELECTORS, _DaemonArgs, keep_rows_without, wilson_interval
+from .accuracy import CHUNK_TOKENS, SELECTORS, _DaemonArgs, budget_fraction, keep_rows_without, wilson_interval
 
 
 def parse_paths(text: str) -> list[tuple[str, str, float]]:
@@ -48,12 +48,7 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
         if not sep or selector not in (*SELECTORS, *SYSTEMS):
             known = ", ".join((*SELECTORS, *(n for n in SYSTEMS if n not in SELECTORS)))
             raise ValueError(f"path must be full, drop-needle or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}")
-        try:
-            value = float(budget)
-        except ValueError:
-            raise ValueError(f"budget of {item!r} is not a number") from None
-        if not 0 < value <= 1:
-            raise ValueError(f"budget of {item!r} must be a fraction in (0, 1]")
+        value = budget_fraction(budget, item)
         out.append((f"{selector}@{value:g}", selector, value))
     if len({name for name, _, _ in out}) != len(out):
         raise ValueError(f"path {text!r} names a path twice")
