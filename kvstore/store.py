@@ -393,6 +393,7 @@ class ChunkStore:
             pending.abort()
             raise
         pending._open_segment(self._new_segment_id(), SegmentImage(layout, first_chunk=k))
+        crash_point("put:opened")
         return pending
 
     def _new_segment_id(self) -> int:
@@ -805,6 +806,8 @@ class PendingPut:
         self.image: SegmentImage | None = None
         self._fh = None
         self._done = False
+        self._committing = False  # commit owns the outcome: abort from another thread waits it out
+        self._state_lock = threading.Lock()
         self._hold = None  # PrefixHold: this prefix and the one it reuses chunks of
         self._reserved = 0  # bytes of max_disk_bytes reserved for the new segment
 
@@ -861,11 +864,13 @@ class PendingPut:
 
     def commit(self) -> PutResult:
         """Write, sync, index, and only then acknowledge."""
-        if self._done:
-            raise InvalidArgument("put", "this put was already committed or aborted")
+        with self._state_lock:
+            if self._done or self._committing:
+                raise InvalidArgument("put", "this put was already committed or aborted")
+            self._committing = True
         store = self.store
-        store._check_writable()
         try:
+            store._check_writable()
             if self.image is not None and self.image.missing:
                 g, j = self.image.first_missing()
                 raise InvalidArgument("extents", f"{self.image.missing} extents missing, first: group {g} chunk {j}")
@@ -873,7 +878,7 @@ class PendingPut:
             with store.manifest_files.locked(self.prefix_id):
                 stored, written = (False, 0) if store._is_stored(self.prefix_id) else self._write_and_commit(record)
         except BaseException:
-            self.abort()
+            self._abort()
             raise
         self._close_file()
         self._done = True
@@ -936,6 +941,7 @@ class PendingPut:
             raise
         if record is not None:
             self._sync_segment()
+        crash_point("put:synced")
         return written
 
     def write_segment_synced(self, record: dict, manifest: dict) -> int:
@@ -986,7 +992,18 @@ class PendingPut:
             self._hold.release()
 
     def abort(self) -> None:
-        """Drop an uncommitted put; its file (if any) is removed."""
+        """Drop an uncommitted put; its file (if any) is removed.
+
+        A no-op after a commit, and while one runs: the commit either indexes
+        the prefix or aborts the put itself, so a client cut off mid-commit
+        never unlinks a segment the index is about to name.
+        """
+        with self._state_lock:
+            if self._done or self._committing:
+                return
+        self._abort()
+
+    def _abort(self) -> None:
         if self._done:
             return
         self._done = True

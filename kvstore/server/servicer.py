@@ -132,6 +132,20 @@ class Service:
     async def run(self, fn, *args, **kwargs):
         return await asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
 
+    async def run_owned(self, fn, *args, on_abandon, **kwargs):
+        """``run`` for a call whose result holds something (a segment file, a reservation).
+
+        A cancelled caller (the client went away) does not stop the thread;
+        what the thread returns afterwards goes to ``on_abandon`` instead of
+        being dropped on the floor.
+        """
+        fut = asyncio.get_running_loop().run_in_executor(self.pool, functools.partial(fn, *args, **kwargs))
+        try:
+            return await asyncio.shield(fut)
+        except asyncio.CancelledError:
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception() is not None or on_abandon(f.result()))
+            raise
+
     async def deliver(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.delivery_pool, functools.partial(fn, *args))
 
@@ -151,13 +165,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             raise InvalidArgument("header", "the first message of PutPrefix must be a PutHeader")
         h = first.header
         check_namespace(context, h.namespace)
-        pending = await svc.run(
+        pending = await svc.run_owned(
             svc.store.begin_put,
             tokens_from_pb(h.tokens),
             geometry_from_pb(h.geometry, "header.geometry"),
             namespace=h.namespace,
             model_fingerprint=h.model_fingerprint,
             reuse_chunks=h.reuse_chunks,
+            on_abandon=lambda p: p.abort(),
         )
         try:
             received = 0
@@ -169,9 +184,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 if received > svc.config.max_put_bytes:
                     raise InvalidArgument("extent.data", f"stream exceeds max_put_bytes ({svc.config.max_put_bytes})")
                 pending.put_extent_part(e.group, e.chunk, e.offset, e.data)
-            res = await svc.run(pending.commit)
-        finally:
-            pending.abort()  # no-op after a commit; drops the segment of a cut stream
+        except BaseException:
+            pending.abort()  # drops the segment and the reservation of a cut stream
+            raise
+        # A commit runs to its end even if the client goes away meanwhile: it
+        # either indexes the prefix or aborts the put itself.
+        res = await asyncio.shield(svc.run(pending.commit))
         return pb.PutPrefixResponse(
             prefix_id=res.prefix_id,
             num_tokens=res.num_tokens,

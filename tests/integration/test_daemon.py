@@ -180,6 +180,63 @@ def test_stream_cut_mid_put_leaves_nothing_listed(daemon):
         assert client.put_prefix(tokens, kv, GEO).num_chunks == 10  # the store is fine
 
 
+def _wait_until(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return cond()
+
+
+def test_put_cut_while_its_segment_opens_leaves_nothing(daemon_factory):
+    """The client goes away while the daemon is still opening the put's segment:
+    the opened put is aborted when it comes back, not dropped with its file and reservation."""
+    daemon = daemon_factory("--max-disk-bytes", str(64 << 20), env={"KVSTORE_PAUSE_AT": "put:opened:2"})
+    kv, tokens = make_kv(GEO, 160, 2), make_tokens(160, 2)
+    header = pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=tokens.tolist())
+    segments = os.path.join(daemon.data_dir, "segments")
+
+    def frames():
+        yield pb.PutPrefixRequest(header=header)
+        time.sleep(30)
+
+    with KVStoreClient(daemon.target, shm=False) as client:
+        call = client.stub.PutPrefix.future(frames(), timeout=60)
+        assert _wait_until(lambda: os.listdir(segments))  # begin_put opened the file and is held at put:opened
+        call.cancel()
+        assert _wait_until(lambda: not os.listdir(segments)), os.listdir(segments)
+        assert _wait_until(lambda: client.stats().disk_reserved_bytes == 0)
+        assert client.list_prefixes() == []
+        assert client.put_prefix(tokens, kv, GEO).num_chunks == 10
+
+
+def test_put_cut_during_its_commit_is_whole_or_absent(daemon_factory):
+    """The client goes away while the commit syncs: the commit runs to its end, and
+    the prefix is either listed and reads back exactly or not listed with no file left."""
+    daemon = daemon_factory(env={"KVSTORE_PAUSE_AT": "put:synced:2"})
+    kv, tokens = make_kv(GEO, 160, 3), make_tokens(160, 3)
+    header = pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=tokens.tolist())
+    manifests = os.path.join(daemon.data_dir, "manifests")
+
+    def frames():
+        yield pb.PutPrefixRequest(header=header)
+        for j in range(10):
+            yield _frame(0, j, 0, np.ascontiguousarray(kv[:, :, :, j * 16 : (j + 1) * 16]).tobytes())
+
+    with KVStoreClient(daemon.target, shm=False) as client:
+        call = client.stub.PutPrefix.future(frames(), timeout=60)
+        assert _wait_until(lambda: any(not f.endswith(".tmp") for f in os.listdir(manifests)))  # written, synced, held before the index commit
+        call.cancel()
+        time.sleep(3)  # the pause ends and the commit finishes
+        listed = client.list_prefixes()
+        if listed:
+            pid = listed[0].prefix_id
+            assert all(r.ok for r in client.verify(pid))
+            with client.read_chunks(pid, range(10)) as got:
+                np.testing.assert_array_equal(got.to_kv(), expected(kv, GEO, range(10), 160))
+        else:
+            assert os.listdir(os.path.join(daemon.data_dir, "segments")) == []
+
+
 def test_flipped_byte_is_data_loss_in_read_and_admin_verify(daemon):
     kv, tokens = make_kv(GEO, 64, 1), make_tokens(64, 1)
     with KVStoreClient(daemon.target) as client:
