@@ -156,9 +156,13 @@ def test_exported_gguf_runs_like_the_hf_checkpoint(tied, tmp_path):
     hf_dir, path = tied
     out = export_gguf(path, tmp_path / "export")
     tokens = torch.tensor([5, 17, 300, 2, 9, 41, 77, 8, 8, 120, 3])
-    ours = load_checkpoint(out).forward_full(tokens)
-    ref = load_checkpoint(hf_dir).forward_full(tokens)
-    assert torch.equal(ours, ref)
+    ours, ref = load_checkpoint(out), load_checkpoint(hf_dir)
+    # a float32 export carries the weights bit for bit ...
+    assert torch.equal(ours.weights.embed, ref.weights.embed) and torch.equal(ours.weights.lm_head, ref.weights.lm_head)
+    for a, b in zip(ours.weights.layers, ref.weights.layers):
+        assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "input_norm"))
+    # ... and runs the same; not asserted bit for bit: a BLAS kernel may pick another path for another buffer alignment
+    torch.testing.assert_close(ours.forward_full(tokens), ref.forward_full(tokens), rtol=1e-5, atol=1e-5)
     bf16 = load_checkpoint(export_gguf(path, tmp_path / "bf16", "bfloat16"), dtype=torch.bfloat16)
     assert bf16.weights.embed.dtype == torch.bfloat16
 
