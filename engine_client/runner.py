@@ -42,6 +42,7 @@ class ReprefillConfig:
     period_layers: int = 8  # layers sharing one selection (a multiple of the stored group)
     selector: str = "summary"  # exact | summary | full | recent
     head_aggregation: str = "sum"  # sum | max over query heads of each chunk's score (selection.heads)
+    follow: int = 0  # each selected chunk brings this many chunks after it (selection.budget.select_chunks)
     # full_layers: the first layers (a multiple of period_layers) load every
     # chunk; their KV is charged to the budget, the other layers share the
     # rest (selection.schedule.plan_periods).
@@ -153,6 +154,8 @@ class ModelRunner:
                 "period_layers", f"must be a positive multiple of the stored group ({self.geometry.period_layers} layers)"
             )
         get_selector(cfg.selector, cfg.head_aggregation)
+        if isinstance(cfg.follow, bool) or not isinstance(cfg.follow, int) or cfg.follow < 0:
+            raise InvalidArgument("follow", f"must be an int >= 0, got {cfg.follow!r}")
         if isinstance(cfg.full_layers, bool) or not isinstance(cfg.full_layers, int):
             raise InvalidArgument("full_layers", f"must be an int, got {cfg.full_layers!r}")
         if isinstance(cfg.lookahead, bool) or not isinstance(cfg.lookahead, (int, float)) or not 0 <= cfg.lookahead <= 1 / cfg.budget:
@@ -269,7 +272,9 @@ class ModelRunner:
             inputs = PeriodInputs.from_store_summaries(q, summ, l0 // cfg.period_layers, chunk_tokens=self.geometry.chunk_tokens)
         elif selector.name == "recent":
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, key_min=torch.zeros(m, 1, 1), key_max=torch.zeros(m, 1, 1))
-        return select_chunks(selector.score(inputs), cfg.budget, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks)
+        return select_chunks(
+            selector.score(inputs), cfg.budget, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks, follow=cfg.follow
+        )
 
     def summaries(self, prefix_id: str, period_layers: int, out: ReprefillResult | None = None) -> torch.Tensor:
         """Key summaries of each Period's first layer, ``[chunks, periods, kv_heads, 2, head_dim]``.

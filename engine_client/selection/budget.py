@@ -49,18 +49,24 @@ def budget_count(num_chunks: int, budget: float | int, sink_chunks: int = 1, loc
 
 
 def select_chunks(
-    scores: torch.Tensor, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1
+    scores: torch.Tensor, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1, follow: int = 0
 ) -> torch.Tensor:
     """Chunk ids to load, ascending ``LongTensor`` of exactly ``budget_count`` ids.
 
     ``scores``: ``[m]``, higher is more important.  Sink and local chunks are
     kept whatever their score; the rest of the budget goes to the
     top-scoring remaining chunks, ties to the lower index.
+
+    ``follow = f > 0``: each chunk taken brings the ``f`` chunks after it, in
+    score order, until the budget is spent.  A question's queries find the
+    text that names what it asks for ("the number for Lagos is"); the answer
+    is the tokens after it, often across a chunk boundary, and scores less.
     """
     if scores.dim() != 1:
         raise InvalidArgument("scores", f"expected [chunks], got shape {tuple(scores.shape)}")
     if torch.isnan(scores).any():
         raise InvalidArgument("scores", "contains NaN")
+    follow = _check_count("follow", follow, 0)
     m = scores.shape[0]
     count = budget_count(m, budget, sink_chunks, local_chunks)
     forced = torch.zeros(m, dtype=torch.bool, device=scores.device)  # [m]
@@ -69,6 +75,25 @@ def select_chunks(
     candidates = torch.nonzero(~forced).squeeze(1)  # [m - num forced]
     num_rest = count - int(forced.sum())
     # A stable descending sort keeps equal scores in index order: ties -> lower index.
-    order = torch.sort(scores[candidates], descending=True, stable=True).indices[:num_rest]
-    chosen = torch.cat([torch.nonzero(forced).squeeze(1), candidates[order]])
+    order = candidates[torch.sort(scores[candidates], descending=True, stable=True).indices]
+    if follow == 0:
+        taken = order[:num_rest]
+    else:
+        taken = _with_followers(order.tolist(), forced.tolist(), num_rest, follow)
+    chosen = torch.cat([torch.nonzero(forced).squeeze(1), taken.to(forced.device)])
     return torch.sort(chosen).values
+
+
+def _with_followers(order: list[int], forced: list[bool], num_rest: int, follow: int) -> torch.Tensor:
+    """The first ``num_rest`` chunks of ``order``, each followed by up to ``follow`` non-forced successors."""
+    m = len(forced)
+    taken: list[int] = []
+    seen = set()
+    for c in order:
+        for j in range(c, min(m, c + follow + 1)):
+            if len(taken) == num_rest:
+                return torch.tensor(taken, dtype=torch.long)
+            if not forced[j] and j not in seen:
+                seen.add(j)
+                taken.append(j)
+    return torch.tensor(taken, dtype=torch.long)

@@ -8,10 +8,12 @@ from hypothesis import strategies as st
 from engine_client.selection import (
     PeriodInputs,
     aggregate_heads,
+    budget_count,
     exact_chunk_scores,
     exact_head_chunk_scores,
     get_selector,
     plan_periods,
+    select_chunks,
     summary_chunk_scores,
     summary_head_chunk_scores,
 )
@@ -114,3 +116,30 @@ def test_plan_never_exceeds_the_plain_budget(num_layers, m, budget, period, full
     assert sum(layers for _, layers, _ in plan.periods) == num_layers
     for first, _, count in plan.periods:
         assert count == m if first < full else 1 <= count <= m
+
+
+def test_follow_takes_each_top_chunk_with_the_chunk_after_it():
+    scores = torch.tensor([0.0, 5, 1, 9, 2, 0, 3, 0, 0, 0])
+    assert select_chunks(scores, 6).tolist() == [0, 1, 3, 4, 6, 9]  # plain: the four best
+    assert select_chunks(scores, 6, follow=1).tolist() == [0, 1, 2, 3, 4, 9]  # 3 then 4, 1 then 2
+    assert select_chunks(scores, 3, follow=1).tolist() == [0, 3, 9]  # the budget ends between a chunk and its follower
+    assert select_chunks(scores, 5, follow=2).tolist() == [0, 3, 4, 5, 9]
+
+
+def test_follow_never_counts_a_forced_or_repeated_chunk():
+    scores = torch.tensor([0.0, 0, 0, 0, 0, 0, 7, 8, 1, 0])  # 8's follower is the local chunk
+    assert select_chunks(scores, 5, follow=1).tolist() == [0, 6, 7, 8, 9]
+    with pytest.raises(InvalidArgument, match="follow"):
+        select_chunks(scores, 5, follow=-1)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 10, allow_nan=False), min_size=1, max_size=60), st.integers(0, 3), st.floats(0.01, 1.0))
+def test_follow_spends_exactly_the_budget(values, follow, budget):
+    scores = torch.tensor(values)
+    m = len(values)
+    got = select_chunks(scores, budget, follow=follow)
+    assert got.numel() == len(set(got.tolist())) == budget_count(m, budget)
+    assert 0 in got.tolist() and m - 1 in got.tolist()
+    if follow == 0:
+        assert torch.equal(got, select_chunks(scores, budget))
