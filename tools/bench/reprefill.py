@@ -106,7 +106,7 @@ def run_reprefill_bench(args) -> dict:
     try:
         with KVStoreClient(target) as client:
             runner = ModelRunner(model, client, group_layers=args.group_layers)
-            handle = runner.store_prefix(prefix)
+            handle = runner.store_prefix(prefix, progress=progress)
             report = {"prefix": vars(handle).copy(), "systems": {}}
             prefix_id = handle.prefix_id
 
@@ -138,7 +138,7 @@ def run_reprefill_bench(args) -> dict:
             if args.recompute_runs:
                 samples = []
                 for i, suffix in enumerate(suffixes[: args.recompute_runs]):
-                    logits, seconds = runner.full_recompute(prefix, suffix)
+                    logits, seconds = runner.full_recompute(prefix, suffix, progress=progress)
                     s = Sample(ttft_s=seconds, compute_s=seconds)
                     s.top1, s.kl = compare_logits(references[i], logits)
                     samples.append(s)
