@@ -130,15 +130,19 @@ class ModelRunner:
         self._summaries: dict[tuple[str, int], torch.Tensor] = {}
 
     # ------------------------------------------------------------ prefill
-    def store_prefix(self, tokens) -> PrefixHandle:
-        """Prefill ``tokens`` and store their KV, unless the daemon has them already."""
+    def store_prefix(self, tokens, *, progress=None) -> PrefixHandle:
+        """Prefill ``tokens`` and store their KV, unless the daemon has them already.
+
+        ``progress(iterable, desc, total=, unit=)`` wraps the prefill's
+        block x layer steps (a bar, see kvstore.progress); None: no bar.
+        """
         toks = _token_tensor(tokens)
         m = self.geometry.num_chunks(toks.numel())
         hit = self.client.lookup(toks.numpy(), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
         if hit.matched_chunks == m:
             return PrefixHandle(hit.prefix_id, toks.numel(), m, cache_hit=True)
         t0 = time.perf_counter()
-        _, kv = chunked_prefill(self.model, toks)  # [layers, 2, kv_heads, n, head_dim]
+        _, kv = chunked_prefill(self.model, toks, progress=progress)  # [layers, 2, kv_heads, n, head_dim]
         res = self.client.put_prefix(
             toks.numpy(), as_numpy_kv(kv), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint
         )
@@ -370,28 +374,29 @@ class ModelRunner:
         return GenerationResult(tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows)
 
     # ------------------------------------------------------------ baselines
-    def full_recompute(self, prefix_tokens, suffix_tokens) -> tuple[torch.Tensor, float]:
-        """Logits of the first token by running prefix + suffix from scratch (no store)."""
+    def full_recompute(self, prefix_tokens, suffix_tokens, *, progress=None) -> tuple[torch.Tensor, float]:
+        """Logits of the first token by running prefix + suffix from scratch (no store); ``progress``: see store_prefix."""
         toks = torch.cat([_token_tensor(prefix_tokens), _token_tensor(suffix_tokens, field_name="suffix_tokens")])
         t0 = time.perf_counter()
-        logits, _ = chunked_prefill(self.model, toks)
+        logits, _ = chunked_prefill(self.model, toks, progress=progress)
         return logits, time.perf_counter() - t0
 
 
-def chunked_prefill(model: Decoder, tokens: torch.Tensor, block_tokens: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+def chunked_prefill(model: Decoder, tokens: torch.Tensor, block_tokens: int = 1024, *, progress=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Prefill in blocks of ``block_tokens``, each attending to the KV before it.
 
     The same result as a dense prefill, with attention memory bounded by
     ``heads x block x n`` instead of ``heads x n x n`` (16k tokens would need
     gigabytes).  Returns ``(last logits [vocab], kv [L, 2, Hkv, n, d])``.
+    ``progress``: see ``prefill_with_attention``.
     """
-    logits, kv, _ = prefill_with_attention(model, tokens, (), block_tokens)
+    logits, kv, _ = prefill_with_attention(model, tokens, (), block_tokens, progress=progress)
     return logits, kv
 
 
 @torch.inference_mode()
 def prefill_with_attention(
-    model: Decoder, tokens: torch.Tensor, layers, block_tokens: int = 1024
+    model: Decoder, tokens: torch.Tensor, layers, block_tokens: int = 1024, *, progress=None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``chunked_prefill`` that also accumulates H2O's attention scores at ``layers``.
 
@@ -399,6 +404,10 @@ def prefill_with_attention(
     ``mass[i, t]`` is the causal softmax mass every prefix query pays to
     token ``t`` at layer ``layers[i]``, summed over query heads (each row
     sums to ``Hq * n``), accumulated block by block as the prefill runs.
+
+    ``progress(iterable, desc, total=, unit=)`` wraps the (block, layer)
+    steps - a long prefix takes minutes on a CPU, one step a few seconds -
+    e.g. ``kvstore.progress.progress``, a bar on a terminal; None: no bar.
     """
     from .selection.tokens import window_attention_mass
 
@@ -407,17 +416,20 @@ def prefill_with_attention(
     watch = {layer: i for i, layer in enumerate(layers)}
     kv = torch.empty(c.num_hidden_layers, 2, c.num_key_value_heads, n, c.head_dim, dtype=model.dtype)
     mass = torch.zeros(len(watch), n, dtype=torch.float32)  # [len(layers), n]
-    hidden = None
-    for start in range(0, n, block_tokens):
+    steps = [(start, layer) for start in range(0, n, block_tokens) for layer in range(c.num_hidden_layers)]
+    if progress is not None:
+        steps = progress(steps, f"prefill {n} tokens", total=len(steps), unit="layer")
+    hidden = positions = None
+    for start, layer in steps:
         end = min(start + block_tokens, n)
-        positions = torch.arange(start, end)
-        hidden = model.embed(tokens[start:end])
-        for layer in range(c.num_hidden_layers):
-            q = model.layer_queries(layer, hidden, positions) if layer in watch else None  # [Hq, block, d]
-            prefix = kv[layer, :, :, :start] if start else None
-            hidden, kv[layer, :, :, start:end] = model.layer_forward(layer, hidden, positions, prefix)
-            if q is not None:
-                mass[watch[layer], :end] += window_attention_mass(q, kv[layer, 0, :, :end], start).cpu()
+        if layer == 0:  # a new block
+            positions = torch.arange(start, end)
+            hidden = model.embed(tokens[start:end])
+        q = model.layer_queries(layer, hidden, positions) if layer in watch else None  # [Hq, block, d]
+        prefix = kv[layer, :, :, :start] if start else None
+        hidden, kv[layer, :, :, start:end] = model.layer_forward(layer, hidden, positions, prefix)
+        if q is not None:
+            mass[watch[layer], :end] += window_attention_mass(q, kv[layer, 0, :, :end], start).cpu()
     return model.final_logits(hidden), kv, mass
 
 

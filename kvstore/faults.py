@@ -17,6 +17,11 @@ _CRASH_AT = os.environ.get("KVSTORE_CRASH_AT", "")
 _PAUSE_AT, _, _PAUSE_S = os.environ.get("KVSTORE_PAUSE_AT", "").rpartition(":")
 
 
+def armed(step: str) -> bool:
+    """Whether ``step`` would crash or pause: lets a hot path skip ``crash_point`` when it would not."""
+    return step in (_CRASH_AT, _PAUSE_AT)
+
+
 def crash_point(step: str) -> None:
     if step == _CRASH_AT:
         os.kill(os.getpid(), signal.SIGKILL)

@@ -2,8 +2,10 @@
 
 ``progress(iterable, desc)`` is a tqdm bar on stderr when stderr is a
 terminal and bars are enabled, else the iterable itself (no output, no
-import of tqdm).  Commands turn bars off with ``--no-progress``
-(``set_enabled(False)``); pipes and log files never get them.
+import of tqdm); ``bar(total, desc)`` the same for work counted by hand
+(``update(n)``, ``close()``).  Commands turn bars off with
+``--no-progress`` (``set_enabled(False)``); pipes and log files never get
+them.
 """
 
 from __future__ import annotations
@@ -31,6 +33,23 @@ def progress(iterable: Iterable[T], desc: str, *, total: int | None = None, unit
     from tqdm import tqdm
 
     return tqdm(iterable, desc=desc, total=total, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+def bar(total: int, desc: str, *, unit: str = "it"):
+    """A bar advanced by ``update(n)`` and ended by ``close()``; one that prints nothing when bars are off."""
+    if not enabled():
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, leave=False, dynamic_ncols=True)
 
 
 def add_progress_flag(parser) -> None:

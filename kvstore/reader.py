@@ -12,6 +12,7 @@ import xxhash
 from .errors import InvalidArgument
 from .geometry import StoreGeometry
 from .io import IOBackend, aligned_buffer
+from .io.inflight import InFlight
 from .io.plan import coalesce
 from .records import PrefixView, SegmentInfo
 from .segment_files import SegmentFiles
@@ -142,11 +143,13 @@ def execute_reads(
     coalesce_reads: bool,
     max_run_bytes: int,
     alloc: Callable[[int], memoryview] | None = None,
+    in_flight: InFlight | None = None,
 ) -> tuple[dict, memoryview, int, list[ChecksumMismatch]]:
     """Read ``refs`` (one aligned buffer, one request per run) and verify them.
 
     ``alloc(nbytes)`` supplies the destination (4 KiB aligned, e.g. a slot of
-    a shared-memory arena); by default fresh anonymous memory.  Returns
+    a shared-memory arena); by default fresh anonymous memory.  ``in_flight``
+    counts each request while the backend has it (the read queue depth).  Returns
     ``(views by (group, chunk), buffer, num_reads, mismatches)``; each view
     is a uint8 slice of the buffer holding one extent's unpadded bytes.
     """
@@ -171,7 +174,8 @@ def execute_reads(
                 handles[seg_id] = stack.enter_context(files.reading(seg_id))
             except OSError as exc:
                 raise SegmentUnreadable(seg_id, exc) from exc
-        futures = [(seg_id, backend.pread(handles[seg_id], buf[base : base + run.length], run.offset)) for seg_id, run, _, base in plans]
+        track = in_flight.track if in_flight is not None else _untracked
+        futures = [(seg_id, track(backend.pread(handles[seg_id], buf[base : base + run.length], run.offset))) for seg_id, run, _, base in plans]
         # wait for every request before the handles are released, even when one fails
         errors = [(seg_id, exc) for seg_id, f in futures if (exc := _exception(f)) is not None]
     if errors:
@@ -197,6 +201,10 @@ class SegmentUnreadable(Exception):
         self.segment_id = segment_id
         self.cause = cause
         super().__init__(f"segment {segment_id} unreadable: {cause.__class__.__name__}: {cause}")
+
+
+def _untracked(future):
+    return future
 
 
 def _exception(future) -> BaseException | None:

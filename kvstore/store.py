@@ -52,6 +52,7 @@ from .geometry import SegmentLayout, StoreGeometry, align_up
 from .hashing import chunk_hashes, validate_tokens
 from .holds import PrefixHolds
 from .io import IOBackend, aligned_buffer, make_backend
+from .io.inflight import InFlight
 from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import Piece, PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
@@ -110,6 +111,7 @@ class ChunkStore:
         self._segments: dict[int, SegmentInfo] = {}
         self.holds = PrefixHolds()  # prefixes being read or written are never evicted or moved
         self.counters = {"bytes_read": 0, "bytes_written": 0, "reads": 0, "puts": 0, "deletes": 0}
+        self.reads_in_flight = InFlight()  # disk reads the backend has and has not completed
         self.scores = ScoreTable()
         try:
             self._next_segment_id = self._startup_scan(self._load_records())
@@ -483,7 +485,8 @@ class ChunkStore:
         refs = plan_extents(view, segments, sel, grp)
         try:
             views, buf, nreads, bad = execute_reads(
-                refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes, alloc=alloc
+                refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes, alloc=alloc,
+                in_flight=self.reads_in_flight,
             )
         except SegmentUnreadable as exc:
             raise self._unreadable(exc.segment_id, exc.cause) from None
@@ -550,7 +553,7 @@ class ChunkStore:
         buf = aligned_buffer(align_up(length))
         try:
             with self.files.reading(seg.segment_id) as fh:
-                self.backend.pread(fh, buf, offset).result()
+                self.reads_in_flight.track(self.backend.pread(fh, buf, offset)).result()
         except (OSError, EOFError) as exc:
             raise self._unreadable(seg.segment_id, exc) from None
         self._count(bytes_read=len(buf))
@@ -779,6 +782,7 @@ class ChunkStore:
             "index_resizes": self.index.resizes,
             "read_only": self._read_only,
             "quarantined_segments": len(self._quarantined),
+            "read_queue_depth": self.reads_in_flight.count,
             **self.capacity.stats(),
             **counters,
         }

@@ -38,6 +38,16 @@ def ids(geo: StoreGeometry) -> str:
     return f"L{m.num_layers}H{m.num_kv_heads}d{m.head_dim}-{m.dtype}-c{geo.chunk_tokens}p{geo.period_layers}"
 
 
+def assert_png(path) -> None:
+    """``path`` is a PNG image of a drawn figure: the signature, and a size in pixels a figure has."""
+    with open(path, "rb") as fh:
+        head = fh.read(24)
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", head
+    width, height = int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")  # the IHDR chunk
+    assert width >= 300 and height >= 200, (width, height)
+    assert os.path.getsize(path) > 5000  # bars and text, not an empty canvas
+
+
 def data_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

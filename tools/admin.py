@@ -36,7 +36,8 @@ from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
 
 SHORT_ID_CHARS = 16
-PROCESS_COUNTERS = ("bytes_read", "bytes_written", "reads", "puts", "deletes")
+# Figures of this process's own reads and writes: meaningless for a store opened offline.
+PROCESS_COUNTERS = ("bytes_read", "bytes_written", "reads", "puts", "deletes", "read_queue_depth")
 
 
 def open_store(data_dir: str) -> ChunkStore:

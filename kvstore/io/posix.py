@@ -25,9 +25,12 @@ import weakref
 from _thread import allocate_lock
 from queue import SimpleQueue
 
+from ..faults import armed, crash_point
 from .base import FileHandle, IOBackend, aligned_nbytes
 
 log = logging.getLogger(__name__)
+
+_READ_STEP_ARMED = armed("read:io")  # read once at import, like the fault variables
 
 _preadv = os.preadv
 _pwritev = os.pwritev
@@ -241,6 +244,8 @@ class PosixBackend(IOBackend):
 
 
 def _pread_full(fd: int, buf, offset: int, nbytes: int) -> int:
+    if _READ_STEP_ARMED:  # a test holds the read in flight here (KVSTORE_PAUSE_AT=read:io:<seconds>)
+        crash_point("read:io")
     n = _preadv(fd, (buf,), offset)
     if n == nbytes:
         return n

@@ -49,6 +49,7 @@ GAUGES = (
     ("kvstore_pinned_units", "Tier-resident extents held by streams.", "pinned_units"),
     ("kvstore_tier_units", "Extents resident in a memory tier.", "tier_units"),
     ("kvstore_index_map_bytes", "LMDB map size of the index.", "index_map_bytes"),
+    ("kvstore_read_queue_depth", "Disk reads submitted to the I/O backend and not yet completed.", "read_queue_depth"),
 )
 
 

@@ -51,6 +51,7 @@ STORE_STATS = (
     "evicted_bytes",
     "compactions",
     "compaction_reclaimed_bytes",
+    "read_queue_depth",
 )
 STATS_FIELDS = frozenset(f.name for f in pb.StatsResponse.DESCRIPTOR.fields if f.name != "latency")
 

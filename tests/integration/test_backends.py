@@ -15,6 +15,7 @@ from helpers import HAS_CUDA
 from kvstore.config import StoreConfig
 from kvstore.errors import BackendUnavailable, InvalidArgument
 from kvstore.io import FileHandle, PosixBackend, aligned_buffer, make_backend
+from kvstore.io.inflight import InFlight
 from kvstore.io.kvikio_backend import unavailable_reason
 
 
@@ -44,6 +45,42 @@ def test_posix_roundtrip_and_alignment_checks(tmp_path):
         with pytest.raises(ValueError, match="not open for writing"):
             b.pwrite(fh, out[:4096], 0)
         b.close(fh)
+
+
+def test_read_gauge_counts_requests_until_they_complete(tmp_path):
+    path = str(tmp_path / "f")
+    gauge = InFlight()
+    with PosixBackend(queue_depth=4) as b:
+        fh = b.open(path, write=True)
+        b.pwrite(fh, aligned_buffer(1 << 20), 0).result()
+        futures = [gauge.track(b.pread(fh, aligned_buffer(65536), i)) for i in range(0, 1 << 20, 65536)]
+        assert 0 <= gauge.count <= 16
+        assert sum(f.result() for f in futures) == 1 << 20
+        assert _drained(gauge)  # counted down on the worker threads, right after they woke the waiter
+        with pytest.raises(EOFError):
+            gauge.track(b.pread(fh, aligned_buffer(8192), (1 << 20) - 4096)).result()
+        assert _drained(gauge)  # a failed read completes too
+        b.close(fh)
+
+    class NoCallbacks:  # the shape of kvikio's futures: result and done, no completion callback
+        def done(self):
+            return True
+
+        def result(self, timeout=None):
+            return 4096
+
+    tracked = gauge.track(NoCallbacks())
+    assert gauge.count == 1 and tracked.done()
+    assert tracked.result() == 4096 and gauge.count == 0
+    tracked.result()
+    assert gauge.count == 0  # counted down once
+
+
+def _drained(gauge: InFlight, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while gauge.count and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return gauge.count == 0
 
 
 def test_buffered_mode_takes_unaligned_requests(tmp_path):

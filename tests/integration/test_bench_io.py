@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+from helpers import assert_png
 
 from kvstore.io.kvikio_backend import unavailable_reason
 from tools.bench.cli import main
@@ -121,8 +122,9 @@ def test_compare_fio_without_fio_says_how_to_install(capsys, tmp_path, monkeypat
 def test_compare_fio(capsys, tmp_path):
     if shutil.which("fio") is None:
         pytest.skip("fio is not installed (apt-get install -y fio)")
-    rc, out, _ = run_io(capsys, tmp_path, "--compare-fio", "--json")
+    rc, out, _ = run_io(capsys, tmp_path, "--compare-fio", "--json", "--plot", str(tmp_path / "io.png"))
     assert rc == 0
+    assert_png(tmp_path / "io.png")
     report = json.loads(out)
     assert set(report) == {"ours", "fio", "ratio", "params", "machine"}
     check_row(report["ours"], 64 << 10)

@@ -9,7 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from helpers import data_root
+from helpers import assert_png, data_root
+
+from tools.bench.plots import ttft_bars
 
 
 def run_bench(*argv, timeout=240):
@@ -27,7 +29,8 @@ def run_bench(*argv, timeout=240):
 
 def test_io_via_daemon_reports_all_paths(tmp_path):
     proc = run_bench("io", "--via-daemon", "--bs", "64k", "--iodepth", "4", "--size", "8m", "--runtime", "0.5",
-                     "--directory", str(tmp_path), "--json")
+                     "--directory", str(tmp_path), "--json", "--plot", str(tmp_path / "io.png"))
+    assert_png(tmp_path / "io.png")
     report = json.loads(proc.stdout)
     assert set(report["rows"]) == {"in-process", "daemon-shm", "daemon-bytes"}
     for row in report["rows"].values():
@@ -39,9 +42,21 @@ def test_io_via_daemon_reports_all_paths(tmp_path):
 def test_reprefill_bench_smoke(tmp_path):
     proc = run_bench("reprefill", "--model", "tiny", "--dtype", "float32", "--prefix-tokens", "400", "--suffix-tokens", "8",
                      "--repeats", "2", "--budgets", "0.25,1", "--period-layers", "2", "--group-layers", "1",
-                     "--directory", str(tmp_path), "--json")
+                     "--directory", str(tmp_path), "--json", "--plot", str(tmp_path / "ttft.png"))
     report = json.loads(proc.stdout)
+    assert "\r" not in proc.stderr  # no progress bar off a terminal (the prefill's, the budgets')
+    assert_png(tmp_path / "ttft.png")
     systems = report["systems"]
+    for name, row in systems.items():  # every row, and the figure's bars, from the kept request records
+        ttft = [r["ttft_s"] for r in report["requests"][name]]
+        assert len(ttft) == row["runs"]
+        assert row["ttft_mean_s"] == pytest.approx(np.mean(ttft)) and row["ttft_p95_s"] == pytest.approx(np.percentile(ttft, 95))
+    bars = {b["key"]: b for b in ttft_bars(report["requests"])}
+    assert list(bars) == ["reprefill@0.25", "full-load", "full-recompute"]
+    for name, b in bars.items():
+        assert b["mean_s"] == pytest.approx(systems[name]["ttft_mean_s"]) and b["p95_s"] == pytest.approx(systems[name]["ttft_p95_s"])
+        assert b["parts"]["io_wait_s"] == pytest.approx(systems[name]["io_wait_mean_s"])
+        assert sum(b["parts"].values()) + b["other_s"] == pytest.approx(b["mean_s"])
     assert set(systems) == {"full-load", "reprefill@0.25", "full-recompute"}
     assert systems["full-load"]["tokens_loaded"] == 400
     assert systems["reprefill@0.25"]["tokens_loaded"] < 400 * 0.3
@@ -54,14 +69,33 @@ ZIPF_SYSTEMS = "contiguouskv-paper,contiguouskv,contiguouskv-noprefetch,contiguo
 
 
 @pytest.fixture(scope="module")
-def zipf_report(tmp_path_factory):
+def zipf_run(tmp_path_factory):
+    """``(report, path of its --plot figure)``."""
     directory = tmp_path_factory.mktemp("zipf")
     # tiny model: 2 layers, Periods of 1 layer (2 periods), stored groups of 1; 512-token prefixes (32 chunks)
     proc = run_bench("reprefill", "--workload", "zipf", "--systems", ZIPF_SYSTEMS, "--model", "tiny", "--dtype", "float32",
                      "--prefix-tokens", "512", "--suffix-tokens", "8", "--prefixes", "3", "--requests", "4", "--warmup", "2",
                      "--budgets", "0.25", "--period-layers", "1", "--group-layers", "1", "--memory-fraction", "0.5",
-                     "--directory", str(directory), "--json")
-    return json.loads(proc.stdout)
+                     "--directory", str(directory), "--json", "--plot", str(directory / "ttft.png"))
+    return json.loads(proc.stdout), directory / "ttft.png"
+
+
+@pytest.fixture(scope="module")
+def zipf_report(zipf_run):
+    return zipf_run[0]
+
+
+def test_zipf_figure_draws_every_system_from_the_request_records(zipf_run):
+    report, png = zipf_run
+    assert_png(png)
+    bars = ttft_bars(report["requests"], report["params"]["systems"])
+    assert [b["key"] for b in bars] == [f"{s}@0.25" for s in ZIPF_SYSTEMS.split(",") if s != "as-lru"] + ["as-lru@1"]
+    for b in bars:
+        row = report["systems"][b["key"]]
+        assert b["requests"] == row["requests"] == 4
+        assert b["mean_s"] == pytest.approx(row["ttft_mean_s"]) and b["p95_s"] == pytest.approx(row["ttft_p95_s"])
+        assert b["parts"]["select_s"] == pytest.approx(row["select_s_mean"])
+        assert b["parts"]["compute_s"] == pytest.approx(row["compute_s_mean"])
 
 
 def test_zipf_every_ratio_is_recomputed_from_the_request_records(zipf_report):

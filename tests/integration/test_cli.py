@@ -10,11 +10,13 @@ import tempfile
 
 import numpy as np
 import pytest
+from helpers import assert_png
 
 from kvstore.cli import synthetic_kv
 from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry
 from kvstore.store import ChunkStore
 from tools.bench.chunked import run_chunked
+from tools.bench.plots import plot_io
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--tokens", "300", "--layers", "3", "--kv-heads", "1", "--head-dim", "8", "--period-layers", "2"]
@@ -192,6 +194,9 @@ def test_chunked_bench_smoke(tmp_path, capsys):
         assert on["io_requests_per_read"] <= off["io_requests_per_read"]
         if on["selection"] == "runs" and on["budget"] == 0.25:
             assert on["io_requests_per_read"] < off["io_requests_per_read"]
+
+    plot_io(report, str(tmp_path / "chunked.png"))  # useful bandwidth per case, no fio row
+    assert_png(tmp_path / "chunked.png")
 
     again = run_chunked(bench_args(tmp_path / "bench", budget=[0.25], selection="random", json=True))
     assert capsys.readouterr().out == ""

@@ -2,6 +2,8 @@
 
 import json
 import os
+import threading
+import time
 import urllib.request
 
 import numpy as np
@@ -71,6 +73,37 @@ def test_metrics_move_with_stats_during_a_workload(daemon_factory):
     latency = {row.rpc: row.count for row in st.latency}
     assert latency["ReadChunks"] == 3 and latency["PutPrefix"] == 1
     assert after[("kvstore_requests_total", ())] >= sum(latency.values()) - 1  # Stats itself is counted after it answers
+
+
+def test_read_queue_depth_counts_reads_in_flight_and_returns_to_zero(daemon_factory):
+    # every disk read is held for 2 s at the start of its preadv: long enough to be scraped in flight
+    d = daemon_factory("--metrics-address", "127.0.0.1:0", env={"KVSTORE_PAUSE_AT": "read:io:2"})
+    port = metrics_port(d)
+    n = 200
+    kv, tokens = make_kv(GEO, n, 7), make_tokens(n, 7)
+    depth = ("kvstore_read_queue_depth", ())
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, GEO).prefix_id
+        assert scrape(port)[depth] == 0 == client.stats().read_queue_depth
+        done = {}
+
+        def read():
+            with client.read_chunks(pid, [0, 3, 7], shm=False, coalesce=False) as got:
+                done["num_reads"] = got.num_reads
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        seen = 0
+        while reader.is_alive() and seen < 3:  # the three are submitted one after the other
+            seen = max(seen, scrape(port)[depth])
+        in_flight_stats = client.stats().read_queue_depth  # Stats reads the same gauge
+        reader.join()
+        assert done["num_reads"] == 3  # three chunks, one group, not coalesced: three preads at once
+        assert seen == 3 and in_flight_stats in (0, 3)
+        deadline = time.monotonic() + 10  # completions are counted down right after they wake the reader
+        while scrape(port)[depth] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert scrape(port)[depth] == 0 == client.stats().read_queue_depth
 
 
 def test_prefetch_tier_bytes_and_speculation_reach_metrics(daemon_factory):

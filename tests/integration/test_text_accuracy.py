@@ -5,7 +5,9 @@ import argparse
 import pytest
 
 from engine_client.tasks.text import answer_in
+from helpers import assert_png
 from pretrained import needs_smollm2
+from tools.bench.plots import plot_accuracy
 from tools.bench.text_accuracy import format_text_report, parse_paths, run_text_accuracy
 
 pytestmark = needs_smollm2
@@ -33,6 +35,8 @@ def test_passkey_slice_full_drop_needle_and_reprefill_at_5_percent(tmp_path):
         assert row["correct"] == answer_in(row["answers"][0], row["text"])
     assert len(sparse["needle_loaded_per_period"]) == 4
     assert "exact@0.05: " in format_text_report(r)
+    plot_accuracy(r, str(tmp_path / "accuracy.png"))  # exact at its one budget; full and drop-needle as levels
+    assert_png(tmp_path / "accuracy.png")
 
 
 def test_paths_are_checked():

@@ -1,7 +1,9 @@
 """The baselines' token policies: H2O's accumulated attention and compacted
 retained tokens, IMPRESS's partial probe keys and block choice, one budget."""
 
+import io
 import math
+import sys
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ from engine_client.selection.tokens import (
     token_budget,
     token_cap,
 )
+from kvstore import progress as bars
 from kvstore.errors import InvalidArgument
 from tools.make_checkpoint import make_checkpoint
 
@@ -64,6 +67,30 @@ def test_h2o_scores_accumulate_every_prefill_query(model, block_tokens):
     for row, layer in enumerate((0, 2)):
         torch.testing.assert_close(mass[row], reference_cumulative_mass(model, tokens, layer), rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(mass.sum(dim=1), torch.full((2,), 4.0 * 200))  # one unit per (query head, query)
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_prefill_progress_counts_every_block_and_layer_on_a_terminal_only(model, capsys, monkeypatch):
+    tokens = random_tokens(150, seed=4)
+    ref_logits, ref_kv = chunked_prefill(model, tokens, block_tokens=64)
+    logits, kv = chunked_prefill(model, tokens, block_tokens=64, progress=bars.progress)  # stderr is captured: no terminal
+    assert torch.equal(kv, ref_kv) and torch.equal(logits, ref_logits)
+    assert capsys.readouterr().err == ""
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    _, kv, _ = prefill_with_attention(model, tokens, [1], block_tokens=64, progress=bars.progress)
+    assert torch.equal(kv, ref_kv)
+    assert "prefill 150 tokens" in terminal.getvalue() and " 0/12 " in terminal.getvalue()  # 3 blocks x 4 layers
+    quiet = _Terminal()
+    monkeypatch.setattr(sys, "stderr", quiet)
+    monkeypatch.setattr(bars, "_enabled", True)
+    bars.set_enabled(False)  # --no-progress
+    chunked_prefill(model, tokens, block_tokens=64, progress=bars.progress)
+    assert quiet.getvalue() == ""
 
 
 def test_storage_order_puts_sink_local_then_most_accumulated():

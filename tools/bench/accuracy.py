@@ -1,7 +1,7 @@
 """``kvstore-bench accuracy``: answer accuracy of a checkpoint on the held-out synthetic recall tasks.
 
     kvstore-bench accuracy --task kv|multiturn|fewshot --path PATH [--examples N] [--tokens 2048]
-                           [--checkpoint DIR] [--seed S] [--json]
+                           [--checkpoint DIR] [--seed S] [--json] [--plot out.png]
 
 ``PATH`` says which KV the question is answered over:
 
@@ -276,6 +276,9 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--data-dir", dest="directory", default=".kvstore/bench", help="where the Re-Prefill paths put their temporary store")
     add_alias(p, "--directory", "directory")  # older spelling
     p.add_argument("--json", action="store_true", help="print only machine-readable JSON")
+    from .plots import add_plot_flag
+
+    add_plot_flag(p, "accuracy against budget per selector (Wilson 95%% whiskers; full and drop paths as levels)")
     p.set_defaults(run=lambda args: command_accuracy(args, p))
     return p
 
@@ -283,6 +286,9 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
 def command_accuracy(args, parser) -> int:
     import json
 
+    from .plots import check_plot_path, plot_accuracy
+
+    check_plot_path(args.plot)
     if args.model:
         return _command_text_accuracy(args, parser)
     from engine_client.tasks import TASKS
@@ -297,6 +303,8 @@ def command_accuracy(args, parser) -> int:
         parser.error("--examples must be >= 1 and --tokens >= 64")
     report = run_accuracy(args)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_report(report))
+    if args.plot:
+        plot_accuracy(report, args.plot)
     return 0
 
 
@@ -321,4 +329,8 @@ def _command_text_accuracy(args, parser) -> int:
         print(f"kvstore-bench accuracy: {exc}", file=sys.stderr)
         return 2
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_text_report(report))
+    if args.plot:
+        from .plots import plot_accuracy
+
+        plot_accuracy(report, args.plot)
     return 0

@@ -15,8 +15,12 @@ Subcommands (a parser and a ``command_*`` function each, bound with
         (``chunked.run_chunked``); ``--via-daemon`` times random chunk reads
         in-process and through a daemon on both data paths (``daemon_io``).
 
-Exit status: 0 on success, 2 for bad arguments (argparse), 1 when the
-benchmark could not run (message on stderr).
+``--plot PATH`` on ``io``, ``reprefill``, ``accuracy`` and ``recall`` draws the
+report as a figure (``plots``).
+
+Exit status: 0 on success, 2 for bad arguments (argparse's usage, or one
+line for a bad ``--plot`` path), 1 when the benchmark could not run (one
+line on stderr).
 """
 
 from __future__ import annotations
@@ -34,7 +38,8 @@ from kvstore.errors import KVStoreError
 from kvstore.progress import add_progress_flag, set_enabled
 
 from .fio import compare_with_fio, format_comparison
-from .io_jobs import RW_MODES, BenchError, JobSpec, format_run, parse_size, run_io
+from .io_jobs import RW_MODES, BenchError, JobSpec, UsageError, format_run, parse_size, run_io
+from .plots import add_plot_flag, check_plot_path
 
 DEFAULT_DIRECTORY = ".kvstore/bench"
 DEFAULT_FILENAME = "kvstore-bench.io"
@@ -67,6 +72,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--filename", help=f"test file (default: DATA_DIR/{DEFAULT_FILENAME})")
     job.add_argument("--seed", type=int, help="offset and data seed (default: random, reported)")
     job.add_argument("--json", action="store_true", help="print only machine-readable JSON")
+    add_plot_flag(job, "throughput and latency, ours beside fio's when it ran")
 
 
 def _add_compare_options(parser: argparse.ArgumentParser) -> None:
@@ -154,6 +160,17 @@ def _print_json(report: dict) -> None:
 
 def command_io(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     """``io``: a raw job (optionally against fio), or ``--chunked``."""
+    check_plot_path(args.plot)
+    report = _run_io_command(args, parser)
+    if args.plot:
+        from .plots import plot_io
+
+        plot_io(report, args.plot)
+    return 0
+
+
+def _run_io_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """Run what the ``io`` options ask for, print it; the report."""
     if args.chunked:
         from .chunked import run_chunked  # needs the store; imported only when asked for
 
@@ -162,7 +179,7 @@ def command_io(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         report = run_chunked(args)
         if args.json:
             _print_json(report)
-        return 0
+        return report
     spec = job_spec(args)
     try:
         spec.check()
@@ -173,7 +190,7 @@ def command_io(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
         report = run_daemon_comparison(args)
         _print_json(report) if args.json else print(format_daemon_report(report))
-        return 0
+        return report
     if args.compare_fio:
         report = compare_with_fio(spec, ioengine=args.fio_ioengine)  # checks for fio before our run
     else:
@@ -182,7 +199,7 @@ def command_io(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         _print_json(report)
     else:
         print(format_comparison(report) if args.compare_fio else format_run(report))
-    return 0
+    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -195,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message printed)
         return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
+    except UsageError as exc:  # a bad argument argparse could not check: one line
+        print(f"kvstore-bench: error: {exc}", file=sys.stderr)
+        return 2
     except (BenchError, KVStoreError, OSError) as exc:  # could not run: say why, no traceback
         print(f"kvstore-bench: error: {exc}", file=sys.stderr)
         return 1

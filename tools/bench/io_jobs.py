@@ -59,6 +59,10 @@ class BenchError(RuntimeError):
     """A benchmark could not run; the message says why and what to do."""
 
 
+class UsageError(BenchError):
+    """An argument argparse cannot check alone (a path to write to); exit status 2, like argparse's."""
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """One fio-style job, as ``kvstore-bench io`` was asked to run it."""

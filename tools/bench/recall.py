@@ -154,11 +154,9 @@ def run_recall(model, examples, budgets, periods=DEFAULT_PERIODS) -> dict:
 
 
 def plot_recall(report: dict, path: str, budget: float) -> None:
-    import matplotlib
+    from .plots import pyplot, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
     for name in ("attention", *SCORERS):
         key = f"{name}@{budget:g}"
@@ -177,8 +175,7 @@ def plot_recall(report: dict, path: str, budget: float) -> None:
     ax2.set(title="Needle loaded at each layer: one selection per Period", xlabel="layer")
     ax2.legend(fontsize=7)
     fig.suptitle(f"{report.get('task', '')} {report.get('tokens', '')} tokens, {report['examples']} examples")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    save(fig, path)
 
 
 def add_recall_parser(sub) -> None:
@@ -192,21 +189,24 @@ def add_recall_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="first seed within the stream")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--json", action="store_true")
-    p.add_argument("--plot", help="write a PNG of the per-layer recall here")
+    from .plots import add_plot_flag
+
+    add_plot_flag(p, "the per-layer and per-Period recall at the first budget")
     p.set_defaults(run=command_recall)
 
 
 def command_recall(args: argparse.Namespace) -> int:
     from engine_client.model import zoo
 
+    from .plots import check_plot_path
+
+    check_plot_path(args.plot)
     torch.set_num_threads(args.threads)
     budgets = tuple(args.budget or (0.05, 0.10))
     pm = zoo.load(args.model, dtype=torch.float32)
     examples = task_examples(args.task, pm.tokenizer, args.examples, args.tokens, args.seeds, args.seed)
     report = run_recall(pm.decoder, examples, budgets)
     report.update(model=args.model, task=args.task, tokens=args.tokens, seeds=args.seeds)
-    if args.plot:
-        plot_recall(report, args.plot, budgets[0])
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -214,4 +214,6 @@ def command_recall(args: argparse.Namespace) -> int:
             print(f"{key:22s} " + " ".join(f"{v:.2f}" for v in vals))
         for key, val in report["per_period"].items():
             print(f"{key:26s} periods " + " ".join(f"{v:.2f}" for v in val["period_recall"]) + f"  mean loaded {val['mean_loaded']:.2f}")
+    if args.plot:  # after the report: a figure that fails to draw loses no figures
+        plot_recall(report, args.plot, budgets[0])
     return 0

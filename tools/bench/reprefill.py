@@ -14,6 +14,8 @@ Reported per system: TTFT mean and P95, the time waiting on I/O and
 computing, tokens and bytes loaded, read amplification, and fidelity
 against full load at 100% (top-1 agreement, KL of the next-token
 distribution, recall of the chunks carrying the true top attention mass).
+The ``--json`` report keeps every timed request's record (``requests``),
+the figures' raw data; ``--plot`` draws TTFT from them (``plots.plot_ttft``).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -106,8 +108,8 @@ def run_reprefill_bench(args) -> dict:
     try:
         with KVStoreClient(target) as client:
             runner = ModelRunner(model, client, group_layers=args.group_layers)
-            handle = runner.store_prefix(prefix)
-            report = {"prefix": vars(handle).copy(), "systems": {}}
+            handle = runner.store_prefix(prefix, progress=progress)
+            report = {"prefix": vars(handle).copy(), "systems": {}, "requests": {}}
             prefix_id = handle.prefix_id
 
             def run(budget, selector):
@@ -120,7 +122,7 @@ def run_reprefill_bench(args) -> dict:
                 res = run(1.0, "full")(suffix)
                 references.append(res.logits)
                 samples.append(_sample(res))
-            report["systems"]["full-load"] = summarize(samples)
+            _add_system(report, "full-load", samples)
             true_scores = _true_scores(runner, prefix_id, suffixes, args, exact_chunk_scores) if args.recall else None
             for budget in progress(args.budgets, "reprefill budgets"):
                 if budget >= 1:
@@ -134,15 +136,15 @@ def run_reprefill_bench(args) -> dict:
                     if true_scores is not None:
                         s.recall = float(np.mean([chunk_recall(sel, t) for sel, t in zip(res.selected, true_scores[i])]))
                     samples.append(s)
-                report["systems"][f"reprefill@{budget:g}"] = summarize(samples)
+                _add_system(report, f"reprefill@{budget:g}", samples)
             if args.recompute_runs:
                 samples = []
                 for i, suffix in enumerate(suffixes[: args.recompute_runs]):
-                    logits, seconds = runner.full_recompute(prefix, suffix)
+                    logits, seconds = runner.full_recompute(prefix, suffix, progress=progress)
                     s = Sample(ttft_s=seconds, compute_s=seconds)
                     s.top1, s.kl = compare_logits(references[i], logits)
                     samples.append(s)
-                report["systems"]["full-recompute"] = summarize(samples)
+                _add_system(report, "full-recompute", samples)
             report["daemon_stats"] = {"bytes_read": client.stats().bytes_read}
     finally:
         if daemon is not None:
@@ -155,6 +157,12 @@ def run_reprefill_bench(args) -> dict:
     report["machine"] = machine_info(args.directory)
     report["ratios"] = _ratios(report["systems"])
     return report
+
+
+def _add_system(report: dict, name: str, samples: list[Sample]) -> None:
+    """The system's row and the per-request records it is computed from."""
+    report["systems"][name] = summarize(samples)
+    report["requests"][name] = [asdict(s) for s in samples]
 
 
 class _DaemonArgs:
@@ -263,7 +271,10 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--threads", type=int, help="torch threads (default: all cores)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    from .plots import add_plot_flag
     from .workload import SYSTEMS, systems_arg
+
+    add_plot_flag(p, "TTFT by system and budget (mean split into I/O wait, select and compute; P95 whiskers)")
 
     z = p.add_argument_group("shared-prefix workload (--workload zipf): systems side by side")
     z.add_argument("--workload", choices=("single", "zipf"), default="single", help="single: one prefix (default); zipf: many")
@@ -281,16 +292,22 @@ def add_reprefill_parser(sub) -> None:
 def command_reprefill(args) -> int:
     import json
 
+    from .plots import check_plot_path, plot_ttft
+
     if args.prefix_tokens < 1 or args.suffix_tokens < 1 or args.repeats < 1:
         raise BenchError("--prefix-tokens, --suffix-tokens and --repeats must be positive")
+    check_plot_path(args.plot)
     if args.workload == "zipf":
         from .figures import format_zipf_report
         from .workload import check_zipf_args, run_zipf_bench
 
         check_zipf_args(args)
         report = run_zipf_bench(args)
-        print(json.dumps(report, indent=2, sort_keys=True, default=float) if args.json else format_zipf_report(report))
-        return 0
-    report = run_reprefill_bench(args)
-    print(json.dumps(report, indent=2, sort_keys=True, default=float) if args.json else format_reprefill_report(report))
+        text = format_zipf_report(report)
+    else:
+        report = run_reprefill_bench(args)
+        text = format_reprefill_report(report)
+    print(json.dumps(report, indent=2, sort_keys=True, default=float) if args.json else text)
+    if args.plot:
+        plot_ttft(report, args.plot)
     return 0

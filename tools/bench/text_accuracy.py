@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import sys
 import tempfile
 import time
 from contextlib import ExitStack
@@ -32,6 +31,8 @@ import numpy as np
 import torch
 
 from engine_client.selection.systems import SYSTEMS, system_fields
+from kvstore.progress import bar as progress_bar
+from kvstore.progress import progress
 
 from .accuracy import CHUNK_TOKENS, SELECTORS, _DaemonArgs, budget_fraction, keep_rows_without, wilson_interval
 
@@ -55,17 +56,6 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
     return out
 
 
-def _progress(total: int, desc: str):
-    """A tqdm bar on a terminal when tqdm is installed; otherwise nothing."""
-    if not sys.stderr.isatty():
-        return None
-    try:
-        from tqdm import tqdm
-    except ImportError:
-        return None
-    return tqdm(total=total, desc=desc, file=sys.stderr)
-
-
 def needle_loaded(needle_chunks: np.ndarray, selected) -> list[float]:
     """Per Period: the fraction of the needle's chunks among the chunks it loaded."""
     if needle_chunks.size == 0:
@@ -80,7 +70,7 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
 
     reprefill = [p for p in paths if p[1]]
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in paths}
-    bar = _progress(len(examples) * len(paths), f"{args.task}@{args.tokens}")
+    bar = progress_bar(len(examples) * len(paths), f"{args.task}@{args.tokens}", unit="answer")
     with ExitStack() as stack:
         runner = _runner(model, args, stack) if reprefill else None
         for ex in examples:
@@ -90,8 +80,8 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
             if any(name in ("full", "drop-needle") for name, _, _ in paths):
                 from engine_client.runner import chunked_prefill
 
-                _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix_tokens))
-            handle = runner.store_prefix(ex.prefix_tokens) if runner else None
+                _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix_tokens), progress=progress)
+            handle = runner.store_prefix(ex.prefix_tokens, progress=progress) if runner else None
             for name, selector, budget in paths:
                 if name in ("full", "drop-needle"):
                     keep = keep_rows_without(ex.num_prefix_tokens, ex.needle_chunks(CHUNK_TOKENS)) if name == "drop-needle" else None
@@ -113,10 +103,8 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                              "probe_bytes": res.probe_bytes, "state_bytes_fetched": res.state_bytes_fetched}
                 rows[name].append({**base, "correct": ex.is_correct(gen.text), "text": gen.text, "ttft_s": gen.ttft_s,
                                    "decode_s": sum(gen.step_s), "new_tokens": len(gen.tokens), **extra})
-                if bar is not None:
-                    bar.update(1)
-    if bar is not None:
-        bar.close()
+                bar.update(1)
+    bar.close()
     return rows
 
 

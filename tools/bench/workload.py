@@ -150,6 +150,7 @@ def _prefill_all(model, args) -> list[_Prefix]:
     """Each prefix's KV and accumulated attention, computed in one prefill and
     cached under --directory (same seed, model and Period)."""
     from engine_client.runner import prefill_with_attention
+    from kvstore.progress import progress
 
     out = []
     gen = torch.Generator().manual_seed(args.seed)
@@ -164,7 +165,7 @@ def _prefill_all(model, args) -> list[_Prefix]:
             kv, scores = torch.load(path)
         else:
             t0 = time.perf_counter()
-            _, kv, scores = prefill_with_attention(model, tokens, first_layers)
+            _, kv, scores = prefill_with_attention(model, tokens, first_layers, progress=progress)
             torch.save((kv, scores), path + ".tmp")
             os.replace(path + ".tmp", path)
             print(f"prefilled prefix {i} ({args.prefix_tokens} tokens) in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
