@@ -12,6 +12,15 @@ first layer, scores summed over query heads).
 exact probe-key scores, a chunk ranked by the query head that wants it most
 (``head_aggregation="max"``).  ``layerwise-summary`` is the same schedule on
 the resident min/max summaries (no probe keys fetched).
+
+``perlayer-follow`` selects at every layer (1-layer Periods: stored groups of
+one layer, ``--group-layers 1``) and takes each top chunk with the chunk
+after it (``follow=1``): in real prose the question's queries find the
+sentence that names what is asked, and the answer is the tokens after it,
+often in the next chunk; with 2-layer Periods the Period starting at layer
+16 chose for layer 17, the layer that finds the needle most often.  Its
+exact scores read every layer's probe keys (the keys of the whole prefix,
+half of its KV bytes): ``probe_bytes`` in every report says so.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ SYSTEMS: dict[str, dict] = {
     "full": {"selector": "full", "period_layers": 8},
     "layerwise": {"selector": "exact", "period_layers": 2, "head_aggregation": "max"},
     "layerwise-summary": {"selector": "summary", "period_layers": 2, "head_aggregation": "max"},
+    "perlayer-follow": {"selector": "exact", "period_layers": 1, "head_aggregation": "max", "follow": 1},
 }
 
 # The stored group (SubPeriod) the layerwise systems need: their Period is one group.
