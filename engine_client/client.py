@@ -283,6 +283,7 @@ class KVStoreClient:
         sends only pages not yet stored."""
         arr = as_numpy_kv(kv_pages)
         keys = page_wire.as_keys(keys)
+        page_wire.check_pages(arr, geometry, len(keys))
         for attempt in range(1, PUT_ATTEMPTS + 1):
             present = self.pages_exist(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
             header = pb.PutPagesHeader(

@@ -44,6 +44,15 @@ def page_shape(geometry: StoreGeometry, num_pages: int) -> tuple[int, ...]:
     return (num_pages, m.num_layers, 2, m.num_kv_heads, geometry.chunk_tokens, m.head_dim)
 
 
+def check_pages(kv_pages: np.ndarray, geometry: StoreGeometry, num_keys: int) -> None:
+    """ValueError unless ``kv_pages`` holds one page per key in the geometry's shape and dtype."""
+    expected = page_shape(geometry, num_keys)
+    if kv_pages.shape != expected:
+        raise ValueError(f"kv_pages: shape must be {expected} [pages, layers, 2, kv_heads, chunk_tokens, head_dim], got {kv_pages.shape}")
+    if kv_pages.dtype != geometry.model.numpy_dtype():
+        raise ValueError(f"kv_pages: dtype must be {geometry.model.numpy_dtype()} for {geometry.model.dtype}, got {kv_pages.dtype}")
+
+
 def put_stream(header: pb.PutPagesHeader, kv_pages: np.ndarray, geometry: StoreGeometry, frame_bytes: int):
     """The PutPages messages: the header, then every page not skipped, group by group."""
     yield pb.PutPagesRequest(header=header)

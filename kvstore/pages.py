@@ -13,7 +13,8 @@ one segment (checksums, trailer, fdatasync), a manifest file, one index
 commit, a disk reservation, eviction and compaction by the same score.  Its
 manifest is of kind ``pages``: its chunk hashes are the page hashes, its
 ``num_tokens`` is pages x ``chunk_tokens`` (the pages' tokens are not
-known to the store), its id the hash of its page hashes.  ``chunk_refs``
+known to the store), its id new for every put (so pages of a quarantined
+batch can be stored again).  ``chunk_refs``
 maps each page hash to the batch holding it, so looking a page up is one
 index read, and verify, quarantine, ``rebuild-index``, eviction and the
 listings treat a batch as they treat a prefix.
@@ -27,6 +28,7 @@ every one of its pages is stored.
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -71,8 +73,8 @@ def not_stored(index: int) -> NotFound:
 
 
 def batch_id(hashes: list[bytes]) -> str:
-    """Id of the batch storing exactly these page hashes, in this order."""
-    h = hashlib.sha256(_BATCH_TAG)
+    """A new id for a batch storing these page hashes."""
+    h = hashlib.sha256(_BATCH_TAG + os.urandom(16))
     for ph in hashes:
         h.update(ph)
     return h.hexdigest()
