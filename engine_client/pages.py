@@ -91,3 +91,33 @@ def collect_pages(responses) -> np.ndarray:
     if out is None:
         raise ValueError("GetPages ended without a header")
     return out
+
+
+# ------------------------------------------------------------ engine layouts
+# vLLM's FlashAttention backend keeps one paged tensor per layer,
+# [2 (K|V), num_blocks, block_size, kv_heads, head_dim]; a page of the store
+# is [layers, 2, kv_heads, chunk_tokens, head_dim]: heads and tokens swap, so
+# moving pages in or out is one gather (or scatter) plus one transposing copy
+# per layer, over every page at once.
+
+
+def gather_pages(layer_caches, block_ids, out=None):
+    """Pages ``[pages, layers, 2, kv_heads, block_size, head_dim]`` from per-layer paged caches.
+
+    ``layer_caches``: per layer ``[2, num_blocks, block_size, kv_heads, head_dim]`` (torch);
+    ``block_ids``: the blocks to save, in page order (a 1-D int64 tensor).
+    """
+    import torch
+
+    two, _, block_size, heads, dim = layer_caches[0].shape
+    if out is None:
+        out = torch.empty((len(block_ids), len(layer_caches), two, heads, block_size, dim), dtype=layer_caches[0].dtype)
+    for layer, cache in enumerate(layer_caches):
+        out[:, layer].copy_(cache.index_select(1, block_ids).permute(1, 0, 3, 2, 4))
+    return out
+
+
+def scatter_pages(pages, layer_caches, block_ids) -> None:
+    """Write pages ``[pages, layers, 2, kv_heads, block_size, head_dim]`` into the caches' ``block_ids``."""
+    for layer, cache in enumerate(layer_caches):
+        cache[:, block_ids] = pages[:, layer].permute(1, 0, 3, 2, 4)
