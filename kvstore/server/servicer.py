@@ -1,9 +1,10 @@
 """Thin gRPC servicers: validate, translate, call the store, translate back.
 
-Why ~500 lines in one file: each handler is short, but ``ReadChunks`` still
+Why ~650 lines in one file: each handler is short, but ``ReadChunks`` still
 carries its own group reader (``_GroupReader``), which goes when reads share
-the Prefetch stream's executor; the handlers themselves stay together so the
-service's surface reads in one place.
+the Prefetch stream's executor, and ``GetPages`` its batching of reads; the
+handlers themselves stay together so the service's surface reads in one
+place.
 """
 
 from __future__ import annotations
