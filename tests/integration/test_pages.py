@@ -16,6 +16,7 @@ from helpers import GEOMETRIES, data_root, ids, make_kv
 from engine_client.client import KVStoreClient, KVStoreRpcError, _rpc
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.config import StoreConfig
+from kvstore.errors import Conflict
 from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.rebuild import rebuild_index
 from kvstore.server.convert import geometry_to_pb
@@ -305,3 +306,20 @@ def test_pages_and_prefixes_stay_apart(tmp_path):
         kinds = {p["prefix_id"]: p["kind"] for p in store.list_prefixes()}
         assert kinds == {pid: "prefix", batch: "pages"}
         assert store.inspect(batch)["kind"] == "pages" and store.describe(batch).num_tokens == 8
+
+
+@pytest.mark.parametrize("with_new_pages", [True, False], ids=["new-pages", "all-stored"])
+def test_a_put_whose_stored_pages_are_deleted_before_its_commit_is_a_conflict(tmp_path, with_new_pages):
+    """Store level: an acknowledged put means every one of its pages is stored, also those it did not write."""
+    with ChunkStore(StoreConfig(data_dir=str(tmp_path / "d"), min_free_bytes=0, index_map_bytes=1 << 20)) as store:
+        pages, keys = make_pages(GEO, 4, 9), page_keys(4, 9)
+        first = store.pages.put(keys[:2], pages[:2], GEO).batch_id
+        n = 4 if with_new_pages else 2
+        pending = store.pages.begin_put(keys[:n], GEO)
+        pending.put_pages(pages[:n])
+        store.delete(first)  # an operator's delete does not wait for holds
+        with pytest.raises(Conflict):
+            pending.commit()
+        assert store.list_prefixes() == [] and os.listdir(store.segment_dir) == []
+        assert store.pages.put(keys, pages, GEO).pages_written == 4  # a retry stores them all
+        np.testing.assert_array_equal(store.pages.get(keys, GEO).to_array(), pages)
