@@ -22,7 +22,8 @@ conflicted), is retried with exponential backoff and jitter:
   attempt did run counts twice (scores are advisory).
 - ``put_prefix`` restarts from scratch (a fresh Lookup, then the stream),
   up to ``PUT_ATTEMPTS`` times with the same backoff: a client stream that
-  has sent data cannot be replayed by gRPC.
+  has sent data cannot be replayed by gRPC; so does ``put_pages`` (a fresh
+  PagesExist, then the stream).
 - ``Prefetch`` (a bidirectional stream that has sent its sets) is not retried.
 """
 
@@ -45,6 +46,8 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.geometry import StoreGeometry
 from kvstore.server.convert import geometry_from_pb, geometry_to_pb
 
+from . import pages as page_wire
+
 FRAME_BYTES = 2 * 1024 * 1024
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 RETRYABLE = ("UNAVAILABLE", "ABORTED")
@@ -61,7 +64,13 @@ SERVICE_CONFIG = json.dumps(
         "methodConfig": [
             {"name": [{"service": "kvstore.v1.KVStore"}, {"service": "kvstore.v1.KVStoreAdmin"}], "retryPolicy": RETRY_POLICY},
             # client streams: retried from scratch by put_prefix, or not at all
-            {"name": [{"service": "kvstore.v1.KVStore", "method": "PutPrefix"}, {"service": "kvstore.v1.KVStore", "method": "Prefetch"}]},
+            {
+                "name": [
+                    {"service": "kvstore.v1.KVStore", "method": "PutPrefix"},
+                    {"service": "kvstore.v1.KVStore", "method": "PutPages"},
+                    {"service": "kvstore.v1.KVStore", "method": "Prefetch"},
+                ]
+            },
         ]
     }
 )
@@ -259,6 +268,53 @@ class KVStoreClient:
                 if exc.code.name not in RETRYABLE or attempt == PUT_ATTEMPTS:
                     raise
             time.sleep(_backoff(attempt))
+
+    # ------------------------------------------------------------ pages
+    def pages_exist(self, keys, geometry: StoreGeometry, *, namespace="", model_fingerprint="", timeout=None) -> page_wire.PagesPresent:
+        """Which pages are stored, and how many leading ones (keys: bytes, or str as SGLang's)."""
+        req = pb.PagesExistRequest(
+            namespace=namespace, model_fingerprint=model_fingerprint, geometry=geometry_to_pb(geometry), keys=page_wire.as_keys(keys)
+        )
+        r = _rpc(self.stub.PagesExist, req, **self._kw(timeout))
+        return page_wire.PagesPresent(np.array(r.exists, dtype=bool), r.num_leading)
+
+    def put_pages(self, keys, kv_pages, geometry: StoreGeometry, *, namespace="", model_fingerprint="", timeout=None) -> page_wire.PagesPut:
+        """Store ``kv_pages`` ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` under ``keys``;
+        sends only pages not yet stored."""
+        arr = as_numpy_kv(kv_pages)
+        keys = page_wire.as_keys(keys)
+        page_wire.check_pages(arr, geometry, len(keys))
+        for attempt in range(1, PUT_ATTEMPTS + 1):
+            present = self.pages_exist(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
+            header = pb.PutPagesHeader(
+                namespace=namespace,
+                model_fingerprint=model_fingerprint,
+                geometry=geometry_to_pb(geometry),
+                keys=keys,
+                skip_pages=np.flatnonzero(present.exists).tolist(),
+            )
+            try:
+                r = _rpc(self.stub.PutPages, page_wire.put_stream(header, arr, geometry, FRAME_BYTES), **self._kw(timeout))
+                return page_wire.PagesPut(r.num_pages, r.pages_written, r.pages_already_stored, r.bytes_written, r.batch_id)
+            except KVStoreRpcError as exc:
+                if exc.code.name not in RETRYABLE or attempt == PUT_ATTEMPTS:
+                    raise
+            time.sleep(_backoff(attempt))
+
+    def get_pages(
+        self, keys, geometry: StoreGeometry, *, namespace="", model_fingerprint="", layer_start=0, layer_end=0, timeout=None
+    ) -> np.ndarray:
+        """``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` (the layers of the period groups
+        covering ``[layer_start, layer_end)``); NOT_FOUND names the first key not stored."""
+        req = pb.GetPagesRequest(
+            namespace=namespace,
+            model_fingerprint=model_fingerprint,
+            geometry=geometry_to_pb(geometry),
+            keys=page_wire.as_keys(keys),
+            layer_start=layer_start,
+            layer_end=layer_end,
+        )
+        return page_wire.collect_pages(_stream(self.stub.GetPages, req, **self._kw(timeout)))
 
     def read_chunks(self, prefix_id: str, chunks, *, layer_start=0, layer_end=0, shm=None, coalesce=True, timeout=None) -> ChunkRead:
         """Read the extents of ``chunks`` for the period groups covering the layer range."""

@@ -21,6 +21,7 @@ MAX_TOKEN_ID = (1 << 32) - 1
 MAX_NAMESPACE_BYTES = 256
 MAX_FINGERPRINT_BYTES = 256
 _ROOT = hashlib.sha256(b"kvstore.chunk-chain.v1").digest()
+_PAGE_TAG = hashlib.sha256(b"kvstore.page.v1").digest()
 
 
 def validate_tokens(tokens, max_tokens: int) -> np.ndarray:
@@ -57,10 +58,7 @@ def chunk_hashes(
     tokens: np.ndarray, geometry: StoreGeometry, namespace: str, model_fingerprint: str
 ) -> list[bytes]:
     """Chained 32-byte hashes, one per chunk of ``tokens`` (uint32 array)."""
-    ns = validate_label("namespace", namespace, MAX_NAMESPACE_BYTES)
-    fp = validate_label("model_fingerprint", model_fingerprint, MAX_FINGERPRINT_BYTES)
-    # Length-prefix the variable fields so ("ab","c") never equals ("a","bc").
-    salt = len(ns).to_bytes(2, "little") + ns + len(fp).to_bytes(2, "little") + fp + geometry.digest
+    salt = _salt(geometry, namespace, model_fingerprint)
     c = geometry.chunk_tokens
     raw = np.ascontiguousarray(tokens, dtype="<u4")
     out: list[bytes] = []
@@ -72,3 +70,16 @@ def chunk_hashes(
         prev = h.digest()
         out.append(prev)
     return out
+
+
+def page_hashes(keys: list[bytes], geometry: StoreGeometry, namespace: str, model_fingerprint: str) -> list[bytes]:
+    """32-byte hashes of pages keyed by ``keys`` (validated by ``pages.validate_keys``)."""
+    salt = _PAGE_TAG + _salt(geometry, namespace, model_fingerprint)
+    return [hashlib.sha256(salt + len(k).to_bytes(1, "little") + k).digest() for k in keys]
+
+
+def _salt(geometry: StoreGeometry, namespace: str, model_fingerprint: str) -> bytes:
+    ns = validate_label("namespace", namespace, MAX_NAMESPACE_BYTES)
+    fp = validate_label("model_fingerprint", model_fingerprint, MAX_FINGERPRINT_BYTES)
+    # Length-prefix the variable fields so ("ab","c") never equals ("a","bc").
+    return len(ns).to_bytes(2, "little") + ns + len(fp).to_bytes(2, "little") + fp + geometry.digest

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -71,6 +72,9 @@ class Piece:
         }
 
 
+PREFIX, PAGES = "prefix", "pages"  # manifest kinds: a token prefix, a batch of pages (pages.py)
+
+
 @dataclass(frozen=True)
 class PrefixView:
     prefix_id: str
@@ -81,6 +85,7 @@ class PrefixView:
     chunk_hashes: tuple[str, ...]
     pieces: tuple[Piece, ...]
     created: float
+    kind: str = PREFIX
     _starts: np.ndarray = field(repr=False, compare=False, default=None)
 
     @classmethod
@@ -95,6 +100,7 @@ class PrefixView:
             chunk_hashes=tuple(m["chunk_hashes"]),
             pieces=pieces,
             created=m["created"],
+            kind=m.get("kind", PREFIX),
             _starts=np.array([p.first_chunk for p in pieces], dtype=np.int64),
         )
 
@@ -108,6 +114,7 @@ class PrefixView:
             "chunk_hashes": list(self.chunk_hashes),
             "segments": [p.to_dict() for p in self.pieces],
             "created": self.created,
+            "kind": self.kind,
         }
 
     @property
@@ -117,6 +124,11 @@ class PrefixView:
     @property
     def segment_ids(self) -> list[int]:
         return sorted({p.segment_id for p in self.pieces})
+
+    @cached_property
+    def chunk_positions(self) -> dict[str, int]:
+        """Chunk index of each chunk hash (hex)."""
+        return {h: j for j, h in enumerate(self.chunk_hashes)}
 
     def locate(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Piece index and segment-local chunk of each prefix chunk index."""

@@ -54,7 +54,7 @@ from .holds import PrefixHolds
 from .io import IOBackend, aligned_buffer, make_backend
 from .io.inflight import InFlight
 from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
-from .records import Piece, PrefixView, SegmentInfo
+from .records import PREFIX, Piece, PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
 from .scores import decode as decode_score
 from .scores import encode as encode_score
@@ -120,6 +120,9 @@ class ChunkStore:
             os.close(self._lock_fd)
             raise
         self.capacity = DiskCapacity(self)
+        from .pages import PageStore  # pages are stored through this store's put path
+
+        self.pages = PageStore(self)
 
     # ------------------------------------------------------------ lifecycle
     def _has_store_files(self) -> bool:
@@ -326,26 +329,26 @@ class ChunkStore:
         tokens_matched = min(k * geometry.chunk_tokens, arr.size)
         return LookupResult(k, tokens_matched, len(hashes), holder.prefix_id if holder else None)
 
+    def holder(self, chunk_hash: bytes) -> PrefixView | None:
+        """A healthy stored prefix (or page batch) holding the chunk, or None."""
+        with self.index.read() as txn:
+            cur = txn.cursor(db=self.index.chunk_refs)
+            ids = [bytes(v).hex() for v in cur.iternext_dup(keys=False)] if cur.set_key(chunk_hash) else []
+        for pid in ids:
+            try:
+                view = self._view(pid)
+            except NotFound:
+                continue
+            if self._prefix_quarantine(view) is None:
+                return view
+        return None
+
     def _match(self, hashes: list[bytes]) -> tuple[int, PrefixView | None]:
         """Binary search: a healthy manifest holding chunk j holds all before it."""
-
-        def holder(j: int) -> PrefixView | None:
-            with self.index.read() as txn:
-                cur = txn.cursor(db=self.index.chunk_refs)
-                ids = [bytes(v).hex() for v in cur.iternext_dup(keys=False)] if cur.set_key(hashes[j]) else []
-            for pid in ids:
-                try:
-                    view = self._view(pid)
-                except NotFound:
-                    continue
-                if self._prefix_quarantine(view) is None:
-                    return view
-            return None
-
         lo, hi, best = 0, len(hashes), None  # invariant: chunks [0, lo) matched
         while lo < hi:
             mid = (lo + hi) // 2
-            view = holder(mid)
+            view = self.holder(hashes[mid])
             if view is not None:
                 lo, best = mid + 1, view
             else:
@@ -384,10 +387,30 @@ class ChunkStore:
         reused = holder.pieces_upto(k) if holder and k else []
         pending = PendingPut(self, prefix_id, arr, geometry, namespace, model_fingerprint, hashes, k, reused)
         pending._hold = self.holds.hold(prefix_id, holder.prefix_id if reused else None)
-        if k == len(hashes):
+        return self._open_put(pending)
+
+    def begin_chunks(
+        self, prefix_id: str, hashes: list[bytes], geometry: StoreGeometry, *, namespace: str, model_fingerprint: str, kind: str
+    ) -> "PendingPut":
+        """A put of whole chunks named by ``hashes`` rather than by tokens (``pages.py``).
+
+        The caller has validated ``namespace`` and ``model_fingerprint`` (they
+        are in the hashes); nothing is reused, and ``kind`` is recorded in the
+        manifest.  Written, synced, indexed and acknowledged as a prefix put.
+        """
+        self._check_writable()
+        tokens = np.zeros(len(hashes) * geometry.chunk_tokens, dtype=np.int64)  # sizes only: pages carry no tokens
+        pending = PendingPut(self, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, 0, [], kind=kind)
+        pending._hold = self.holds.hold(prefix_id)
+        return self._open_put(pending)
+
+    def _open_put(self, pending: "PendingPut") -> "PendingPut":
+        """Reserve space for and open the segment of the chunks ``pending`` writes (none: nothing to open)."""
+        k, geometry = pending.reused_chunks, pending.geometry
+        if k == pending.num_chunks:
             return pending
         c = geometry.chunk_tokens
-        layout = SegmentLayout(geometry, arr.size - k * c)
+        layout = SegmentLayout(geometry, pending.tokens.size - k * c)
         try:
             pending._reserved = self.capacity.reserve(layout.total_bytes)
             self._check_space(layout.total_bytes)
@@ -409,7 +432,8 @@ class ChunkStore:
         hashes = [bytes.fromhex(h) for h in view.chunk_hashes]
         tokens = np.zeros(view.num_tokens, dtype=np.int64)  # sizes only: a segment holds no tokens
         pending = PendingPut(
-            self, view.prefix_id, tokens, view.geometry, view.namespace, view.model_fingerprint, hashes, image.first_chunk, []
+            self, view.prefix_id, tokens, view.geometry, view.namespace, view.model_fingerprint, hashes, image.first_chunk, [],
+            kind=view.kind,
         )
         pending._open_segment(segment_id, image)
         return pending
@@ -456,6 +480,9 @@ class ChunkStore:
                 rec = ix.loads(raw)
                 rec["refcount"] += 1
                 txn.put(ix.seg_key(seg_id), ix.dumps(rec), db=self.index.segments)
+            for h in pending.requires:
+                if not self._held_in(txn, h):
+                    raise Conflict("a chunk this put relies on was deleted concurrently; retry")
             if segment_record:
                 txn.put(ix.seg_key(new_id), ix.dumps(segment_record), db=self.index.segments)
             txn.put(key, ix.dumps(manifest), db=self.index.manifests)
@@ -464,6 +491,22 @@ class ChunkStore:
             return True
 
         return self.index.write(txn_fn)
+
+    def _held_in(self, txn, chunk_hash: bytes) -> bool:
+        """Whether a manifest in ``txn`` whose segments are all healthy holds the chunk."""
+        cur = txn.cursor(db=self.index.chunk_refs)
+        if not cur.set_key(chunk_hash):
+            return False
+        for key in cur.iternext_dup(keys=False):
+            raw = txn.get(bytes(key), db=self.index.manifests)
+            if raw is not None and not any(p["segment_id"] in self._quarantined for p in ix.loads(raw)["segments"]):
+                return True
+        return False
+
+    def still_held(self, chunk_hashes: list[bytes]) -> bool:
+        """Whether every chunk has a healthy holder now (one read transaction)."""
+        with self.index.read() as txn:
+            return all(self._held_in(txn, h) for h in chunk_hashes)
 
     # ------------------------------------------------------------ read
     def read(self, prefix_id: str, chunks, groups=None, *, coalesce: bool = True, alloc=None) -> ReadResult:
@@ -724,6 +767,7 @@ class ChunkStore:
                     "num_segments": len(view.segment_ids),
                     "created": view.created,
                     "quarantined": self._prefix_quarantine(view),
+                    "kind": view.kind,
                 }
             )
         return out
@@ -751,6 +795,7 @@ class ChunkStore:
         geo = view.geometry
         return {
             "prefix_id": view.prefix_id,
+            "kind": view.kind,
             "namespace": view.namespace,
             "model_fingerprint": view.model_fingerprint,
             "geometry": geo.to_dict(),
@@ -796,8 +841,10 @@ class PendingPut:
     of every group, then commits.  Nothing is listed before ``commit`` returns.
     """
 
-    def __init__(self, store, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, reused_chunks, reused):
+    def __init__(self, store, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, reused_chunks, reused, *, kind=PREFIX):
         self.store: ChunkStore = store
+        self.kind = kind
+        self.requires: list[bytes] = []  # chunk hashes that must still be held at the commit (else Conflict)
         self.prefix_id = prefix_id
         self.tokens = tokens
         self.geometry = geometry
@@ -917,6 +964,7 @@ class PendingPut:
             "chunk_hashes": [h.hex() for h in self.hashes],
             "segments": [p.to_dict() for p in pieces],
             "created": time.time(),
+            "kind": self.kind,
         }
 
     def _segment_record(self) -> dict:

@@ -190,12 +190,13 @@ def _status(quarantined: str | None) -> str:
 def cmd_ls(admin, args) -> tuple[object, str, int]:
     items = sorted(admin.list_prefixes(), key=lambda p: p["created"])
     rows = [
-        [p["prefix_id"][:SHORT_ID_CHARS], p["num_tokens"], p["num_chunks"], p["num_segments"], p["namespace"] or "-",
-         p["model_fingerprint"] or "-", _when(p["created"]), _status(p["quarantined"])]
+        [p["prefix_id"][:SHORT_ID_CHARS], p.get("kind") or "prefix", p["num_tokens"], p["num_chunks"], p["num_segments"],
+         p["namespace"] or "-", p["model_fingerprint"] or "-", _when(p["created"]), _status(p["quarantined"])]
         for p in items
     ]
-    headers = ["PREFIX", "TOKENS", "CHUNKS", "SEGMENTS", "NAMESPACE", "MODEL", "CREATED", "STATUS"]
-    text = format_table(headers, rows, right={1, 2, 3}) + f"\n{len(items)} prefixes"
+    # KIND "pages": a PutPages batch, its TOKENS pages x chunk tokens
+    headers = ["PREFIX", "KIND", "TOKENS", "CHUNKS", "SEGMENTS", "NAMESPACE", "MODEL", "CREATED", "STATUS"]
+    text = format_table(headers, rows, right={2, 3, 4}) + f"\n{len(items)} prefixes"
     return items, text, 0
 
 
@@ -205,6 +206,7 @@ def cmd_inspect(admin, args) -> tuple[object, str, int]:
     geo = info["geometry"]
     head = [
         ["prefix", info["prefix_id"]],
+        ["kind", info.get("kind") or "prefix"],
         ["namespace", info["namespace"] or "-"],
         ["model", info["model_fingerprint"] or "-"],
         ["geometry", f"{m['num_layers']} layers x {m['num_kv_heads']} KV heads x {m['head_dim']} dim {m['dtype']}, "

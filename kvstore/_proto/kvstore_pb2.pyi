@@ -380,8 +380,100 @@ class ArrayFrame(_message.Message):
     data: bytes
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., dtype: _Optional[str] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class PagesExistRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "geometry", "keys")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    geometry: Geometry
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ...) -> None: ...
+
+class PagesExistResponse(_message.Message):
+    __slots__ = ("exists", "num_leading")
+    EXISTS_FIELD_NUMBER: _ClassVar[int]
+    NUM_LEADING_FIELD_NUMBER: _ClassVar[int]
+    exists: _containers.RepeatedScalarFieldContainer[bool]
+    num_leading: int
+    def __init__(self, exists: _Optional[_Iterable[bool]] = ..., num_leading: _Optional[int] = ...) -> None: ...
+
+class PutPagesHeader(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "geometry", "keys", "skip_pages")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    SKIP_PAGES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    geometry: Geometry
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    skip_pages: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ..., skip_pages: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class PutPagesRequest(_message.Message):
+    __slots__ = ("header", "extent")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_FIELD_NUMBER: _ClassVar[int]
+    header: PutPagesHeader
+    extent: ExtentFrame
+    def __init__(self, header: _Optional[_Union[PutPagesHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentFrame, _Mapping]] = ...) -> None: ...
+
+class PutPagesResponse(_message.Message):
+    __slots__ = ("num_pages", "pages_written", "pages_already_stored", "bytes_written", "batch_id")
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    PAGES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    PAGES_ALREADY_STORED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    BATCH_ID_FIELD_NUMBER: _ClassVar[int]
+    num_pages: int
+    pages_written: int
+    pages_already_stored: int
+    bytes_written: int
+    batch_id: str
+    def __init__(self, num_pages: _Optional[int] = ..., pages_written: _Optional[int] = ..., pages_already_stored: _Optional[int] = ..., bytes_written: _Optional[int] = ..., batch_id: _Optional[str] = ...) -> None: ...
+
+class GetPagesRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "geometry", "keys", "layer_start", "layer_end")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    LAYER_START_FIELD_NUMBER: _ClassVar[int]
+    LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    geometry: Geometry
+    keys: _containers.RepeatedScalarFieldContainer[bytes]
+    layer_start: int
+    layer_end: int
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+
+class PagesHeader(_message.Message):
+    __slots__ = ("geometry", "num_pages", "groups")
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    NUM_PAGES_FIELD_NUMBER: _ClassVar[int]
+    GROUPS_FIELD_NUMBER: _ClassVar[int]
+    geometry: Geometry
+    num_pages: int
+    groups: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, geometry: _Optional[_Union[Geometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class GetPagesResponse(_message.Message):
+    __slots__ = ("header", "extent", "stats")
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    EXTENT_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    header: PagesHeader
+    extent: ExtentData
+    stats: ReadStats
+    def __init__(self, header: _Optional[_Union[PagesHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ...) -> None: ...
+
 class DescribeResponse(_message.Message):
-    __slots__ = ("prefix_id", "namespace", "model_fingerprint", "geometry", "num_tokens", "num_chunks", "quarantined")
+    __slots__ = ("prefix_id", "namespace", "model_fingerprint", "geometry", "num_tokens", "num_chunks", "quarantined", "kind")
     PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -389,6 +481,7 @@ class DescribeResponse(_message.Message):
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     prefix_id: str
     namespace: str
     model_fingerprint: str
@@ -396,7 +489,8 @@ class DescribeResponse(_message.Message):
     num_tokens: int
     num_chunks: int
     quarantined: str
-    def __init__(self, prefix_id: _Optional[str] = ..., namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., quarantined: _Optional[str] = ...) -> None: ...
+    kind: str
+    def __init__(self, prefix_id: _Optional[str] = ..., namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., quarantined: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class PrefixRequest(_message.Message):
     __slots__ = ("prefix_id",)
@@ -417,7 +511,7 @@ class ListPrefixesRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class PrefixInfo(_message.Message):
-    __slots__ = ("prefix_id", "namespace", "model_fingerprint", "num_tokens", "num_chunks", "num_segments", "created", "quarantined")
+    __slots__ = ("prefix_id", "namespace", "model_fingerprint", "num_tokens", "num_chunks", "num_segments", "created", "quarantined", "kind")
     PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
@@ -426,6 +520,7 @@ class PrefixInfo(_message.Message):
     NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
     QUARANTINED_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
     prefix_id: str
     namespace: str
     model_fingerprint: str
@@ -434,7 +529,8 @@ class PrefixInfo(_message.Message):
     num_segments: int
     created: float
     quarantined: str
-    def __init__(self, prefix_id: _Optional[str] = ..., namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., num_segments: _Optional[int] = ..., created: _Optional[float] = ..., quarantined: _Optional[str] = ...) -> None: ...
+    kind: str
+    def __init__(self, prefix_id: _Optional[str] = ..., namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., num_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., num_segments: _Optional[int] = ..., created: _Optional[float] = ..., quarantined: _Optional[str] = ..., kind: _Optional[str] = ...) -> None: ...
 
 class ListPrefixesResponse(_message.Message):
     __slots__ = ("prefixes",)

@@ -99,6 +99,21 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesResponse.FromString,
                 _registered_method=True)
+        self.PagesExist = channel.unary_unary(
+                '/kvstore.v1.KVStore/PagesExist',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PagesExistRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PagesExistResponse.FromString,
+                _registered_method=True)
+        self.PutPages = channel.stream_unary(
+                '/kvstore.v1.KVStore/PutPages',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PutPagesRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PutPagesResponse.FromString,
+                _registered_method=True)
+        self.GetPages = channel.unary_stream(
+                '/kvstore.v1.KVStore/GetPages',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -182,6 +197,24 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PagesExist(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PutPages(self, request_iterator, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetPages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -249,6 +282,21 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.ListPrefixes,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesResponse.SerializeToString,
+            ),
+            'PagesExist': grpc.unary_unary_rpc_method_handler(
+                    servicer.PagesExist,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PagesExistRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.PagesExistResponse.SerializeToString,
+            ),
+            'PutPages': grpc.stream_unary_rpc_method_handler(
+                    servicer.PutPages,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PutPagesRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.PutPagesResponse.SerializeToString,
+            ),
+            'GetPages': grpc.unary_stream_rpc_method_handler(
+                    servicer.GetPages,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -602,6 +650,87 @@ class KVStore:
             '/kvstore.v1.KVStore/ListPrefixes',
             kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PagesExist(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/PagesExist',
+            kvstore_dot___proto_dot_kvstore__pb2.PagesExistRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.PagesExistResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PutPages(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_unary(
+            request_iterator,
+            target,
+            '/kvstore.v1.KVStore/PutPages',
+            kvstore_dot___proto_dot_kvstore__pb2.PutPagesRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.PutPagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetPages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/kvstore.v1.KVStore/GetPages',
+            kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.FromString,
             options,
             channel_credentials,
             insecure,

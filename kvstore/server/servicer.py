@@ -1,9 +1,10 @@
 """Thin gRPC servicers: validate, translate, call the store, translate back.
 
-Why ~500 lines in one file: each handler is short, but ``ReadChunks`` still
+Why ~650 lines in one file: each handler is short, but ``ReadChunks`` still
 carries its own group reader (``_GroupReader``), which goes when reads share
-the Prefetch stream's executor; the handlers themselves stay together so the
-service's surface reads in one place.
+the Prefetch stream's executor, and ``GetPages`` its batching of reads; the
+handlers themselves stay together so the service's surface reads in one
+place.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from .. import __version__
 from .._proto import kvstore_pb2 as pb
 from .._proto import kvstore_pb2_grpc as pb_grpc
 from ..errors import InvalidArgument, NotFound, PermissionDenied
+from ..pages import READ_BATCH_BYTES, not_stored
 from ..reader import validate_chunks
 from ..store import ChunkStore
 from .arena import Arena
@@ -175,9 +177,22 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             reuse_chunks=h.reuse_chunks,
             on_abandon=lambda p: p.abort(),
         )
+        res = await self._receive_and_commit(frames, pending, "PutPrefix")
+        return pb.PutPrefixResponse(
+            prefix_id=res.prefix_id,
+            num_tokens=res.num_tokens,
+            num_chunks=res.num_chunks,
+            reused_chunks=res.reused_chunks,
+            bytes_written=res.bytes_written,
+            already_stored=res.already_stored,
+        )
+
+    async def _receive_and_commit(self, frames, pending, rpc: str):
+        """Feed the stream's extent frames to ``pending``, then commit it."""
+        svc = self.svc
         try:
             received = 0
-            while (msg := await self._next(frames, svc.config.put_idle_seconds)) is not None:
+            while (msg := await self._next(frames, svc.config.put_idle_seconds, rpc)) is not None:
                 if msg.WhichOneof("kind") != "extent":
                     raise InvalidArgument("header", "only the first message may be a header")
                 e = msg.extent
@@ -189,18 +204,10 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             pending.abort()  # drops the segment and the reservation of a cut stream
             raise
         # A commit runs to its end even if the client goes away meanwhile: it
-        # either indexes the prefix or aborts the put itself.
-        res = await asyncio.shield(svc.run(pending.commit))
-        return pb.PutPrefixResponse(
-            prefix_id=res.prefix_id,
-            num_tokens=res.num_tokens,
-            num_chunks=res.num_chunks,
-            reused_chunks=res.reused_chunks,
-            bytes_written=res.bytes_written,
-            already_stored=res.already_stored,
-        )
+        # either indexes the put or aborts it itself.
+        return await asyncio.shield(svc.run(pending.commit))
 
-    async def _next(self, frames, put_idle_s: float | None = None):
+    async def _next(self, frames, put_idle_s: float | None = None, rpc: str = "PutPrefix"):
         """The next message; ``put_idle_s``: a put holding a reservation may wait only this long."""
         idle_s = put_idle_s or self.svc.config.stream_idle_seconds
         try:
@@ -209,7 +216,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             return None
         except asyncio.TimeoutError:
             if put_idle_s:
-                raise PutStalled(f"PutPrefix: no message for put_idle_seconds ({idle_s}s); the put is aborted") from None
+                raise PutStalled(f"{rpc}: no message for put_idle_seconds ({idle_s}s); the put is aborted") from None
             raise InvalidArgument("stream", f"no message for {idle_s}s") from None
 
     @unary
@@ -352,6 +359,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             num_tokens=view.num_tokens,
             num_chunks=view.num_chunks,
             quarantined=store.prefix_quarantine(view) or "",
+            kind=view.kind,
         )
 
     @unary
@@ -380,6 +388,100 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 if (not request.namespace or r["namespace"] == request.namespace) and (allowed is None or r["namespace"] in allowed)
             ]
         )
+
+
+    # ------------------------------------------------------------ pages
+    @unary
+    async def PagesExist(self, request, context):
+        pages = self.svc.store.pages
+        geo = geometry_from_pb(request.geometry)
+        keys = list(request.keys)
+        if not _may_read(context, request.namespace):  # as if none were stored: existence does not leak
+            pages.hashes(keys, geo, request.namespace, request.model_fingerprint)
+            return pb.PagesExistResponse(exists=[False] * len(keys), num_leading=0)
+        res = await self.svc.run(pages.exists, keys, geo, namespace=request.namespace, model_fingerprint=request.model_fingerprint)
+        return pb.PagesExistResponse(exists=res.exists, num_leading=res.num_leading)
+
+    @unary
+    async def PutPages(self, request_iterator, context):
+        svc = self.svc
+        frames = aiter(request_iterator)
+        first = await self._next(frames)
+        if first is None or first.WhichOneof("kind") != "header":
+            raise InvalidArgument("header", "the first message of PutPages must be a PutPagesHeader")
+        h = first.header
+        check_namespace(context, h.namespace)
+        pending = await svc.run_owned(
+            svc.store.pages.begin_put,
+            list(h.keys),
+            geometry_from_pb(h.geometry, "header.geometry"),
+            namespace=h.namespace,
+            model_fingerprint=h.model_fingerprint,
+            skip_pages=list(h.skip_pages),
+            on_abandon=lambda p: p.abort(),
+        )
+        res = await self._receive_and_commit(frames, pending, "PutPages")
+        return pb.PutPagesResponse(
+            num_pages=res.num_pages,
+            pages_written=res.pages_written,
+            pages_already_stored=res.pages_already_stored,
+            bytes_written=res.bytes_written,
+            batch_id=res.batch_id,
+        )
+
+    @streaming
+    async def GetPages(self, request, context):
+        svc = self.svc
+        pages = svc.store.pages
+        geo = geometry_from_pb(request.geometry)
+        groups = groups_for_layers(geo, request.layer_start, request.layer_end)
+        keys, ns, fp = list(request.keys), request.namespace, request.model_fingerprint
+        if not _may_read(context, ns):  # as if not stored: existence does not leak
+            pages.hashes(keys, geo, ns, fp)
+            raise not_stored(0)
+        locations, hold = await svc.run_owned(
+            pages.hold, keys, geo, namespace=ns, model_fingerprint=fp, on_abandon=lambda located: located[1].release()
+        )
+        context.add_done_callback(lambda _ctx: hold.release())  # not evicted nor moved while the stream lasts
+        try:
+            page_bytes = sum(geo.extent_bytes(g, geo.chunk_tokens) for g in groups)
+            step = max(1, READ_BATCH_BYTES // page_bytes)
+            batches = [range(i, min(i + step, len(locations))) for i in range(0, len(locations), step)]
+            stats = pb.ReadStats()
+            task = asyncio.ensure_future(svc.run(pages.read, locations[batches[0].start : batches[0].stop], groups))
+            for b, pages_in in enumerate(batches):
+                res = await task
+                if b + 1 < len(batches):  # the next batch loads while this one streams
+                    task = asyncio.ensure_future(svc.run(pages.read, locations[batches[b + 1].start : batches[b + 1].stop], groups))
+                stats.bytes_read += res.bytes_read
+                stats.bytes_useful += res.bytes_useful
+                stats.num_reads += res.num_reads
+                msgs = list(_page_frames(res, pages_in.start, svc.config.frame_bytes))
+                if b == 0:
+                    msgs[0].header.CopyFrom(pb.PagesHeader(geometry=geometry_to_pb(geo), num_pages=len(keys), groups=groups))
+                if b + 1 == len(batches):
+                    msgs[-1].stats.CopyFrom(stats)
+                for msg in msgs:
+                    yield msg
+            pages.record_access(locations, groups)
+        finally:
+            hold.release()
+
+
+def _may_read(context, namespace: str) -> bool:
+    allowed = namespaces_of(context)
+    return allowed is None or namespace in allowed
+
+
+def _page_frames(res, first_page: int, frame_bytes: int):
+    """ExtentData frames of every extent of a PageRead; ``chunk`` = the page's index in the request."""
+    for i in range(res.num_pages):
+        for g in res.groups:
+            mv = memoryview(res.extent_bytes(g, i))
+            n = len(mv)
+            for off in range(0, n, frame_bytes):
+                extent = pb.ExtentData(group=g, chunk=first_page + i, offset=off, extent_bytes=n, data=bytes(mv[off : off + frame_bytes]))
+                yield pb.GetPagesResponse(extent=extent)
 
 
 async def _reached_open(svc: Service, requests, context):

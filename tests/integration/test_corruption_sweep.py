@@ -9,6 +9,8 @@ probe keys.  Each read either returns exactly what was stored or fails with
 DATA_LOSS; a flip inside a checksummed region is always detected by some
 read.  A flip in padding changes no byte anyone can read.  The trial's
 outcome is reported as a record, so the sweep also counts what it tried.
+The same sweep runs over page batches, read page by page through the page
+API.
 """
 
 import os
@@ -18,7 +20,7 @@ import pytest
 from helpers import GEOMETRIES, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.errors import DataLoss
+from kvstore.errors import DataLoss, NotFound
 from kvstore.store import ChunkStore
 
 GEO = GEOMETRIES[0]  # 5 layers in groups of 2, one head, head dim 1, bf16: small files, odd sizes
@@ -105,3 +107,62 @@ def test_random_byte_flips_are_detected_or_harmless(tmp_path):
 @pytest.mark.slow
 def test_random_byte_flips_are_detected_or_harmless_many(tmp_path):
     sweep(tmp_path, range(1000, 1200))
+
+
+# ------------------------------------------------------------ pages
+def _store_pages(data: str) -> list[tuple[list[bytes], np.ndarray]]:
+    """Two page puts; the second repeats two of the first's pages (stored once)."""
+    from test_pages import make_pages, page_keys
+
+    keys_a, pages_a = page_keys(5, 1), make_pages(GEO, 5, 1)
+    keys_b, pages_b = keys_a[:2] + page_keys(3, 2), np.concatenate([pages_a[:2], make_pages(GEO, 3, 2)])
+    with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
+        for keys, pages in [(keys_a, pages_a), (keys_b, pages_b)]:
+            store.pages.put(keys, pages, GEO)
+    return [(keys_a, pages_a), (keys_b, pages_b)]
+
+
+def page_corruption_trial(tmp_path, seed: int) -> dict:
+    """One random flip in a page batch's segment; every page read is exact or DATA_LOSS."""
+    data = str(tmp_path / f"p{seed}")
+    stored = _store_pages(data)
+    rng = np.random.default_rng(seed)
+    with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
+        batch = sorted(p["prefix_id"] for p in store.list_prefixes())[int(rng.integers(2))]
+        (seg_id,) = store.describe(batch).segment_ids
+        regions = store._segment(seg_id).regions()
+        path = store.files.path(seg_id)
+    extents = [(off, off + length) for name, off, length, _ in regions if name.startswith("extent")]
+    checksummed = [(off, off + length) for _, off, length, _ in regions]
+    if rng.random() < 0.75:
+        lo, hi = extents[int(rng.integers(len(extents)))] if rng.random() < 0.8 else checksummed[int(rng.integers(len(checksummed)))]
+        offset = int(rng.integers(lo, hi))
+    else:
+        offset = int(rng.integers(os.path.getsize(path)))
+    _flip(path, offset)
+    refused = exact = 0
+    with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
+        for keys, pages in stored:
+            for i in range(len(keys)):  # page by page: a bad page must not hide a good one
+                try:
+                    got = store.pages.get([keys[i]], GEO).to_array()
+                except DataLoss:
+                    refused += 1
+                    continue
+                except NotFound:  # its batch was quarantined by an earlier read
+                    refused += 1
+                    continue
+                np.testing.assert_array_equal(got[0], pages[i])
+                exact += 1
+        verified = all(r["ok"] for r in store.verify())
+    in_extent = any(lo <= offset < hi for lo, hi in extents)
+    if in_extent:
+        assert refused > 0, f"a flip at {offset} inside a page's extent went unnoticed"
+    if any(lo <= offset < hi for lo, hi in checksummed):
+        assert not verified, f"a flip at {offset} inside a checksummed region passed verify"
+    return {"offset": offset, "extent": in_extent, "refused": refused, "exact": exact}
+
+
+def test_random_byte_flips_in_page_segments_are_detected_or_harmless(tmp_path):
+    trials = [page_corruption_trial(tmp_path, s) for s in range(12)]
+    assert any(t["extent"] for t in trials)

@@ -4,7 +4,8 @@ Messages are generated from the protobuf descriptors, so a field added to the
 API is fuzzed without touching this file.  Values lean towards the edges
 (zero, type limits, stored prefix ids, the stored geometry) so that requests
 get past the first check and into the handlers.  Every call must end with a
-status code the API documents for bad input; afterwards the daemon is alive,
+status code the API documents for bad input (pages: ``NEAR_VALID_CALLS``
+sends puts, reads and existence checks of pages it stored); afterwards the daemon is alive,
 its log holds no traceback, no lease or pin is left, and the stored prefixes
 read back byte-exact.
 
@@ -22,12 +23,14 @@ from google.protobuf.descriptor import FieldDescriptor
 from helpers import GEOMETRIES, make_kv, make_tokens, settled
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_pages import make_pages, page_keys
 
 from engine_client.client import KVStoreClient
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.server.convert import geometry_to_pb
 
 GEO = GEOMETRIES[0]  # 5 layers, 1 head, head dim 1: small extents, 3 groups
+PAGE_KEYS = page_keys(6, 11)  # pages stored before each method is fuzzed; the fuzzer knows their keys
 ALLOWED = {
     grpc.StatusCode.OK,
     grpc.StatusCode.INVALID_ARGUMENT,
@@ -127,6 +130,8 @@ NEAR_VALID = {
     "lease_ids": st.lists(st.integers(0, 64), max_size=8),
     "covered_groups": st.lists(st.integers(0, 3), max_size=3),
     "tokens": st.lists(st.integers(0, 50_000), min_size=1, max_size=48),
+    "keys": st.lists(st.one_of(st.sampled_from(PAGE_KEYS), st.binary(min_size=1, max_size=64)), max_size=8),
+    "skip_pages": st.lists(st.integers(0, 8), max_size=3),
 }
 
 
@@ -293,7 +298,54 @@ def _prefetch_sequences(draw, fuzzer: Fuzzer):
     return msgs
 
 
+@st.composite
+def _put_pages_sequences(draw, fuzzer: Fuzzer):
+    """A header naming stored and new pages, some skipped, then their frames, a few of them wrong."""
+    keys = draw(st.lists(st.one_of(st.sampled_from(PAGE_KEYS), st.binary(min_size=1, max_size=64)), min_size=1, max_size=5, unique=True))
+    skip = [i for i, k in enumerate(keys) if k in PAGE_KEYS and draw(st.booleans())]
+    msgs = [pb.PutPagesRequest(header=pb.PutPagesHeader(geometry=fuzzer.geometry_pb, keys=keys, skip_pages=skip))]
+    frames = []
+    for g in range(GEO.num_groups):
+        size = GEO.extent_bytes(g, GEO.chunk_tokens)
+        for i in range(len(keys)):
+            if i not in skip:
+                frames.append(pb.ExtentFrame(group=g, chunk=i, data=draw(st.binary(min_size=size, max_size=size))))
+    frames = draw(st.permutations(frames))
+    for _ in range(draw(st.integers(0, 2))) if frames else ():
+        i = draw(st.integers(0, len(frames) - 1))
+        f = pb.ExtentFrame()
+        f.CopyFrom(frames[i])
+        damage = draw(st.sampled_from(["drop", "repeat", "short", "offset", "chunk"]))
+        if damage == "drop":
+            del frames[i]
+            continue
+        if damage == "short":
+            f.data = f.data[:-2]
+        elif damage == "offset":
+            f.offset = draw(st.sampled_from([1, 2**40, 2**64 - 1]))
+        elif damage == "chunk":
+            f.chunk = draw(st.sampled_from([len(keys), 2**32 - 1, *skip]))
+        frames.insert(i, f)
+    return msgs + [pb.PutPagesRequest(extent=f) for f in frames]
+
+
+@st.composite
+def _get_pages(draw, fuzzer: Fuzzer):
+    start = draw(stored_layers)
+    keys = draw(st.lists(st.sampled_from(PAGE_KEYS), min_size=1, max_size=6, unique=True))
+    return [
+        pb.GetPagesRequest(
+            geometry=fuzzer.geometry_pb,
+            keys=keys,
+            layer_start=start,
+            layer_end=draw(st.sampled_from([0, start + 1, GEO.model.num_layers])),
+        )
+    ]
+
+
 NEAR_VALID_CALLS = {
+    "PutPages": _put_pages_sequences,
+    "GetPages": _get_pages,
     "ReadChunks": _read_chunks,
     "ReportAttention": _report_attention,
     "PutPrefix": _put_sequences,
@@ -316,6 +368,8 @@ def _run_fuzz(d, service, method, *, raw: bool, examples: int, derandomize: bool
     through untouched."""
     guarded = _store_prefixes(d, [3])
     exposed = _store_prefixes(d, [1, 2])
+    with KVStoreClient(d.target) as client:
+        client.put_pages(PAGE_KEYS, make_pages(GEO, len(PAGE_KEYS), 11), GEO)
     seen = {}
     # a same-host client's shared-memory session, its id known to the fuzzer;
     # its leases go back when it closes, before the check below.  It reads the
@@ -359,6 +413,10 @@ def _check_daemon_intact(d, guarded: dict, exposed: dict):
             num_chunks = client.describe(pid).num_chunks
             with client.read_chunks(pid, list(range(num_chunks))) as got:
                 np.testing.assert_array_equal(got.to_kv(), kv)
+        present = client.pages_exist(PAGE_KEYS, GEO).exists  # a fuzzed Evict may take the pages too
+        if present.any():
+            kept = [k for k, p in zip(PAGE_KEYS, present) if p]
+            np.testing.assert_array_equal(client.get_pages(kept, GEO), make_pages(GEO, len(PAGE_KEYS), 11)[present])
     log = d.log()
     assert "Traceback" not in log, log[-3000:]
 

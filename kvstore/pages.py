@@ -1,0 +1,374 @@
+"""Pages: chunks stored and fetched by a serving engine's own content keys.
+
+A **page** is one chunk (``chunk_tokens`` tokens) of every layer of one
+model: one extent per stored period group.  Serving engines name their KV
+blocks by content: vLLM's block hash and SGLang HiCache's key of page ``j``
+cover every token up to its end, so equal keys mean equal KV.  The store
+takes a key as given (1 to 64 bytes) and files the page under its page hash
+(``hashing.page_hashes``: namespace, model fingerprint and geometry
+included), so a key means nothing outside its namespace and geometry.
+
+A batch of new pages is stored exactly as a prefix put stores its chunks:
+one segment (checksums, trailer, fdatasync), a manifest file, one index
+commit, a disk reservation, eviction and compaction by the same score.  Its
+manifest is of kind ``pages``: its chunk hashes are the page hashes, its
+``num_tokens`` is pages x ``chunk_tokens`` (the pages' tokens are not
+known to the store), its id new for every put (so pages of a quarantined
+batch can be stored again).  ``chunk_refs``
+maps each page hash to the batch holding it, so looking a page up is one
+index read, and verify, quarantine, ``rebuild-index``, eviction and the
+listings treat a batch as they treat a prefix.
+
+A put of a page already stored writes nothing for it: the put holds the
+batch that stores it until the commit, and the commit fails as Conflict
+(retry) if that page was deleted meanwhile, so an acknowledged put means
+every one of its pages is stored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import Conflict, InvalidArgument, NotFound
+from .geometry import StoreGeometry
+from .hashing import page_hashes
+from .reader import ReadResult, validate_groups
+from .records import PAGES, PrefixView
+
+MAX_KEY_BYTES = 64
+READ_BATCH_BYTES = 32 << 20  # GetPages reads this many bytes of pages at a time (at least one page)
+_BATCH_TAG = b"kvstore.page-batch.v1"
+_LOCATE_ATTEMPTS = 3
+
+
+def validate_keys(keys, max_pages: int, field_name: str = "keys") -> list[bytes]:
+    """``keys`` as a list of bytes (1 to 64 each, no duplicates), or raise naming the field."""
+    if isinstance(keys, (bytes, str)) or not hasattr(keys, "__len__"):
+        raise InvalidArgument(field_name, "must be a sequence of byte strings")
+    if len(keys) == 0:
+        raise InvalidArgument(field_name, "must not be empty")
+    if len(keys) > max_pages:
+        raise InvalidArgument(field_name, f"{len(keys)} keys exceed the limit of {max_pages} pages per call")
+    out, seen = [], {}
+    for i, k in enumerate(keys):
+        if not isinstance(k, (bytes, bytearray, memoryview)):
+            raise InvalidArgument(f"{field_name}[{i}]", f"must be bytes, got {type(k).__name__}")
+        k = bytes(k)
+        if not 1 <= len(k) <= MAX_KEY_BYTES:
+            raise InvalidArgument(f"{field_name}[{i}]", f"must be 1 to {MAX_KEY_BYTES} bytes, got {len(k)}")
+        if k in seen:
+            raise InvalidArgument(f"{field_name}[{i}]", f"duplicates keys[{seen[k]}]")
+        seen[k] = i
+        out.append(k)
+    return out
+
+
+def not_stored(index: int) -> NotFound:
+    """The one answer for a page that is not there (or not the caller's to see)."""
+    return NotFound(f"keys[{index}]: page is not stored")
+
+
+def batch_id(hashes: list[bytes]) -> str:
+    """A new id for a batch storing these page hashes."""
+    h = hashlib.sha256(_BATCH_TAG + os.urandom(16))
+    for ph in hashes:
+        h.update(ph)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class PageLocation:
+    view: PrefixView  # the batch (or, never in practice, prefix) holding the page
+    chunk: int
+
+
+@dataclass(frozen=True)
+class PagesPresent:
+    exists: list[bool]
+    num_leading: int  # leading keys that are stored: what an engine may load instead of computing
+
+
+@dataclass(frozen=True)
+class PagesPutResult:
+    num_pages: int
+    pages_written: int
+    pages_already_stored: int
+    bytes_written: int
+    batch_id: str  # "" when every page was stored already
+
+
+@dataclass
+class PageRead:
+    """Extents of pages, in request order: ``extent_bytes(group, page)``."""
+
+    geometry: StoreGeometry
+    groups: list[int]
+    num_pages: int
+    bytes_read: int = 0
+    bytes_useful: int = 0
+    num_reads: int = 0
+    _extents: dict = field(default_factory=dict, repr=False)  # (group, page) -> uint8 view
+
+    def extent_bytes(self, group: int, page: int) -> np.ndarray:
+        return self._extents[(group, page)]
+
+    def to_array(self) -> np.ndarray:
+        """``[pages, layers of the groups, 2, kv_heads, chunk_tokens, head_dim]`` in the KV dtype (a copy)."""
+        geo = self.geometry
+        per_group = []
+        for g in self.groups:
+            shape = geo.extent_shape(g, geo.chunk_tokens)
+            per_group.append(np.stack([self._extents[(g, i)].view(geo.model.numpy_dtype()).reshape(shape) for i in range(self.num_pages)]))
+        return np.concatenate(per_group, axis=1)
+
+
+class PageStore:
+    """The page operations of one ``ChunkStore``."""
+
+    def __init__(self, store):
+        self.store = store
+
+    def max_pages(self, geometry: StoreGeometry) -> int:
+        """Pages per call: as many as a prefix has chunks at most."""
+        return max(1, self.store.config.max_prefix_tokens // geometry.chunk_tokens)
+
+    def hashes(self, keys, geometry, namespace, model_fingerprint) -> tuple[list[bytes], list[bytes]]:
+        """``(keys, page hashes)``, every argument validated (InvalidArgument naming the field)."""
+        if not isinstance(geometry, StoreGeometry):
+            raise InvalidArgument("geometry", "must be a StoreGeometry")
+        keys = validate_keys(keys, self.max_pages(geometry))
+        return keys, page_hashes(keys, geometry, namespace, model_fingerprint)
+
+    def locate(self, hashes: list[bytes]) -> list[PageLocation | None]:
+        out = []
+        for h in hashes:
+            view = self.store.holder(h)
+            out.append(None if view is None else PageLocation(view, view.chunk_positions[h.hex()]))
+        return out
+
+    # ------------------------------------------------------------ exists
+    def exists(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> PagesPresent:
+        _, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
+        present = [loc is not None for loc in self.locate(hashes)]
+        return PagesPresent(present, present.index(False) if False in present else len(present))
+
+    # ------------------------------------------------------------ put
+    def begin_put(
+        self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "", skip_pages=()
+    ) -> "PendingPages":
+        """First phase of a put: find the pages stored already, open a segment for the rest.
+
+        ``skip_pages``: indices of pages the caller will not send because it
+        found them stored; Conflict if one of them is not stored now.
+        """
+        store = self.store
+        store._check_writable()
+        keys, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
+        skip = _validate_skip(skip_pages, len(keys))
+        locations = self.locate(hashes)
+        gone = [i for i in sorted(skip) if locations[i] is None]
+        if gone:
+            raise Conflict(f"skip_pages: page {gone[0]} is no longer stored; ask again which pages exist")
+        hold = store.holds.hold(*sorted({loc.view.prefix_id for loc in locations if loc is not None}))
+        try:
+            new = [i for i, loc in enumerate(locations) if loc is None]
+            present = [hashes[i] for i, loc in enumerate(locations) if loc is not None]
+            pending = None
+            if new:
+                new_hashes = [hashes[i] for i in new]
+                pending = store.begin_chunks(
+                    batch_id(new_hashes), new_hashes, geometry, namespace=namespace, model_fingerprint=model_fingerprint, kind=PAGES
+                )
+                pending.requires = present
+        except BaseException:
+            hold.release()
+            raise
+        return PendingPages(store, geometry, len(keys), skip, new, present, pending, hold)
+
+    def put(
+        self, keys, kv_pages: np.ndarray, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = ""
+    ) -> PagesPutResult:
+        """Store ``kv_pages`` ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` under ``keys``."""
+        for attempt in range(3):
+            pending = self.begin_put(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint)
+            try:
+                pending.put_pages(kv_pages)
+                return pending.commit()
+            except Conflict:
+                if attempt == 2:
+                    raise
+            finally:
+                pending.abort()
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------ read
+    def hold(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = ""):
+        """``(locations, hold)``: every page located, its holders held against eviction and compaction.
+
+        NotFound (``not_stored``) for the first page that is not stored.
+        """
+        store = self.store
+        _, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
+        for _ in range(_LOCATE_ATTEMPTS):
+            locations = self.locate(hashes)
+            missing = [i for i, loc in enumerate(locations) if loc is None]
+            if missing:
+                raise not_stored(missing[0])
+            ids = sorted({loc.view.prefix_id for loc in locations})
+            hold = store.holds.hold(*ids)
+            # a delete or a compaction may have come between the look-up and the hold
+            again = self.locate(hashes)
+            if all(b is not None and (a.view.prefix_id, a.chunk) == (b.view.prefix_id, b.chunk) for a, b in zip(locations, again)):
+                return again, hold
+            hold.release()
+        raise Conflict("pages moved while being located; retry")
+
+    def read(self, locations: list[PageLocation], groups=None, *, coalesce: bool = True) -> PageRead:
+        """Read held pages (``hold``): one store read per holding batch, checksums verified."""
+        store = self.store
+        geo = locations[0].view.geometry
+        grp = validate_groups(groups, geo.num_groups)
+        out = PageRead(geo, grp, len(locations))
+        by_holder: dict[str, list[int]] = {}
+        for i, loc in enumerate(locations):
+            by_holder.setdefault(loc.view.prefix_id, []).append(i)
+        for pid, pages in by_holder.items():
+            chunks = np.array([locations[i].chunk for i in pages], dtype=np.int64)
+            res: ReadResult = store._read(pid, chunks, grp, coalesce=coalesce, alloc=None)
+            for g in grp:
+                for i, j in zip(pages, chunks.tolist()):
+                    out._extents[(g, i)] = res.extent_bytes(g, j)
+            out.bytes_read += res.bytes_read
+            out.bytes_useful += res.bytes_useful
+            out.num_reads += res.num_reads
+        return out
+
+    def record_access(self, locations: list[PageLocation], groups) -> None:
+        """``F_j += 1`` for every page read, as a ReadChunks read counts."""
+        by_holder: dict[str, list[int]] = {}
+        for loc in locations:
+            by_holder.setdefault(loc.view.prefix_id, []).append(loc.chunk)
+        for pid, chunks in by_holder.items():
+            self.store.record_access(pid, chunks, groups)
+
+    def get(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "", groups=None) -> PageRead:
+        """Locate, hold, read, count: the whole read of ``keys`` in one call."""
+        locations, hold = self.hold(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint)
+        with hold:
+            res = self.read(locations, groups)
+            self.record_access(locations, res.groups)
+            return res
+
+
+def _validate_skip(skip_pages, num_pages: int) -> set[int]:
+    out = set()
+    for i in skip_pages:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < num_pages:
+            raise InvalidArgument("skip_pages", f"index {i!r} out of range [0, {num_pages})")
+        if i in out:
+            raise InvalidArgument("skip_pages", f"duplicate index {i}")
+        out.add(int(i))
+    return out
+
+
+class PendingPages:
+    """A page put between ``begin_put`` and ``commit``/``abort``.
+
+    The caller sends every page not in ``skip_pages``, each as one extent per
+    period group (``page`` = its index in the put's keys).  Bytes of pages
+    stored already are checked for size and order, then dropped; the new
+    pages go into one segment (``PendingPut``).
+    """
+
+    def __init__(self, store, geometry, num_pages, skip, new, present, pending, hold):
+        self.store = store
+        self.geometry = geometry
+        self.num_pages = num_pages
+        self.skip = skip
+        self.pending = pending  # PendingPut of the new pages, or None
+        self._local = {page: j for j, page in enumerate(new)}  # page index -> chunk of the new batch
+        self._present = present  # page hashes stored already: still stored at the commit, or Conflict
+        self._hold = hold  # the batches holding the present pages
+        self._extent_bytes = np.array([geometry.extent_bytes(g, geometry.chunk_tokens) for g in range(geometry.num_groups)], dtype=np.int64)
+        self._received = np.zeros((geometry.num_groups, num_pages), dtype=np.int64)
+
+    @property
+    def pages_written(self) -> int:
+        return len(self._local)
+
+    def put_extent_part(self, group: int, page: int, offset: int, payload) -> None:
+        """Bytes ``[offset, offset+len)`` of the extent of ``page`` in ``group``; parts arrive in order."""
+        geo = self.geometry
+        if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or not 0 <= group < geo.num_groups:
+            raise InvalidArgument("extent.group", f"must be in [0, {geo.num_groups}), got {group}")
+        if isinstance(page, bool) or not isinstance(page, (int, np.integer)) or not 0 <= page < self.num_pages:
+            raise InvalidArgument("extent.chunk", f"the page index must be in [0, {self.num_pages}), got {page}")
+        if page in self.skip:
+            raise InvalidArgument("extent.chunk", f"page {page} is in skip_pages; send nothing for it")
+        n = len(memoryview(payload).cast("B")) if not isinstance(payload, np.ndarray) else payload.nbytes
+        have, expected = int(self._received[group, page]), int(self._extent_bytes[group])
+        if have == expected:
+            raise InvalidArgument("extent", f"group {group} page {page} was already sent")
+        if offset != have:
+            raise InvalidArgument("extent.offset", f"group {group} page {page}: expected offset {have}, got {offset}")
+        if n == 0 or offset + n > expected:
+            raise InvalidArgument("extent.data", f"group {group} page {page}: {offset + n} bytes exceed the extent's {expected}")
+        local = self._local.get(page)
+        if local is not None:
+            self.pending.put_extent_part(group, local, offset, payload)
+        self._received[group, page] = have + n
+
+    def put_pages(self, kv_pages: np.ndarray) -> None:
+        """Send every page from ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]``."""
+        geo = self.geometry
+        m = geo.model
+        expected = (self.num_pages, m.num_layers, 2, m.num_kv_heads, geo.chunk_tokens, m.head_dim)
+        if not isinstance(kv_pages, np.ndarray) or kv_pages.shape != expected:
+            got = kv_pages.shape if isinstance(kv_pages, np.ndarray) else type(kv_pages).__name__
+            raise InvalidArgument(
+                "kv_pages", f"must be a numpy array of shape {expected} [pages, layers, 2, kv_heads, chunk_tokens, head_dim], got {got}"
+            )
+        if kv_pages.dtype != m.numpy_dtype():
+            raise InvalidArgument("kv_pages", f"dtype must be {m.numpy_dtype()} for {m.dtype}, got {kv_pages.dtype}")
+        for g in range(geo.num_groups):
+            layers = geo.group_layer_range(g)
+            for i in range(self.num_pages):
+                if i not in self.skip:
+                    self.put_extent_part(g, i, 0, np.ascontiguousarray(kv_pages[i, layers.start : layers.stop]))
+
+    def commit(self) -> PagesPutResult:
+        """Every page sent, the new ones written, synced and indexed; then acknowledged."""
+        try:
+            sent = np.ones(self.num_pages, dtype=bool)
+            sent[list(self.skip)] = False
+            short = (self._received != self._extent_bytes[:, None]) & sent[None, :]
+            if short.any():
+                g, i = (int(x) for x in np.argwhere(short)[0])
+                raise InvalidArgument("extents", f"{int(short.sum())} page extents missing or short, first: group {g} page {i}")
+            if self.pending is None:
+                if not self.store.still_held(self._present):
+                    raise Conflict("a page this put found stored was deleted concurrently; retry")
+                res = None
+            else:
+                res = self.pending.commit()
+        except BaseException:
+            self.abort()
+            raise
+        self._hold.release()
+        return PagesPutResult(
+            num_pages=self.num_pages,
+            pages_written=self.pages_written if res and not res.already_stored else 0,
+            pages_already_stored=self.num_pages - (self.pages_written if res and not res.already_stored else 0),
+            bytes_written=res.bytes_written if res else 0,
+            batch_id=res.prefix_id if res else "",
+        )
+
+    def abort(self) -> None:
+        """Drop the put (its segment, its reservation, its holds); a no-op after the commit."""
+        if self.pending is not None:
+            self.pending.abort()
+        self._hold.release()
