@@ -32,6 +32,7 @@ from kvstore.server.convert import geometry_from_pb
 from .client import KVStoreClient, KVStoreRpcError, as_numpy_kv, to_torch
 from .model.decoder import Decoder
 from .selection import PeriodInputs, get_selector, plan_periods, select_chunks
+from .selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -43,6 +44,10 @@ class ReprefillConfig:
     selector: str = "summary"  # exact | summary | full | recent
     head_aggregation: str = "sum"  # sum | max over query heads of each chunk's score (selection.heads)
     follow: int = 0  # each selected chunk brings this many chunks after it (selection.budget.select_chunks)
+    # probe_bits 4 or 8: exact scores use probe keys quantized to that many bits,
+    # fetched once per prefix and kept resident (selection.probes); 0: fetched
+    # in full precision at every Period.
+    probe_bits: int = 0
     # full_layers: the first layers (a multiple of period_layers) load every
     # chunk; their KV is charged to the budget, the other layers share the
     # rest (selection.schedule.plan_periods).
@@ -128,6 +133,8 @@ class ModelRunner:
         # resident key summaries of each Period's first layer, per (prefix, period_layers):
         # [chunks, periods, kv_heads, 2, head_dim] in the model's dtype (min/max of stored keys: exact)
         self._summaries: dict[tuple[str, int], torch.Tensor] = {}
+        # resident quantized probe keys per (prefix, stored group, bits): ReprefillConfig.probe_bits
+        self._probes: dict[tuple[str, int, int], QuantizedKeys] = {}
 
     # ------------------------------------------------------------ prefill
     def store_prefix(self, tokens, *, progress=None) -> PrefixHandle:
@@ -158,6 +165,7 @@ class ModelRunner:
                 "period_layers", f"must be a positive multiple of the stored group ({self.geometry.period_layers} layers)"
             )
         get_selector(cfg.selector, cfg.head_aggregation)
+        check_probe_bits(cfg.probe_bits)
         if isinstance(cfg.follow, bool) or not isinstance(cfg.follow, int) or cfg.follow < 0:
             raise InvalidArgument("follow", f"must be an int >= 0, got {cfg.follow!r}")
         if isinstance(cfg.full_layers, bool) or not isinstance(cfg.full_layers, int):
@@ -267,7 +275,10 @@ class ModelRunner:
         if selector.name == "full" or (isinstance(cfg.budget, float) and cfg.budget >= 1) or cfg.budget == m:
             return torch.arange(m)
         inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens)
-        if selector.name == "exact":
+        if selector.name == "exact" and cfg.probe_bits:
+            keys = self._resident_probe(prefix_id, l0 // self.geometry.period_layers, cfg.probe_bits, out)
+            inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, probe_keys=keys.dequantize(self.model.dtype))
+        elif selector.name == "exact":
             probe = self.client.get_probe_keys(prefix_id, l0 // self.geometry.period_layers)  # [Hkv, n, d]
             out.probe_bytes += probe.nbytes
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, probe_keys=_as_torch(probe, self.geometry))
@@ -295,9 +306,18 @@ class ModelRunner:
             self._summaries[key] = torch.from_numpy(firsts).to(self.model.dtype)
         return self._summaries[key]
 
+    def _resident_probe(self, prefix_id: str, group: int, bits: int, out: ReprefillResult) -> QuantizedKeys:
+        """A stored group's probe keys, quantized to ``bits`` and kept; the first fetch is charged to ``out.probe_bytes``."""
+        key = (prefix_id, group, bits)
+        if key not in self._probes:
+            probe = self.client.get_probe_keys(prefix_id, group)  # [Hkv, n, d]
+            out.probe_bytes += probe.nbytes
+            self._probes[key] = quantize_keys(_as_torch(probe, self.geometry), bits)
+        return self._probes[key]
+
     def resident_bytes(self) -> int:
-        """Bytes of client state kept between requests (the key summaries)."""
-        return sum(t.numel() * t.element_size() for t in self._summaries.values())
+        """Bytes of client state kept between requests (key summaries, quantized probe keys)."""
+        return sum(t.numel() * t.element_size() for t in self._summaries.values()) + sum(p.nbytes for p in self._probes.values())
 
     @staticmethod
     def summary_bytes(geometry: StoreGeometry, num_tokens: int, period_layers: int) -> int:

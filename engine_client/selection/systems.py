@@ -21,6 +21,10 @@ often in the next chunk; with 2-layer Periods the Period starting at layer
 16 chose for layer 17, the layer that finds the needle most often.  Its
 exact scores read every layer's probe keys (the keys of the whole prefix,
 half of its KV bytes): ``probe_bytes`` in every report says so.
+``perlayer-follow-int4`` scores with the same keys quantized to 4 bits,
+fetched once per prefix and kept resident by the client
+(``selection/probes.py``): 7% of a float32 KV in client memory instead of
+50% of it read at every request.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ SYSTEMS: dict[str, dict] = {
     "layerwise": {"selector": "exact", "period_layers": 2, "head_aggregation": "max"},
     "layerwise-summary": {"selector": "summary", "period_layers": 2, "head_aggregation": "max"},
     "perlayer-follow": {"selector": "exact", "period_layers": 1, "head_aggregation": "max", "follow": 1},
+    "perlayer-follow-int4": {"selector": "exact", "period_layers": 1, "head_aggregation": "max", "follow": 1, "probe_bits": 4},
 }
 
 # The stored group (SubPeriod) the layerwise systems need: their Period is one group.

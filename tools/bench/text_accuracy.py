@@ -95,12 +95,14 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                         cfg = ReprefillConfig(budget=budget, selector=selector, period_layers=args.period_layers)
                     else:  # a named selection system (engine_client.selection.systems)
                         cfg = ReprefillConfig(budget=budget, **system_fields(selector))
+                    resident = runner.resident_bytes()
                     gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, _max_new(ex, args), tokenizer=tokenizer)
+                    resident = runner.resident_bytes() - resident  # client state this prefix added (summaries, quantized probes)
                     res = gen.reprefill
                     extra = {"needle_loaded": needle_loaded(ex.needle_chunks(CHUNK_TOKENS), res.selected),
                              "tokens_loaded": res.tokens_loaded, "bytes_read": res.bytes_read, "kv_fraction": res.kv_fraction,
                              # what selection itself read: probe keys (exact scores) and client state (summaries)
-                             "probe_bytes": res.probe_bytes, "state_bytes_fetched": res.state_bytes_fetched}
+                             "probe_bytes": res.probe_bytes, "state_bytes_fetched": res.state_bytes_fetched, "resident_bytes": resident}
                 rows[name].append({**base, "correct": ex.is_correct(gen.text), "text": gen.text, "ttft_s": gen.ttft_s,
                                    "decode_s": sum(gen.step_s), "new_tokens": len(gen.tokens), **extra})
                 bar.update(1)
@@ -151,7 +153,7 @@ def run_text_accuracy(args) -> dict:
         lo, hi = wilson_interval(correct, len(rs))
         results[name] = {"correct": correct, "examples": len(rs), "accuracy": correct / len(rs), "wilson95": [lo, hi],
                          "ttft_s_mean": float(np.mean([r["ttft_s"] for r in rs])), "rows": rs}
-        for key in ("kv_fraction", "bytes_read", "probe_bytes", "state_bytes_fetched"):
+        for key in ("kv_fraction", "bytes_read", "probe_bytes", "state_bytes_fetched", "resident_bytes"):
             if rs and key in rs[0]:
                 results[name][f"{key}_mean"] = float(np.mean([r[key] for r in rs]))
         loaded = [r["needle_loaded"] for r in rs if r.get("needle_loaded")]
@@ -169,7 +171,8 @@ def format_text_report(r: dict) -> str:
         line = f"  {name:>14}: {p['correct']}/{p['examples']} = {p['accuracy']:.1%} (Wilson 95% {lo:.1%}..{hi:.1%}), TTFT {p['ttft_s_mean']:.2f}s"
         if "kv_fraction_mean" in p:
             line += (f", KV loaded {p['kv_fraction_mean']:.1%}, read {p['bytes_read_mean'] / 1e6:.2f} MB"
-                     f" + probe keys {p['probe_bytes_mean'] / 1e6:.2f} MB + state {p['state_bytes_fetched_mean'] / 1e6:.2f} MB")
+                     f" + probe keys {p['probe_bytes_mean'] / 1e6:.2f} MB + state {p['state_bytes_fetched_mean'] / 1e6:.2f} MB"
+                     f", resident {p['resident_bytes_mean'] / 1e6:.2f} MB")
         if "needle_loaded_per_period" in p:
             line += "; needle chunks loaded per Period " + " ".join(f"{x:.0%}" for x in p["needle_loaded_per_period"])
         lines.append(line)

@@ -1,0 +1,80 @@
+"""Probe keys quantized to a few bits, kept resident by the client between requests.
+
+Exact selection scores a layer's chunks with that layer's stored keys (the
+probe keys): every key of the prefix, half of its KV bytes when every layer
+selects.  Fetched per request, they would cost far more I/O than the 5% of
+KV the selection loads.  Quantized per token and KV head (symmetric absmax,
+``bits`` in {4, 8}) they are small enough to keep next to the key summaries:
+at 4 bits a token's 64-dim key takes 32 bytes plus a 4-byte scale, against
+512 bytes of float32 key and value (7%; 14% of a bfloat16 KV), fetched
+once per prefix.
+
+Measured on SmolLM2-135M (NIAH, 4096 tokens, six tuning prompts, in process,
+every layer selecting with ``follow=1`` at 5%): 4-bit probes kept the answer
+in 6 of 6, as the exact keys did; 2-bit (ternary) probes kept 2, the min/max summaries
+2, a 16-of-64-channel subset 4.  Hence 4 bits, and no fewer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from kvstore.errors import InvalidArgument
+
+PROBE_BITS = (0, 4, 8)  # 0: full-precision probe keys fetched at every Period
+
+
+def check_probe_bits(bits: object) -> int:
+    if isinstance(bits, bool) or bits not in PROBE_BITS:
+        raise InvalidArgument("probe_bits", f"must be one of {', '.join(map(str, PROBE_BITS))}, got {bits!r}")
+    return int(bits)
+
+
+@dataclass(frozen=True)
+class QuantizedKeys:
+    """``[Hkv, n, d]`` keys as signed ``bits``-bit codes (two 4-bit codes per byte) and one scale per token and head."""
+
+    codes: torch.Tensor  # uint8 [Hkv, n, d * bits // 8]
+    scales: torch.Tensor  # float32 [Hkv, n, 1] (float16 would lose precision on small keys)
+    bits: int
+    head_dim: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The keys the codes stand for: ``[Hkv, n, d]``."""
+        if self.bits == 8:
+            q = self.codes.view(torch.int8).to(torch.float32)
+        else:
+            lo = (self.codes & 0x0F).to(torch.int16)
+            hi = (self.codes >> 4).to(torch.int16)
+            q = torch.stack([lo, hi], dim=-1).flatten(-2)  # [Hkv, n, d] in [0, 15]
+            q = (q - 8).to(torch.float32)  # offset-binary 4-bit -> [-8, 7]
+        return (q * self.scales).to(dtype)
+
+
+def quantize_keys(keys: torch.Tensor, bits: int) -> QuantizedKeys:
+    """Symmetric absmax quantization of ``keys [Hkv, n, d]`` per (head, token).
+
+    Every element is within half a step (``scale / 2``) of its key, the step
+    being the row's largest magnitude over ``2**(bits-1) - 1``.
+    """
+    if bits not in (4, 8):
+        raise InvalidArgument("probe_bits", f"keys quantize to 4 or 8 bits, got {bits!r}")
+    if keys.dim() != 3 or keys.shape[-1] % 2:
+        raise InvalidArgument("probe_keys", f"expected [kv_heads, tokens, even head_dim], got {tuple(keys.shape)}")
+    k = keys.to(torch.float32)
+    qmax = 2 ** (bits - 1) - 1
+    scales = k.abs().amax(dim=-1, keepdim=True) / qmax
+    safe = scales.clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.clamp(torch.round(k / safe), -qmax, qmax).to(torch.int16)
+    if bits == 8:
+        codes = q.to(torch.int8).view(torch.uint8)
+    else:
+        u = (q + 8).to(torch.uint8)  # [-7, 7] -> [1, 15]
+        codes = u[..., 0::2] | (u[..., 1::2] << 4)
+    return QuantizedKeys(codes.contiguous(), scales.contiguous(), bits, keys.shape[-1])
