@@ -67,3 +67,22 @@ def test_perlayer_follow_keeps_the_niah_answer_in_real_prose(daemon, smollm2):
     assert ex.is_correct(first.text), first.text
     assert first.reprefill.probe_bytes == keys_bytes and again.probe_bytes == 0
     assert runner.resident_bytes() == 30 * 3 * ex.num_prefix_tokens * (32 + 4)
+
+
+def test_selection_study_answers_with_the_full_kv_and_not_without_the_needle(smollm2):
+    from engine_client.runner import chunked_prefill
+    from tools.selection_study import keeps_answer, parse_rule
+
+    (ex,) = text.examples("niah", smollm2.tokenizer, 1, 1024, stream="tune", start=0)
+    _, kv = chunked_prefill(smollm2.decoder, torch.from_numpy(ex.prefix_tokens))
+    question = torch.from_numpy(ex.suffix_tokens).long()
+    answer = torch.tensor(smollm2.tokenizer.encode(" " + ex.answers[0]), dtype=torch.long)
+    needle = ex.needle_chunks(16)
+    kept, loaded = keeps_answer(smollm2.decoder, kv, question, answer, "drop0-0", 0.05, needle)
+    assert kept and loaded == [1.0] * 30
+    kept, loaded = keeps_answer(smollm2.decoder, kv, question, answer, "drop0-30", 0.05, needle)
+    assert not kept and loaded == [0.0] * 30
+    _, loaded = keeps_answer(smollm2.decoder, kv, question, answer, "P2+follow-int4", 0.05, needle)
+    assert all(a == b for a, b in zip(loaded[0::2], loaded[1::2]))  # a 2-layer Period shares its set
+    with pytest.raises(ValueError, match="rule"):
+        parse_rule("P2-follow")

@@ -1,0 +1,157 @@
+"""Compare chunk-selection rules on a real model, in process, on tuning prompts.
+
+    python -m tools.selection_study --task niah --tokens 4096 --examples 10 [--start 0] [--stream tune]
+                                    [--rules P1+follow-exact,P2+follow-int4,...] [--budget 0.05] [--json]
+
+A sparse Re-Prefill without the daemon: the prefix is prefilled once; for
+each rule the question runs layer by layer, each Period's first layer scores
+the chunks with the question's queries of the hidden state at hand (as the
+runner does), keeps ``floor(budget x chunks x layers) / layers`` chunks per
+layer (sink and local included, ``select_chunks``) and attends only to them.
+The answer is teacher-forced: a rule keeps the answer when every answer token
+is the argmax after the question and the answer tokens before it, which is
+what greedy decoding over the same rows would produce.
+
+A rule is ``P<period layers>[+follow]-<scorer>``, scorer one of ``exact``
+(the layer's keys), ``int4``/``int8`` (those keys quantized per token and
+head, ``selection/probes.py``), ``summary`` (the channel min/max bound) or
+``ch<k>`` (the ``k`` channels of largest mean magnitude per KV head, as
+IMPRESS's partial probes).  Scores are the maximum over query heads of each
+head's softmax mass (``head_aggregation="max"``).  ``drop<a>-<b>``: the full
+KV but the needle's chunks in layers ``[a, b)``, to see which layers need it.
+
+It is meant for the tuning seed stream: decide on ``--stream tune``, then
+measure the chosen system once with ``kvstore-bench accuracy --stream eval``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+
+import numpy as np
+import torch
+
+DEFAULT_RULES = "P1-exact,P1+follow-exact,P2+follow-exact,P1+follow-int4,P1+follow-summary,drop0-14"
+CHUNK = 16
+
+
+def head_scores(q: torch.Tensor, keys: torch.Tensor, scorer: str) -> torch.Tensor:
+    """``[Hq, m]`` softmax mass per query head and chunk (summed over the question's queries)."""
+    from engine_client.selection.heads import exact_head_chunk_scores, summary_head_chunk_scores
+    from engine_client.selection.probes import quantize_keys
+
+    if scorer == "summary":
+        from tools.bench.recall import chunk_summaries
+
+        kmin, kmax = chunk_summaries(keys, CHUNK)
+        return summary_head_chunk_scores(q, kmin, kmax)
+    keys = keys.float()
+    if scorer.startswith("int"):
+        keys = quantize_keys(keys, int(scorer[3:])).dequantize()
+    elif scorer.startswith("ch"):
+        idx = keys.abs().mean(1).topk(int(scorer[2:]), -1).indices  # [Hkv, k]
+        mask = torch.zeros_like(keys[:, :1, :]).scatter_(-1, idx[:, None, :], 1.0)
+        keys = keys * mask
+    elif scorer != "exact":
+        raise ValueError(f"unknown scorer {scorer!r}")
+    return exact_head_chunk_scores(q, keys, CHUNK)
+
+
+def parse_rule(rule: str):
+    if m := re.fullmatch(r"drop(\d+)-(\d+)", rule):
+        return ("drop", int(m[1]), int(m[2]))
+    if m := re.fullmatch(r"P([1-9]\d*)(\+follow)?-(exact|summary|int4|int8|ch[1-9]\d*)", rule):
+        return ("select", int(m[1]), 1 if m[2] else 0, m[3])
+    raise ValueError(f"rule {rule!r}: expected P<layers>[+follow]-<scorer> or drop<a>-<b>")
+
+
+@torch.inference_mode()
+def keeps_answer(model, kv, question, answer, rule, budget, needle) -> tuple[bool, list[float]]:
+    """(every answer token is the argmax, fraction of the needle's chunks in each layer's set)."""
+    from engine_client.selection import aggregate_heads, plan_periods, select_chunks
+
+    n = kv.shape[3]
+    m = -(-n // CHUNK)
+    layers = model.num_layers
+    toks = torch.cat([question, answer])
+    s = question.numel()
+    pos = torch.arange(n, n + toks.numel())
+    hidden = model.embed(toks)
+    spec = parse_rule(rule)
+    k = plan_periods(layers, m, budget, period_layers=1).periods[0][2]
+    chosen, loaded = None, []
+    for layer in range(layers):
+        if spec[0] == "drop":
+            chosen = torch.tensor([c for c in range(m) if not (spec[1] <= layer < spec[2] and c in needle)])
+        elif layer % spec[1] == 0:
+            q = model.layer_queries(layer, hidden[:s], pos[:s])
+            scores = aggregate_heads(head_scores(q, kv[layer, 0], spec[3]), "max")
+            chosen = select_chunks(scores, k, follow=spec[2])
+        loaded.append(float(np.isin(needle, chosen.numpy()).mean()))
+        rows = torch.cat([torch.arange(c * CHUNK, min(n, (c + 1) * CHUNK)) for c in chosen.tolist()])
+        hidden, _ = model.layer_forward(layer, hidden, pos, kv[layer][:, :, rows])
+    logits = model._logits(hidden)  # every position: the teacher-forced answer
+    preds = logits[s - 1 : s - 1 + answer.numel()].argmax(-1)
+    return bool(torch.equal(preds, answer)), loaded
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.selection_study", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--task", default="niah")
+    p.add_argument("--tokens", type=int, default=4096)
+    p.add_argument("--examples", type=int, default=6)
+    p.add_argument("--start", type=int, default=0)
+    p.add_argument("--stream", choices=("tune", "eval"), default="tune")
+    p.add_argument("--rules", default=DEFAULT_RULES)
+    p.add_argument("--budget", type=float, default=0.05)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--json", action="store_true")
+    args = p.parse_args(argv)
+    try:
+        rules = [r.strip() for r in args.rules.split(",") if r.strip()]
+        for r in rules:
+            parse_rule(r)
+        if not 0 < args.budget <= 1 or args.examples < 1:
+            raise ValueError("--budget must be in (0, 1] and --examples >= 1")
+    except ValueError as exc:
+        p.error(str(exc))
+    from engine_client.model import zoo
+    from engine_client.runner import chunked_prefill
+    from engine_client.tasks import text
+    from kvstore.progress import progress
+
+    torch.set_num_threads(args.threads)
+    pm = zoo.load(args.model, dtype=torch.float32)
+    examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=args.stream, start=args.start)
+    rows = []
+    t0 = time.perf_counter()
+    for ex in progress(examples, desc=f"{args.task}@{args.tokens}", total=len(examples), unit="example"):
+        _, kv = chunked_prefill(pm.decoder, torch.from_numpy(ex.prefix_tokens))
+        question = torch.from_numpy(ex.suffix_tokens).long()
+        answer = torch.tensor(pm.tokenizer.encode(" " + ex.answers[0]), dtype=torch.long)
+        needle = ex.needle_chunks(CHUNK)
+        row = {"seed": ex.seed, "depth": ex.depth}
+        for rule in rules:
+            ok, loaded = keeps_answer(pm.decoder, kv, question, answer, rule, args.budget, needle)
+            row[rule] = {"kept": ok, "needle_loaded": loaded}
+        rows.append(row)
+    report = {"model": args.model, "task": args.task, "tokens": args.tokens, "stream": args.stream, "budget": args.budget,
+              "seeds": [rows[0]["seed"], rows[-1]["seed"]], "seconds": time.perf_counter() - t0, "rows": rows,
+              "kept": {r: sum(row[r]["kept"] for row in rows) for r in rules}}
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        print(f"{args.model} {args.task} @ {args.tokens} tokens, {args.stream} seeds {report['seeds']}, budget {args.budget:g}")
+        for r in rules:
+            per_layer = np.mean([row[r]["needle_loaded"] for row in rows], axis=0)
+            print(f"  {r:22s} kept {report['kept'][r]}/{len(rows)}   needle loaded, layers 14-23: {per_layer[14:24].mean():.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
