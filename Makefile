@@ -29,6 +29,8 @@ demo: $(STAMP)
 	$(VENV)/bin/kvstore demo
 
 test: $(STAMP) fio
+	$(VENV)/bin/ruff check --quiet .
+	$(VENV)/bin/ruff format --check --quiet .
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
 
 clean:

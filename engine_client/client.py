@@ -145,7 +145,7 @@ class ChunkRead:
             self._release = None
         self._extents.clear()
 
-    def __enter__(self) -> "ChunkRead":
+    def __enter__(self) -> ChunkRead:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -233,7 +233,7 @@ class KVStoreClient:
             self._shm_sock.close()  # the daemon releases this session's leases
             self._shm_sock = None
 
-    def __enter__(self) -> "KVStoreClient":
+    def __enter__(self) -> KVStoreClient:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -326,15 +326,30 @@ class KVStoreClient:
         return result
 
     def prefetch(
-        self, prefix_id: str, *, period_layers: int, speculate: bool = True, shm=None, coalesce=True,
-        hints: bool = False, push: bool | None = None, timeout=None,
+        self,
+        prefix_id: str,
+        *,
+        period_layers: int,
+        speculate: bool = True,
+        shm=None,
+        coalesce=True,
+        hints: bool = False,
+        push: bool | None = None,
+        timeout=None,
     ):
         """Open a Prefetch stream for one Re-Prefill request (see ``engine_client.prefetch``)."""
         from .prefetch import PrefetchStream
 
         return PrefetchStream(
-            self, prefix_id, period_layers=period_layers, speculate=speculate, shm=shm, coalesce=coalesce,
-            hints=hints, push=push, timeout=timeout,
+            self,
+            prefix_id,
+            period_layers=period_layers,
+            speculate=speculate,
+            shm=shm,
+            coalesce=coalesce,
+            hints=hints,
+            push=push,
+            timeout=timeout,
         )
 
     def iter_groups(self, prefix_id: str, chunks, *, layer_start=0, layer_end=0, shm=None, coalesce=True, timeout=None):

@@ -20,8 +20,8 @@ The paths that produce the first token and the KV:
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -118,7 +118,9 @@ def decode_greedy(
 
 
 @torch.inference_mode()
-def suffix_over_prefix(model: Decoder, prefix_kv: torch.Tensor, num_prefix: int, suffix: torch.Tensor, keep_rows: torch.Tensor | None = None):
+def suffix_over_prefix(
+    model: Decoder, prefix_kv: torch.Tensor, num_prefix: int, suffix: torch.Tensor, keep_rows: torch.Tensor | None = None
+):
     """The suffix over prefix rows ``keep_rows`` (all if None) of ``prefix_kv [L, 2, Hkv, n, d]``.
 
     Returns ``(first logits [vocab], per-layer KV [2, Hkv, rows + s, d])``.
@@ -162,7 +164,9 @@ def dense_generate(
     ttft = time.perf_counter() - t0
     kv = LayerKV(layers, max_new_tokens)
     rows = [kv.rows(i) - suffix.numel() for i in range(len(kv))]
-    tokens, steps, stop = decode_greedy(model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids))
+    tokens, steps, stop = decode_greedy(
+        model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids)
+    )
     return GenerationResult(tokens, ttft, steps, stop, logits, _text(tokenizer, tokens), rows_attended=rows)
 
 

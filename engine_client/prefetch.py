@@ -39,8 +39,17 @@ _EOF = object()
 
 class PrefetchStream:
     def __init__(
-        self, client, prefix_id: str, *, period_layers: int, speculate: bool = True, shm=None, coalesce=True,
-        hints: bool = False, push: bool | None = None, timeout=None,
+        self,
+        client,
+        prefix_id: str,
+        *,
+        period_layers: int,
+        speculate: bool = True,
+        shm=None,
+        coalesce=True,
+        hints: bool = False,
+        push: bool | None = None,
+        timeout=None,
     ):
         use_shm = client.shm if shm is None else shm
         if use_shm and not client.shm:
@@ -251,7 +260,7 @@ class PrefetchStream:
             if call is not None:
                 call.cancel()
 
-    def __enter__(self) -> "PrefetchStream":
+    def __enter__(self) -> PrefetchStream:
         return self
 
     def __exit__(self, exc_type, *exc) -> None:

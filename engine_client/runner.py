@@ -180,8 +180,13 @@ class ModelRunner:
                 raise NotFound(f"prefix_id: {exc.message}") from None
             raise
         plan_periods(  # refuses a full_layers the budget cannot pay for
-            self.model.num_layers, desc.num_chunks, cfg.budget, period_layers=cfg.period_layers,
-            full_layers=cfg.full_layers, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks,
+            self.model.num_layers,
+            desc.num_chunks,
+            cfg.budget,
+            period_layers=cfg.period_layers,
+            full_layers=cfg.full_layers,
+            sink_chunks=cfg.sink_chunks,
+            local_chunks=cfg.local_chunks,
         )
         stored = geometry_from_pb(desc.geometry)
         if stored != self.geometry or desc.model_fingerprint != self.model.fingerprint:
@@ -215,8 +220,13 @@ class ModelRunner:
         hidden = model.embed(suffix)  # [s, hidden]
         selector = get_selector(cfg.selector, cfg.head_aggregation)
         plan = plan_periods(
-            model.num_layers, m, cfg.budget, period_layers=cfg.period_layers,
-            full_layers=cfg.full_layers, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks,
+            model.num_layers,
+            m,
+            cfg.budget,
+            period_layers=cfg.period_layers,
+            full_layers=cfg.full_layers,
+            sink_chunks=cfg.sink_chunks,
+            local_chunks=cfg.local_chunks,
         )
         out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=n)
         if keep_kv:
@@ -389,7 +399,9 @@ class ModelRunner:
         kv = LayerKV(res.layer_kv, max_new_tokens)
         res.layer_kv = []
         rows = [kv.rows(i) - s for i in range(len(kv))]
-        tokens, steps, stop = decode_greedy(self.model, res.logits, kv, res.num_prefix_tokens + s, max_new_tokens, eos_ids(tokenizer, eos_token_ids))
+        tokens, steps, stop = decode_greedy(
+            self.model, res.logits, kv, res.num_prefix_tokens + s, max_new_tokens, eos_ids(tokenizer, eos_token_ids)
+        )
         text = None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
         return GenerationResult(tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows)
 

@@ -108,10 +108,7 @@ def zipf_requests(
     lengths = rng.integers(lo, hi + 1, size=num_requests)
     tokens = rng.integers(0, vocab_size, size=int(lengths.sum()), dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum(lengths)))
-    return [
-        Request(i, int(rank_to_prefix[r]), tokens[starts[i] : starts[i + 1]].copy(), int(r) + 1)
-        for i, r in enumerate(ranks.tolist())
-    ]
+    return [Request(i, int(rank_to_prefix[r]), tokens[starts[i] : starts[i + 1]].copy(), int(r) + 1) for i, r in enumerate(ranks.tolist())]
 
 
 def conversation_trace(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 from . import index as ix
 from .compaction import compact_segment, segment_uses

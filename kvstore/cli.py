@@ -18,8 +18,8 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import statistics
+import subprocess
 import sys
 import time
 
@@ -257,8 +257,24 @@ def _spawn_daemon(config_path, cfg, server_cfg):
     os.makedirs(os.path.dirname(ready), exist_ok=True)
     if os.path.exists(ready):
         os.unlink(ready)
-    cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--data-dir", cfg.data_dir, "--socket-path", server_cfg.socket_path,
-           "--enable-admin", "true", "--ready-file", ready, "--min-free-bytes", str(cfg.min_free_bytes), "--backend", cfg.backend]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kvstore.cli",
+        "serve",
+        "--data-dir",
+        cfg.data_dir,
+        "--socket-path",
+        server_cfg.socket_path,
+        "--enable-admin",
+        "true",
+        "--ready-file",
+        ready,
+        "--min-free-bytes",
+        str(cfg.min_free_bytes),
+        "--backend",
+        cfg.backend,
+    ]
     if config_path:
         cmd += ["--config", config_path]
     proc = subprocess.Popen(cmd)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import tomllib
 import re
+import tomllib
 import typing
 from dataclasses import dataclass, field
 
@@ -74,9 +74,20 @@ class StoreConfig:
 _SIZE = re.compile(r"\s*(\d+)\s*([A-Za-z]*)\s*")
 # Binary: K/KiB, M/MiB, G/GiB, T/TiB; SI: kB, MB, GB, TB. Case-insensitive.
 SIZE_UNITS = {
-    "": 1, "b": 1,
-    "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30, "t": 1 << 40, "tib": 1 << 40,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tib": 1 << 40,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
 }
 _TRUE, _FALSE = ("true", "yes", "1"), ("false", "no", "0")
 _WANT = {bool: "a boolean (true or false)", int: "an integer", float: "a number", str: "a string"}

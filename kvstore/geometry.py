@@ -155,7 +155,7 @@ class StoreGeometry:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "StoreGeometry":
+    def from_dict(cls, d: dict) -> StoreGeometry:
         if not isinstance(d, dict) or "model" not in d:
             raise InvalidArgument("geometry", "must be a mapping with a 'model' entry")
         model = d["model"]
@@ -204,9 +204,7 @@ class SegmentLayout:
     def extent_lengths(self) -> np.ndarray:
         """Unpadded extent bytes; ``[groups, chunks]``."""
         g = self.geometry
-        per_token = np.array(
-            [g.group_layers(i) * g.model.token_layer_bytes for i in range(g.num_groups)], dtype=np.int64
-        )
+        per_token = np.array([g.group_layers(i) * g.model.token_layer_bytes for i in range(g.num_groups)], dtype=np.int64)
         return per_token[:, None] * self.chunk_tokens[None, :]
 
     @cached_property

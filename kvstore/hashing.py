@@ -54,9 +54,7 @@ def validate_label(field: str, value: str, limit: int) -> bytes:
     return raw
 
 
-def chunk_hashes(
-    tokens: np.ndarray, geometry: StoreGeometry, namespace: str, model_fingerprint: str
-) -> list[bytes]:
+def chunk_hashes(tokens: np.ndarray, geometry: StoreGeometry, namespace: str, model_fingerprint: str) -> list[bytes]:
     """Chained 32-byte hashes, one per chunk of ``tokens`` (uint32 array)."""
     salt = _salt(geometry, namespace, model_fingerprint)
     c = geometry.chunk_tokens

@@ -17,7 +17,7 @@ from collections import Counter
 class PrefixHold:
     """One hold; ``release`` is idempotent (streams release from two places)."""
 
-    def __init__(self, holds: "PrefixHolds", prefix_ids: tuple[str, ...]):
+    def __init__(self, holds: PrefixHolds, prefix_ids: tuple[str, ...]):
         self._holds = holds
         self._prefix_ids = prefix_ids
         self._released = False
@@ -33,7 +33,7 @@ class PrefixHold:
                 if not count[p]:
                     del count[p]
 
-    def __enter__(self) -> "PrefixHold":
+    def __enter__(self) -> PrefixHold:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -40,22 +40,21 @@ class StoreIdentity:
     created: float
 
     @classmethod
-    def new(cls) -> "StoreIdentity":
+    def new(cls) -> StoreIdentity:
         return cls(secrets.token_hex(16), FORMAT_VERSION, time.time())
 
     def to_bytes(self) -> bytes:
         return json.dumps(asdict(self), separators=(",", ":")).encode()
 
     @classmethod
-    def from_bytes(cls, raw: bytes) -> "StoreIdentity":
+    def from_bytes(cls, raw: bytes) -> StoreIdentity:
         d = json.loads(bytes(raw))
         return cls(str(d["store_id"]), int(d["format_version"]), float(d["created"]))
 
 
 def damaged(data_dir: str, path: str, what: str) -> IndexDamaged:
     return IndexDamaged(
-        f"{path}: {what}; the segments are untouched: stop the daemon and run "
-        f"`kvstore-admin rebuild-index --data-dir {data_dir}`"
+        f"{path}: {what}; the segments are untouched: stop the daemon and run `kvstore-admin rebuild-index --data-dir {data_dir}`"
     )
 
 

@@ -157,9 +157,7 @@ class PageStore:
         return PagesPresent(present, present.index(False) if False in present else len(present))
 
     # ------------------------------------------------------------ put
-    def begin_put(
-        self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "", skip_pages=()
-    ) -> "PendingPages":
+    def begin_put(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "", skip_pages=()) -> PendingPages:
         """First phase of a put: find the pages stored already, open a segment for the rest.
 
         ``skip_pages``: indices of pages the caller will not send because it

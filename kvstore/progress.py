@@ -11,7 +11,8 @@ them.
 from __future__ import annotations
 
 import sys
-from typing import Iterable, TypeVar
+from collections.abc import Iterable
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -53,4 +54,6 @@ def bar(total: int, desc: str, *, unit: str = "it"):
 
 
 def add_progress_flag(parser) -> None:
-    parser.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bars (off anyway when stderr is not a terminal)")
+    parser.add_argument(
+        "--no-progress", dest="progress", action="store_false", help="no progress bars (off anyway when stderr is not a terminal)"
+    )

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 import xxhash
@@ -175,7 +175,9 @@ def execute_reads(
             except OSError as exc:
                 raise SegmentUnreadable(seg_id, exc) from exc
         track = in_flight.track if in_flight is not None else _untracked
-        futures = [(seg_id, track(backend.pread(handles[seg_id], buf[base : base + run.length], run.offset))) for seg_id, run, _, base in plans]
+        futures = [
+            (seg_id, track(backend.pread(handles[seg_id], buf[base : base + run.length], run.offset))) for seg_id, run, _, base in plans
+        ]
         # wait for every request before the handles are released, even when one fails
         errors = [(seg_id, exc) for seg_id, f in futures if (exc := _exception(f)) is not None]
     if errors:

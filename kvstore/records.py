@@ -22,7 +22,7 @@ class SegmentInfo:
     probe_xxh3: tuple[int, ...]
 
     @classmethod
-    def from_record(cls, rec: dict) -> "SegmentInfo":
+    def from_record(cls, rec: dict) -> SegmentInfo:
         geo = StoreGeometry.from_dict(rec["geometry"])
         return cls(
             segment_id=rec["segment_id"],
@@ -89,7 +89,7 @@ class PrefixView:
     _starts: np.ndarray = field(repr=False, compare=False, default=None)
 
     @classmethod
-    def from_manifest(cls, m: dict) -> "PrefixView":
+    def from_manifest(cls, m: dict) -> PrefixView:
         pieces = tuple(Piece(**p) for p in m["segments"])
         return cls(
             prefix_id=m["prefix_id"],

@@ -70,7 +70,7 @@ class ScoreTable:
                 out[seg] = out.get(seg, 0.0) + s.score
         return out
 
-    def span_scores(self, segment_id: int, lo: int, hi: int, new_segment_id: int) -> list[tuple[Unit, "UnitScore"]]:
+    def span_scores(self, segment_id: int, lo: int, hi: int, new_segment_id: int) -> list[tuple[Unit, UnitScore]]:
         """The scores of local chunks ``[lo, hi)``, keyed as chunks ``[0, hi-lo)`` of the new segment."""
         with self._lock:
             return [
@@ -79,7 +79,7 @@ class ScoreTable:
                 if seg == segment_id and lo <= c < hi
             ]
 
-    def replace_segment(self, segment_id: int, moved: list[tuple[Unit, "UnitScore"]]) -> None:
+    def replace_segment(self, segment_id: int, moved: list[tuple[Unit, UnitScore]]) -> None:
         """A compacted segment's scores now live under its copy (already persisted)."""
         self.drop_segment(segment_id)
         with self._lock:

@@ -46,19 +46,18 @@ from .capacity import DiskCapacity
 from .config import StoreConfig
 from .errors import Conflict, DataLoss, InvalidArgument, NotFound, ReadOnly, StoreFull
 from .faults import crash_point
-from .identity import STORE_ID_FILE, damaged, fsync_dir, lock_data_dir
-from .manifest_files import ManifestFiles, is_manifest_file, parse_manifest_file_name
 from .geometry import SegmentLayout, StoreGeometry, align_up
 from .hashing import chunk_hashes, validate_tokens
 from .holds import PrefixHolds
+from .identity import STORE_ID_FILE, damaged, fsync_dir, lock_data_dir
 from .io import IOBackend, aligned_buffer, make_backend
 from .io.inflight import InFlight
+from .manifest_files import ManifestFiles, is_manifest_file, parse_manifest_file_name
 from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import PREFIX, Piece, PrefixView, SegmentInfo
-from .scores import ScoreTable, Unit
+from .scores import ScoreTable, Unit, unit_key
 from .scores import decode as decode_score
 from .scores import encode as encode_score
-from .scores import unit_key
 from .segment_files import SegmentFiles, parse_segment_file_name, segment_file_name
 from .segment_trailer import encode_trailer
 from .writer import SegmentImage
@@ -154,7 +153,7 @@ class ChunkStore:
         self.backend.shutdown()
         os.close(self._lock_fd)
 
-    def __enter__(self) -> "ChunkStore":
+    def __enter__(self) -> ChunkStore:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -364,7 +363,7 @@ class ChunkStore:
         namespace: str = "",
         model_fingerprint: str = "",
         reuse_chunks: int | None = None,
-    ) -> "PendingPut":
+    ) -> PendingPut:
         """First phase of a put: plan what must be written, reserve its space.
 
         By default every stored leading chunk is reused.  ``reuse_chunks``
@@ -391,7 +390,7 @@ class ChunkStore:
 
     def begin_chunks(
         self, prefix_id: str, hashes: list[bytes], geometry: StoreGeometry, *, namespace: str, model_fingerprint: str, kind: str
-    ) -> "PendingPut":
+    ) -> PendingPut:
         """A put of whole chunks named by ``hashes`` rather than by tokens (``pages.py``).
 
         The caller has validated ``namespace`` and ``model_fingerprint`` (they
@@ -404,7 +403,7 @@ class ChunkStore:
         pending._hold = self.holds.hold(prefix_id)
         return self._open_put(pending)
 
-    def _open_put(self, pending: "PendingPut") -> "PendingPut":
+    def _open_put(self, pending: PendingPut) -> PendingPut:
         """Reserve space for and open the segment of the chunks ``pending`` writes (none: nothing to open)."""
         k, geometry = pending.reused_chunks, pending.geometry
         if k == pending.num_chunks:
@@ -427,12 +426,20 @@ class ChunkStore:
             self._next_segment_id += 1
         return segment_id
 
-    def pending_segment(self, view: PrefixView, segment_id: int, image: SegmentImage) -> "PendingPut":
+    def pending_segment(self, view: PrefixView, segment_id: int, image: SegmentImage) -> PendingPut:
         """A segment written exactly as a put writes one, for ``view``'s chunks in ``image``."""
         hashes = [bytes.fromhex(h) for h in view.chunk_hashes]
         tokens = np.zeros(view.num_tokens, dtype=np.int64)  # sizes only: a segment holds no tokens
         pending = PendingPut(
-            self, view.prefix_id, tokens, view.geometry, view.namespace, view.model_fingerprint, hashes, image.first_chunk, [],
+            self,
+            view.prefix_id,
+            tokens,
+            view.geometry,
+            view.namespace,
+            view.model_fingerprint,
+            hashes,
+            image.first_chunk,
+            [],
             kind=view.kind,
         )
         pending._open_segment(segment_id, image)
@@ -465,7 +472,7 @@ class ChunkStore:
         with self.index.read() as txn:
             return txn.get(_prefix_key(prefix_id), db=self.index.manifests) is not None
 
-    def _commit_index(self, pending: "PendingPut", segment_record: dict | None, manifest: dict) -> bool:
+    def _commit_index(self, pending: PendingPut, segment_record: dict | None, manifest: dict) -> bool:
         """Commit a put's manifest; False when the prefix was stored meanwhile."""
         key = _prefix_key(pending.prefix_id)
         new_id = segment_record["segment_id"] if segment_record else None
@@ -528,7 +535,12 @@ class ChunkStore:
         refs = plan_extents(view, segments, sel, grp)
         try:
             views, buf, nreads, bad = execute_reads(
-                refs, self.files, self.backend, coalesce_reads=coalesce, max_run_bytes=self.config.max_read_run_bytes, alloc=alloc,
+                refs,
+                self.files,
+                self.backend,
+                coalesce_reads=coalesce,
+                max_run_bytes=self.config.max_read_run_bytes,
+                alloc=alloc,
                 in_flight=self.reads_in_flight,
             )
         except SegmentUnreadable as exc:

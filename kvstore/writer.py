@@ -28,13 +28,11 @@ class SegmentImage:
         self._received = np.zeros((geo.num_groups, layout.num_chunks), dtype=np.int64)  # bytes so far
         s_off, s_len = layout.summaries_offset, layout.summaries_length
         # [chunks, layers, heads, min|max, dim]
-        self.summaries = self._array[s_off : s_off + s_len].view(SUMMARY_DTYPE).reshape(
-            layout.num_chunks, m.num_layers, m.num_kv_heads, 2, m.head_dim
+        self.summaries = (
+            self._array[s_off : s_off + s_len].view(SUMMARY_DTYPE).reshape(layout.num_chunks, m.num_layers, m.num_kv_heads, 2, m.head_dim)
         )
         self.probes = [  # per group: [heads, tokens, dim]
-            self._array[off : off + layout.probe_length].view(m.numpy_dtype()).reshape(
-                m.num_kv_heads, layout.num_tokens, m.head_dim
-            )
+            self._array[off : off + layout.probe_length].view(m.numpy_dtype()).reshape(m.num_kv_heads, layout.num_tokens, m.head_dim)
             for off in layout.probe_offsets
         ]
 
@@ -113,10 +111,7 @@ class SegmentImage:
         layout = self.layout
         arr = self._array
         ext = [
-            [
-                xxhash.xxh3_64_intdigest(arr[o : o + n])
-                for o, n in zip(layout.extent_offsets[g].tolist(), layout.extent_lengths[g].tolist())
-            ]
+            [xxhash.xxh3_64_intdigest(arr[o : o + n]) for o, n in zip(layout.extent_offsets[g].tolist(), layout.extent_lengths[g].tolist())]
             for g in range(layout.geometry.num_groups)
         ]
         s_off = layout.summaries_offset

@@ -48,7 +48,7 @@ class DaemonProcess:
     def target(self) -> str:
         return f"unix:{self.socket}"
 
-    def start(self, timeout: float = 30.0) -> "DaemonProcess":
+    def start(self, timeout: float = 30.0) -> DaemonProcess:
         if os.path.exists(self.ready):
             os.unlink(self.ready)
         self._log = open(self.log_path, "ab")

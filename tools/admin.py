@@ -30,8 +30,8 @@ from dataclasses import asdict
 from kvstore import cli_flags
 from kvstore.cli import format_table, human_bytes
 from kvstore.config import StoreConfig, parse_bytes
-from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.errors import InvalidArgument, KVStoreError, NotFound
+from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
 
@@ -132,8 +132,7 @@ class RemoteAdmin:
             if p.quarantined:
                 quarantined.update({s["segment_id"]: p.quarantined for s in self.client.inspect(p.prefix_id)["segments"]})
         return prefix_id, [
-            {**_message_dict(r, error=r.error or None), "bad_regions": list(r.bad_regions),
-             "quarantined": quarantined.get(r.segment_id)}
+            {**_message_dict(r, error=r.error or None), "bad_regions": list(r.bad_regions), "quarantined": quarantined.get(r.segment_id)}
             for r in reports
         ]
 
@@ -190,8 +189,17 @@ def _status(quarantined: str | None) -> str:
 def cmd_ls(admin, args) -> tuple[object, str, int]:
     items = sorted(admin.list_prefixes(), key=lambda p: p["created"])
     rows = [
-        [p["prefix_id"][:SHORT_ID_CHARS], p.get("kind") or "prefix", p["num_tokens"], p["num_chunks"], p["num_segments"],
-         p["namespace"] or "-", p["model_fingerprint"] or "-", _when(p["created"]), _status(p["quarantined"])]
+        [
+            p["prefix_id"][:SHORT_ID_CHARS],
+            p.get("kind") or "prefix",
+            p["num_tokens"],
+            p["num_chunks"],
+            p["num_segments"],
+            p["namespace"] or "-",
+            p["model_fingerprint"] or "-",
+            _when(p["created"]),
+            _status(p["quarantined"]),
+        ]
         for p in items
     ]
     # KIND "pages": a PutPages batch, its TOKENS pages x chunk tokens
@@ -209,17 +217,30 @@ def cmd_inspect(admin, args) -> tuple[object, str, int]:
         ["kind", info.get("kind") or "prefix"],
         ["namespace", info["namespace"] or "-"],
         ["model", info["model_fingerprint"] or "-"],
-        ["geometry", f"{m['num_layers']} layers x {m['num_kv_heads']} KV heads x {m['head_dim']} dim {m['dtype']}, "
-                     f"chunk {geo['chunk_tokens']}, period {geo['period_layers']}, probe keys {'on' if geo['probe_keys'] else 'off'}"],
+        [
+            "geometry",
+            f"{m['num_layers']} layers x {m['num_kv_heads']} KV heads x {m['head_dim']} dim {m['dtype']}, "
+            f"chunk {geo['chunk_tokens']}, period {geo['period_layers']}, probe keys {'on' if geo['probe_keys'] else 'off'}",
+        ],
         ["tokens", f"{info['num_tokens']} ({info['num_chunks']} chunks x {info['num_groups']} groups)"],
         ["KV bytes", human_bytes(info["kv_bytes"])],
         ["created", _when(info["created"])],
         ["status", _status(info["quarantined"])],
     ]
     rows = [
-        [s["segment_id"], s["file"], f"{s['first_chunk']}-{s['first_chunk'] + s['num_chunks'] - 1}", s["segment_chunk"],
-         s["segment_chunks"], human_bytes(s["total_bytes"]), human_bytes(s["payload_bytes"]), human_bytes(s["padding_bytes"]),
-         s["refcount"], s["checksums"], _status(s["quarantined"])]
+        [
+            s["segment_id"],
+            s["file"],
+            f"{s['first_chunk']}-{s['first_chunk'] + s['num_chunks'] - 1}",
+            s["segment_chunk"],
+            s["segment_chunks"],
+            human_bytes(s["total_bytes"]),
+            human_bytes(s["payload_bytes"]),
+            human_bytes(s["padding_bytes"]),
+            s["refcount"],
+            s["checksums"],
+            _status(s["quarantined"]),
+        ]
         for s in info["segments"]
     ]
     headers = ["SEGMENT", "FILE", "CHUNKS", "SEG FROM", "SEG CHUNKS", "SIZE", "PAYLOAD", "PADDING", "REFS", "CHECKSUMS", "STATUS"]
@@ -330,8 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kvstore-admin", description="Inspect and maintain a kvstore (daemon or data directory).")
     cli_flags.add_version(parser)
     parser.add_argument(
-        "--socket-path", help=f"daemon unix socket (default: ${cli_flags.SOCKET_ENV}, {cli_flags.SYSTEM_SOCKET}, "
-        f"then {cli_flags.LOCAL_SOCKET}, the first that exists)"
+        "--socket-path",
+        help=f"daemon unix socket (default: ${cli_flags.SOCKET_ENV}, {cli_flags.SYSTEM_SOCKET}, "
+        f"then {cli_flags.LOCAL_SOCKET}, the first that exists)",
     )
     parser.add_argument("--address", help="daemon TCP address host:port")
     parser.add_argument("--auth-token-file", help="bearer token for a TCP daemon")
@@ -360,7 +382,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("prefix", nargs="?", help="only this prefix's segments")
     p.add_argument("--all", action="store_true", help="every segment of the store (the default)")
     sub.add_parser(
-        "rebuild-index", parents=[common],
+        "rebuild-index",
+        parents=[common],
         help="daemon stopped: move the index aside and rebuild it from the segments (exit 1 if a prefix is skipped)",
     )
     p = sub.add_parser("evict", parents=[common], help="evict the lowest-score prefixes not in use down to a size")

@@ -140,9 +140,17 @@ def main(argv=None) -> int:
             ok, loaded = keeps_answer(pm.decoder, kv, question, answer, rule, args.budget, needle)
             row[rule] = {"kept": ok, "needle_loaded": loaded}
         rows.append(row)
-    report = {"model": args.model, "task": args.task, "tokens": args.tokens, "stream": args.stream, "budget": args.budget,
-              "seeds": [rows[0]["seed"], rows[-1]["seed"]], "seconds": time.perf_counter() - t0, "rows": rows,
-              "kept": {r: sum(row[r]["kept"] for row in rows) for r in rules}}
+    report = {
+        "model": args.model,
+        "task": args.task,
+        "tokens": args.tokens,
+        "stream": args.stream,
+        "budget": args.budget,
+        "seeds": [rows[0]["seed"], rows[-1]["seed"]],
+        "seconds": time.perf_counter() - t0,
+        "rows": rows,
+        "kept": {r: sum(row[r]["kept"] for row in rows) for r in rules},
+    }
     if args.json:
         print(json.dumps(report, indent=1))
     else:

@@ -213,7 +213,9 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], dim=-1) * sin
 
 
-def forward(params: dict[str, torch.Tensor], config: ModelConfig, tokens: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+def forward(
+    params: dict[str, torch.Tensor], config: ModelConfig, tokens: torch.Tensor, positions: torch.Tensor | None = None
+) -> torch.Tensor:
     """Causal forward of ``tokens [B, T]``; logits ``[B, T, vocab]``, or ``[a, vocab]`` at ``positions`` (``[a, 2]`` rows of (batch, t))."""
     c = config
     b, t = tokens.shape
@@ -260,8 +262,6 @@ def sequence_length(cfg: TrainConfig, step: int, rng: np.random.Generator) -> in
         if frac < end:
             return int(rng.choice(lengths))
     return int(cfg.curriculum[-1][1][-1])
-
-
 
 
 def copy_sequence(rng: np.random.Generator, num_tokens: int) -> tasks.TrainingSequence:
@@ -341,7 +341,9 @@ def train(cfg: TrainConfig, out_dir=None, log=print, final_eval: bool = False) -
     no_decay = [t for n, t in params.items() if t.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, 0.98), eps=1e-8,
+        lr=cfg.lr,
+        betas=(0.9, 0.98),
+        eps=1e-8,
     )
     rng = tasks.rng_for("train", cfg.seed)
     start = time.perf_counter()
@@ -404,7 +406,9 @@ def measure(cfg: TrainConfig, log=print) -> None:
             times.append((t1 - t0, time.perf_counter() - t1))
         data_s = np.mean([t[0] for t in times[1:]])
         step_s = np.mean([t[1] for t in times[1:]])
-        log(f"T={length:5d} batch={tokens.shape[0]:3d}: data {data_s:.3f}s + step {step_s:.3f}s ({cfg.tokens_per_step / (data_s + step_s):.0f} tok/s)")
+        log(
+            f"T={length:5d} batch={tokens.shape[0]:3d}: data {data_s:.3f}s + step {step_s:.3f}s ({cfg.tokens_per_step / (data_s + step_s):.0f} tok/s)"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

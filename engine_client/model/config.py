@@ -52,9 +52,7 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise UnsupportedModel(
-                f"architecture {self.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-            )
+            raise UnsupportedModel(f"architecture {self.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
         for name in (
             "vocab_size",
             "hidden_size",
@@ -168,9 +166,7 @@ def _architecture(raw: dict) -> str:
     for arch in archs:
         if arch in SUPPORTED_ARCHITECTURES:
             return arch
-    raise UnsupportedModel(
-        f"architecture {', '.join(archs)} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-    )
+    raise UnsupportedModel(f"architecture {', '.join(archs)} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
 
 def _refuse_variants(raw: dict, arch: str) -> None:

@@ -60,7 +60,7 @@ _LAYER_NAMES = {
 _LAYER_RE = re.compile(r"blk\.(\d+)\.(.+)")
 
 
-def open_gguf(path) -> "gguf.GGUFReader":
+def open_gguf(path) -> gguf.GGUFReader:
     """A ``GGUFReader`` over ``path`` (memory-mapped); one-line errors for a missing or bad file."""
     if gguf is None:
         raise ImportError("reading GGUF files needs the 'gguf' package: pip install gguf")

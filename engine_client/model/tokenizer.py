@@ -141,9 +141,7 @@ def _pre_tokenizer(tk, pre: str):
         return tk.pre_tokenizers.Sequence([tk.pre_tokenizers.Digits(individual_digits=True), byte_level])
     if pre in _GPT2_ONLY:
         return byte_level
-    raise CheckpointError(
-        f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(_DIGITS_THEN_GPT2 + _GPT2_ONLY)})"
-    )
+    raise CheckpointError(f"GGUF pre-tokenizer {pre!r} is not supported (supported: {', '.join(_DIGITS_THEN_GPT2 + _GPT2_ONLY)})")
 
 
 def _render(template: str, messages: list[dict], add_generation_prompt: bool, tok: Tokenizer) -> str:

@@ -141,8 +141,12 @@ def export(name: str, out, dtype="float32") -> Path:
     """Write the named model as an HF checkpoint directory ``out``."""
     s = spec(name)
     gguf_path = locate(name)
-    source = {"model": name, "description": s.description, "licence": s.licence,
-              "distribution": f"{s.distribution}=={importlib.metadata.version(s.distribution)}"}
+    source = {
+        "model": name,
+        "description": s.description,
+        "licence": s.licence,
+        "distribution": f"{s.distribution}=={importlib.metadata.version(s.distribution)}",
+    }
     return export_gguf(gguf_path, out, dtype, source)
 
 

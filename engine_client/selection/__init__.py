@@ -16,9 +16,9 @@ from kvstore.errors import InvalidArgument
 from .base import PeriodInputs, Selector
 from .baselines import FullSelector, RecencySelector
 from .budget import budget_count, select_chunks
+from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
 from .heads import HEAD_AGGREGATIONS, aggregate_heads, check_aggregation, exact_head_chunk_scores, summary_head_chunk_scores
 from .schedule import PeriodPlan, plan_periods
-from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
 from .summary import SummarySelector, chunk_upper_bounds, summaries_for_layer, summary_chunk_scores
 from .tokens import (
     h2o_chunks,
@@ -31,9 +31,7 @@ from .tokens import (
     token_cap,
 )
 
-SELECTORS: dict[str, type[Selector]] = {
-    cls.name: cls for cls in (ExactSelector, SummarySelector, FullSelector, RecencySelector)
-}
+SELECTORS: dict[str, type[Selector]] = {cls.name: cls for cls in (ExactSelector, SummarySelector, FullSelector, RecencySelector)}
 
 
 def get_selector(name: str, head_aggregation: str = "sum") -> Selector:

@@ -31,9 +31,7 @@ class PeriodInputs:
     key_max: torch.Tensor | None = None  # [m, Hkv, d], channel-wise max
 
     @classmethod
-    def from_store_summaries(
-        cls, queries: torch.Tensor, summaries: torch.Tensor | np.ndarray, layer: int, **kwargs
-    ) -> PeriodInputs:
+    def from_store_summaries(cls, queries: torch.Tensor, summaries: torch.Tensor | np.ndarray, layer: int, **kwargs) -> PeriodInputs:
         """Inputs from the store's ``[chunks, layers, kv_heads, 2, head_dim]`` summaries at ``layer``."""
         from .summary import summaries_for_layer
 
@@ -59,8 +57,6 @@ class Selector(ABC):
     def score(self, inputs: PeriodInputs) -> torch.Tensor:
         """Importance of each chunk, ``[m]`` float32, higher is better."""
 
-    def select(
-        self, inputs: PeriodInputs, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1
-    ) -> torch.Tensor:
+    def select(self, inputs: PeriodInputs, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1) -> torch.Tensor:
         """Ascending chunk ids (``LongTensor``) within ``budget``, sink and local chunks included."""
         return select_chunks(self.score(inputs), budget, sink_chunks=sink_chunks, local_chunks=local_chunks)

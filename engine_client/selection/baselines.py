@@ -16,9 +16,7 @@ class FullSelector(Selector):
     def score(self, inputs: PeriodInputs) -> torch.Tensor:
         return torch.ones(inputs.num_chunks, dtype=torch.float32, device=inputs.queries.device)  # [m]
 
-    def select(
-        self, inputs: PeriodInputs, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1
-    ) -> torch.Tensor:
+    def select(self, inputs: PeriodInputs, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1) -> torch.Tensor:
         m = inputs.num_chunks
         budget_count(m, budget, sink_chunks, local_chunks)  # validates, result unused
         return torch.arange(m, device=inputs.queries.device)

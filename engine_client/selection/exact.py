@@ -20,9 +20,7 @@ from .base import PeriodInputs, Selector
 from .heads import aggregate_heads, check_aggregation, exact_head_chunk_scores
 
 
-def token_attention_mass(
-    queries: torch.Tensor, probe_keys: torch.Tensor, *, max_block_elems: int = DEFAULT_BLOCK_ELEMS
-) -> torch.Tensor:
+def token_attention_mass(queries: torch.Tensor, probe_keys: torch.Tensor, *, max_block_elems: int = DEFAULT_BLOCK_ELEMS) -> torch.Tensor:
     """Softmax mass per prefix token, summed over query heads and queries: ``[n]`` float32.
 
     ``queries``: ``[Hq, s, d]``; ``probe_keys``: ``[Hkv, n, d]`` (both post-RoPE).

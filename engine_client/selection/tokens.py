@@ -39,7 +39,6 @@ from ._common import DEFAULT_BLOCK_ELEMS, num_chunks, row_blocks
 from .budget import _check_count, budget_count
 from .exact import token_attention_mass
 
-
 # ---------------------------------------------------------------- budget
 
 
@@ -64,7 +63,6 @@ def token_budget(num_tokens: int, budget: float | int) -> int:
             raise InvalidArgument("budget", f"fraction {budget!r} out of range (0, 1]")
         return max(1, math.ceil(round(float(budget) * n, 9)))  # 9 decimals: 0.05 of 100 is 5, as in budget.py
     raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int token count, got {type(budget).__name__}")
-
 
 
 # ---------------------------------------------------------------- H2O
@@ -97,9 +95,7 @@ def window_attention_mass(
     return mass
 
 
-def impress_token_scores(
-    queries: torch.Tensor, probe_keys: torch.Tensor, *, max_block_elems: int = DEFAULT_BLOCK_ELEMS
-) -> torch.Tensor:
+def impress_token_scores(queries: torch.Tensor, probe_keys: torch.Tensor, *, max_block_elems: int = DEFAULT_BLOCK_ELEMS) -> torch.Tensor:
     """IMPRESS token importance: ``[n]`` float32 softmax mass of the suffix queries on the probe keys.
 
     ``queries``: ``[Hq, s, d]`` (the Period's first layer, post-RoPE);
@@ -108,7 +104,6 @@ def impress_token_scores(
     ``h // (Hq // Hkv)``).
     """
     return token_attention_mass(queries, probe_keys, max_block_elems=max_block_elems)
-
 
 
 def storage_order(scores: torch.Tensor, *, sink_tokens: int = 16, local_tokens: int = 16) -> torch.Tensor:
@@ -184,7 +179,9 @@ def partial_probe_scores(
     hq, _, d = queries.shape
     num_kv_heads = _check_count("num_kv_heads", num_kv_heads, 1)
     if hq % num_kv_heads or probe.dim() != 3 or probe.shape[0] != heads.numel() or probe.shape[2] != channels.numel():
-        raise InvalidArgument("probe", f"{tuple(probe.shape)} does not match {heads.numel()} heads x {channels.numel()} channels of {hq} query heads")
+        raise InvalidArgument(
+            "probe", f"{tuple(probe.shape)} does not match {heads.numel()} heads x {channels.numel()} channels of {hq} query heads"
+        )
     g = hq // num_kv_heads
     qheads = (heads[:, None] * g + torch.arange(g)).reshape(-1)  # [len(heads) * g], grouped by KV head
     sub = queries.float()[qheads][:, :, channels] * math.sqrt(channels.numel() / d)  # keep the 1/sqrt(d) scale

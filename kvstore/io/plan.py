@@ -28,12 +28,7 @@ def coalesce(extents: list[tuple[int, int]], *, max_run_bytes: int, enabled: boo
     for i in order:
         off, length = extents[i]
         last = runs[-1] if runs else None
-        if (
-            enabled
-            and last is not None
-            and last.offset + last.length == off
-            and last.length + length <= max_run_bytes
-        ):
+        if enabled and last is not None and last.offset + last.length == off and last.length + length <= max_run_bytes:
             last.length += length
             last.members.append(i)
         else:

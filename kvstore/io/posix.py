@@ -216,9 +216,7 @@ class PosixBackend(IOBackend):
         return future
 
     def _start_worker(self) -> None:
-        thread = threading.Thread(
-            target=_worker, args=(self._queue,), name=f"kvstore-io_{len(self._threads)}", daemon=True
-        )
+        thread = threading.Thread(target=_worker, args=(self._queue,), name=f"kvstore-io_{len(self._threads)}", daemon=True)
         thread.start()
         self._threads.append(thread)
 

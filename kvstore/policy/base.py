@@ -14,7 +14,8 @@ is free of side effects.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar, Hashable
+from collections.abc import Hashable
+from typing import ClassVar
 
 from .heap import IndexedMinHeap
 

@@ -8,7 +8,7 @@ slot, so update and remove need no search.
 from __future__ import annotations
 
 import heapq
-from typing import Hashable, Iterator
+from collections.abc import Hashable, Iterator
 
 
 class IndexedMinHeap:

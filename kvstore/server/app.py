@@ -74,7 +74,9 @@ class Daemon:
         self.store = ChunkStore(self.store_config)
         self.arena = Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes, tier_bytes=cfg.cpu_tier_bytes) if with_arena else None
         self.tiers = TierManager(
-            self.arena, self.store.scores, policy=cfg.cache_policy,
+            self.arena,
+            self.store.scores,
+            policy=cfg.cache_policy,
             # GPU hits reach clients through the arena: no arena, no GPU tier
             gpu=gpu_memory(cfg.gpu_tier_bytes, cfg.gpu_tier_device) if self.arena is not None else None,
         )
@@ -185,7 +187,7 @@ class Daemon:
                 return
             try:
                 await asyncio.wait_for(self.stopped.wait(), 1.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def flush_scores(self) -> None:
@@ -193,7 +195,7 @@ class Daemon:
         while not self.stopped.is_set():
             try:
                 await asyncio.wait_for(self.stopped.wait(), self.config.score_flush_seconds)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
             if self.store.read_only or self.stopped.is_set():
                 continue

@@ -18,7 +18,9 @@ class ServerConfig:
     tls_key_file: str = _opt("", "PEM private key for the TCP listener")
     tls_client_ca_file: str = _opt("", "PEM CA bundle; when set, TCP clients must present a certificate (mTLS)")
     auth_token_file: str = _opt("", "file holding the bearer token TCP clients must send (it may use every namespace)")
-    auth_tokens_file: str = _opt("", "TOML file mapping bearer tokens to the namespaces each may use ([tokens] TOKEN = [\"ns\", ...]; \"*\" = all)")
+    auth_tokens_file: str = _opt(
+        "", 'TOML file mapping bearer tokens to the namespaces each may use ([tokens] TOKEN = ["ns", ...]; "*" = all)'
+    )
     enable_admin: bool = _opt(False, "serve the KVStoreAdmin service (inspect, verify)")
     enable_reflection: bool = _opt(False, "serve gRPC server reflection")
     shm_arena_bytes: int = _opt(256 * MiB, "size of the shared-memory arena for same-host reads; 0 disables it")
@@ -35,7 +37,8 @@ class ServerConfig:
     max_put_bytes: int = _opt(1 << 36, "largest total payload of one PutPrefix stream")
     stream_idle_seconds: float = _opt(60.0, "a stream that sends nothing for this long is cancelled")
     put_idle_seconds: float = _opt(
-        10.0, "a PutPrefix stream that sends nothing for this long after its header is aborted (DEADLINE_EXCEEDED), its disk reservation freed"
+        10.0,
+        "a PutPrefix stream that sends nothing for this long after its header is aborted (DEADLINE_EXCEEDED), its disk reservation freed",
     )
     shm_allowed_uids: str = _opt("", "comma-separated uids that may open a shared-memory session (empty: the daemon's own uid)")
     shm_allowed_gids: str = _opt("", "comma-separated gids that may open a shared-memory session (empty: the daemon's own gid)")

@@ -312,7 +312,8 @@ class PrefetchStream:
                         held[j] = (u, hits[u])
             held = self._spec_hits.get(g, {})
             cold = [
-                j for j, u in zip(chunks.tolist(), units)
+                j
+                for j, u in zip(chunks.tolist(), units)
                 if j not in have and j not in held and (self.tiers is None or self.tiers.where(u) is None)
             ]
             kept += [self._submit(g, part, speculative=True, period=period, after=after) for part in self._split(g, cold)]
@@ -417,7 +418,6 @@ class PrefetchStream:
         holder = []
         alloc = None
         if self.arena is not None:
-
             # A speculative read never waits for buffer space (waiting reads
             # could hold the reserve hostage); without room it is dropped.
             # It also leaves half the reserve free for the reads that are needed.
@@ -525,9 +525,7 @@ class PrefetchStream:
             datas.append(data)
         for job in jobs:
             if job.speculative and job.result is not None:
-                c["spec_bytes_wasted"] += sum(
-                    job.result.extent_bytes(group, j).size for j in job.chunks.tolist() if j not in job.used
-                )
+                c["spec_bytes_wasted"] += sum(job.result.extent_bytes(group, j).size for j in job.chunks.tolist() if j not in job.used)
         self.store.record_access(self.prefix_id, np.asarray(chunks, np.int64), [group])
         msgs = self._describe(period, group, chunks, datas) if pushed is None else []
         done = [job.lease_id for job in jobs if id(job) not in staged and job.lease_id is not None]
@@ -705,5 +703,5 @@ async def _next(frames, idle_s: float):
         return await asyncio.wait_for(anext(frames), idle_s)
     except StopAsyncIteration:
         return None
-    except asyncio.TimeoutError:
+    except TimeoutError:
         raise InvalidArgument("stream", f"no message for {idle_s}s") from None

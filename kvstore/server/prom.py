@@ -67,13 +67,17 @@ class DaemonCollector:
         if svc is None:
             return
         snap = svc.snapshot()
-        read = CounterMetricFamily("kvstore_read_bytes", "Bytes served to readers by source (disk: read from segment files).", labels=["source"])
+        read = CounterMetricFamily(
+            "kvstore_read_bytes", "Bytes served to readers by source (disk: read from segment files).", labels=["source"]
+        )
         read.add_metric(["gpu"], snap["bytes_read_gpu"])
         read.add_metric(["cpu"], snap["bytes_read_cpu"])
         read.add_metric(["disk"], snap["bytes_read"])
         yield read
         spec = CounterMetricFamily(
-            "kvstore_prefetch_speculative_bytes", "Bytes read ahead on speculation, by whether a later period used them.", labels=["outcome"]
+            "kvstore_prefetch_speculative_bytes",
+            "Bytes read ahead on speculation, by whether a later period used them.",
+            labels=["outcome"],
         )
         spec.add_metric(["used"], snap["spec_bytes_used"])
         spec.add_metric(["wasted"], snap["spec_bytes_wasted"])
@@ -91,8 +95,12 @@ class DaemonCollector:
             tier_used.add_metric([tier], snap.get(f"{tier}_tier_used_bytes", 0))
         yield tier_cap
         yield tier_used
-        yield GaugeMetricFamily("kvstore_read_only", "1 once the store turned read-only (a failed fdatasync).", value=int(bool(snap["read_only"])))
-        info = GaugeMetricFamily("kvstore_build_info", "Version, I/O backend and cache policy.", labels=["version", "backend", "cache_policy"])
+        yield GaugeMetricFamily(
+            "kvstore_read_only", "1 once the store turned read-only (a failed fdatasync).", value=int(bool(snap["read_only"]))
+        )
+        info = GaugeMetricFamily(
+            "kvstore_build_info", "Version, I/O backend and cache policy.", labels=["version", "backend", "cache_policy"]
+        )
         info.add_metric([snap["version"], snap["backend"], snap.get("cache_policy", "")], 1)
         yield info
         yield _latency(svc.metrics.histograms())

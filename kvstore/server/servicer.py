@@ -13,8 +13,8 @@ import asyncio
 import functools
 import json
 import threading
-from contextlib import contextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -30,8 +30,8 @@ from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
 from .convert import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
 from .metrics import Metrics
-from .shm_sessions import ShmSessions
 from .prefetch import serve_prefetch
+from .shm_sessions import ShmSessions
 from .status import Draining, PutStalled, streaming, unary
 from .tiers import TierManager
 
@@ -99,7 +99,7 @@ class Service:
         try:
             await asyncio.wait_for(self._idle.wait(), grace_s)
             return True
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return False
 
     def reach(self, prefix_id: str, context) -> str:
@@ -214,7 +214,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             return await asyncio.wait_for(anext(frames), idle_s)
         except StopAsyncIteration:
             return None
-        except asyncio.TimeoutError:
+        except TimeoutError:
             if put_idle_s:
                 raise PutStalled(f"{rpc}: no message for put_idle_seconds ({idle_s}s); the put is aborted") from None
             raise InvalidArgument("stream", f"no message for {idle_s}s") from None
@@ -388,7 +388,6 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 if (not request.namespace or r["namespace"] == request.namespace) and (allowed is None or r["namespace"] in allowed)
             ]
         )
-
 
     # ------------------------------------------------------------ pages
     @unary

@@ -95,9 +95,7 @@ class ShmSessions:
     def check(self, session_id: int) -> None:
         with self._lock:
             if session_id in self._ended:
-                raise FailedPrecondition(
-                    f"shm_session: session {session_id} has closed and its leases were released; open a new session"
-                )
+                raise FailedPrecondition(f"shm_session: session {session_id} has closed and its leases were released; open a new session")
             if session_id not in self._sessions:
                 raise InvalidArgument("shm_session", f"unknown or closed shared-memory session {session_id}")
 

@@ -91,8 +91,7 @@ class _Registrar:
 
     def add_registered_method_handlers(self, service: str, handlers: dict) -> None:
         handlers = {
-            name: h._replace(request_deserializer=_lenient(f"{service}/{name}", h.request_deserializer))
-            for name, h in handlers.items()
+            name: h._replace(request_deserializer=_lenient(f"{service}/{name}", h.request_deserializer)) for name, h in handlers.items()
         }
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
         self.server.add_registered_method_handlers(service, handlers)

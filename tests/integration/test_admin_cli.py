@@ -12,7 +12,9 @@ from engine_client.client import KVStoreClient
 
 def admin(*argv, cwd=None, env=None):
     env = {**{k: v for k, v in os.environ.items() if k != "KVSTORE_SOCKET"}, "PYTHONPATH": data_root(), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "tools.admin", *argv], cwd=cwd or data_root(), env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "tools.admin", *argv], cwd=cwd or data_root(), env=env, capture_output=True, text=True, timeout=120
+    )
 
 
 def put_one(daemon):
@@ -65,7 +67,10 @@ def test_ls_json_into_a_closed_pipe_ends_quietly(daemon):
     env = {**os.environ, "PYTHONPATH": data_root()}
     proc = subprocess.Popen(
         [sys.executable, "-m", "tools.admin", "--socket-path", daemon.socket, "ls", "--json"],
-        cwd=data_root(), env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=data_root(),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     proc.stdout.close()  # the reader is gone before anything is written, as `| head` leaves it
     _, err = proc.communicate(timeout=120)
@@ -76,15 +81,27 @@ def test_ls_json_into_a_closed_pipe_ends_quietly(daemon):
 def test_ls_json_piped_to_head_prints_one_line(daemon):
     put_one(daemon)
     cmd = f"{sys.executable} -m tools.admin --socket-path {daemon.socket} ls --json | head -1"
-    proc = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], cwd=data_root(), env={**os.environ, "PYTHONPATH": data_root()},
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", cmd],
+        cwd=data_root(),
+        env={**os.environ, "PYTHONPATH": data_root()},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.stdout == "[\n" and proc.stderr == "", proc.stderr
 
 
 def test_kvstore_health_probe(daemon, tmp_path):
     def health(path):
-        return subprocess.run([sys.executable, "-m", "kvstore.cli", "health", "--socket-path", path, "--timeout", "5"],
-                              cwd=data_root(), env={**os.environ, "PYTHONPATH": data_root()}, capture_output=True, text=True, timeout=60)
+        return subprocess.run(
+            [sys.executable, "-m", "kvstore.cli", "health", "--socket-path", path, "--timeout", "5"],
+            cwd=data_root(),
+            env={**os.environ, "PYTHONPATH": data_root()},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
 
     ok = health(daemon.socket)
     assert ok.returncode == 0 and ok.stdout.strip() == "SERVING", ok.stderr

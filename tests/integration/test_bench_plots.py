@@ -11,13 +11,31 @@ from tools.bench.plots import accuracy_paths
 
 
 def test_accuracy_figure_of_a_toy_run(tmp_path, capsys):
-    rc = main(["accuracy", "--task", "kv", "--path", "summary@0.25", "--examples", "2", "--tokens", "256", "--threads", "1",
-               "--data-dir", str(tmp_path), "--json", "--plot", str(tmp_path / "accuracy.png")])
+    rc = main(
+        [
+            "accuracy",
+            "--task",
+            "kv",
+            "--path",
+            "summary@0.25",
+            "--examples",
+            "2",
+            "--tokens",
+            "256",
+            "--threads",
+            "1",
+            "--data-dir",
+            str(tmp_path),
+            "--json",
+            "--plot",
+            str(tmp_path / "accuracy.png"),
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     report = json.loads(out)
     assert_png(tmp_path / "accuracy.png")
-    (name, point), = accuracy_paths(report).items()  # the one path the toy harness runs, drawn at its budget
+    ((name, point),) = accuracy_paths(report).items()  # the one path the toy harness runs, drawn at its budget
     assert name == "summary@0.25" and point["correct"] == report["correct"] and point["examples"] == 2
 
 

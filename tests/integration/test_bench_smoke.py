@@ -8,7 +8,6 @@ import sys
 
 import numpy as np
 import pytest
-
 from helpers import assert_png, data_root
 
 from tools.bench.plots import ttft_bars
@@ -28,8 +27,23 @@ def run_bench(*argv, timeout=240):
 
 
 def test_io_via_daemon_reports_all_paths(tmp_path):
-    proc = run_bench("io", "--via-daemon", "--bs", "64k", "--iodepth", "4", "--size", "8m", "--runtime", "0.5",
-                     "--directory", str(tmp_path), "--json", "--plot", str(tmp_path / "io.png"))
+    proc = run_bench(
+        "io",
+        "--via-daemon",
+        "--bs",
+        "64k",
+        "--iodepth",
+        "4",
+        "--size",
+        "8m",
+        "--runtime",
+        "0.5",
+        "--directory",
+        str(tmp_path),
+        "--json",
+        "--plot",
+        str(tmp_path / "io.png"),
+    )
     assert_png(tmp_path / "io.png")
     report = json.loads(proc.stdout)
     assert set(report["rows"]) == {"in-process", "daemon-shm", "daemon-bytes"}
@@ -40,9 +54,30 @@ def test_io_via_daemon_reports_all_paths(tmp_path):
 
 
 def test_reprefill_bench_smoke(tmp_path):
-    proc = run_bench("reprefill", "--model", "tiny", "--dtype", "float32", "--prefix-tokens", "400", "--suffix-tokens", "8",
-                     "--repeats", "2", "--budgets", "0.25,1", "--period-layers", "2", "--group-layers", "1",
-                     "--directory", str(tmp_path), "--json", "--plot", str(tmp_path / "ttft.png"))
+    proc = run_bench(
+        "reprefill",
+        "--model",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--prefix-tokens",
+        "400",
+        "--suffix-tokens",
+        "8",
+        "--repeats",
+        "2",
+        "--budgets",
+        "0.25,1",
+        "--period-layers",
+        "2",
+        "--group-layers",
+        "1",
+        "--directory",
+        str(tmp_path),
+        "--json",
+        "--plot",
+        str(tmp_path / "ttft.png"),
+    )
     report = json.loads(proc.stdout)
     assert "\r" not in proc.stderr  # no progress bar off a terminal (the prefill's, the budgets')
     assert_png(tmp_path / "ttft.png")
@@ -73,10 +108,40 @@ def zipf_run(tmp_path_factory):
     """``(report, path of its --plot figure)``."""
     directory = tmp_path_factory.mktemp("zipf")
     # tiny model: 2 layers, Periods of 1 layer (2 periods), stored groups of 1; 512-token prefixes (32 chunks)
-    proc = run_bench("reprefill", "--workload", "zipf", "--systems", ZIPF_SYSTEMS, "--model", "tiny", "--dtype", "float32",
-                     "--prefix-tokens", "512", "--suffix-tokens", "8", "--prefixes", "3", "--requests", "4", "--warmup", "2",
-                     "--budgets", "0.25", "--period-layers", "1", "--group-layers", "1", "--memory-fraction", "0.5",
-                     "--directory", str(directory), "--json", "--plot", str(directory / "ttft.png"))
+    proc = run_bench(
+        "reprefill",
+        "--workload",
+        "zipf",
+        "--systems",
+        ZIPF_SYSTEMS,
+        "--model",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--prefix-tokens",
+        "512",
+        "--suffix-tokens",
+        "8",
+        "--prefixes",
+        "3",
+        "--requests",
+        "4",
+        "--warmup",
+        "2",
+        "--budgets",
+        "0.25",
+        "--period-layers",
+        "1",
+        "--group-layers",
+        "1",
+        "--memory-fraction",
+        "0.5",
+        "--directory",
+        str(directory),
+        "--json",
+        "--plot",
+        str(directory / "ttft.png"),
+    )
     return json.loads(proc.stdout), directory / "ttft.png"
 
 

@@ -167,9 +167,22 @@ def test_admin_without_a_store(tmp_path):
 # ------------------------------------------------------------ chunked bench
 def bench_args(data_dir, **over) -> argparse.Namespace:
     base = dict(
-        budget=[0.05, 0.25], layers=4, kv_heads=1, head_dim=8, dtype="bfloat16", tokens=512, chunk_tokens=16,
-        period_layers=8, selection="both", data_dir=str(data_dir), runtime=0.2, seed=3, json=False,
-        backend="posix", iodepth=4, direct=1,
+        budget=[0.05, 0.25],
+        layers=4,
+        kv_heads=1,
+        head_dim=8,
+        dtype="bfloat16",
+        tokens=512,
+        chunk_tokens=16,
+        period_layers=8,
+        selection="both",
+        data_dir=str(data_dir),
+        runtime=0.2,
+        seed=3,
+        json=False,
+        backend="posix",
+        iodepth=4,
+        direct=1,
     )
     return argparse.Namespace(**{**base, **over})
 

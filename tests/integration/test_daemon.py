@@ -224,7 +224,9 @@ def test_put_cut_during_its_commit_is_whole_or_absent(daemon_factory):
 
     with KVStoreClient(daemon.target, shm=False) as client:
         call = client.stub.PutPrefix.future(frames(), timeout=60)
-        assert _wait_until(lambda: any(not f.endswith(".tmp") for f in os.listdir(manifests)))  # written, synced, held before the index commit
+        assert _wait_until(
+            lambda: any(not f.endswith(".tmp") for f in os.listdir(manifests))
+        )  # written, synced, held before the index commit
         call.cancel()
         time.sleep(3)  # the pause ends and the commit finishes
         listed = client.list_prefixes()
@@ -372,9 +374,7 @@ def test_client_that_disappears_releases_its_leases(daemon):
     with KVStoreClient(daemon.target) as client:
         pid = client.put_prefix(make_tokens(160, 1), make_kv(GEO, 160, 1), GEO).prefix_id
         env = {**os.environ, "PYTHONPATH": data_root()}
-        proc = subprocess.Popen(
-            [sys.executable, "-c", CLIENT_THAT_DIES, daemon.target, pid], stdout=subprocess.PIPE, text=True, env=env
-        )
+        proc = subprocess.Popen([sys.executable, "-c", CLIENT_THAT_DIES, daemon.target, pid], stdout=subprocess.PIPE, text=True, env=env)
         line = proc.stdout.readline()
         assert line.startswith("holding") and int(line.split()[1]) > 0
         assert client.stats().shm_leased_bytes > 0
@@ -464,15 +464,37 @@ def test_mtls_listener(daemon_factory, tmp_path):
     def openssl(*args):
         subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=tmp_path)
 
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=kvstore-ca",
-            "-keyout", "ca.key", "-out", "ca.pem")
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=kvstore-ca", "-keyout", "ca.key", "-out", "ca.pem")
     for name in ("server", "client"):
         openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=localhost", "-keyout", f"{name}.key", "-out", f"{name}.csr")
         (tmp_path / "san.ext").write_text("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem", "-CAkey", "ca.key", "-CAcreateserial", "-days", "1",
-                "-extfile", "san.ext", "-out", f"{name}.pem")
-    d = daemon_factory("--tcp-address", "127.0.0.1:0", "--tls-cert-file", str(tmp_path / "server.pem"),
-                       "--tls-key-file", str(tmp_path / "server.key"), "--tls-client-ca-file", str(tmp_path / "ca.pem"))
+        openssl(
+            "x509",
+            "-req",
+            "-in",
+            f"{name}.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            "1",
+            "-extfile",
+            "san.ext",
+            "-out",
+            f"{name}.pem",
+        )
+    d = daemon_factory(
+        "--tcp-address",
+        "127.0.0.1:0",
+        "--tls-cert-file",
+        str(tmp_path / "server.pem"),
+        "--tls-key-file",
+        str(tmp_path / "server.key"),
+        "--tls-client-ca-file",
+        str(tmp_path / "ca.pem"),
+    )
     ca = (tmp_path / "ca.pem").read_bytes()
     target = f"localhost:{d.tcp_port}"
     with KVStoreClient(target, root_certificates=ca) as no_cert:

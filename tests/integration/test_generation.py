@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+from pretrained import needs_smollm2
 
 from engine_client.client import KVStoreClient
 from engine_client.generation import dense_generate
@@ -10,7 +11,6 @@ from engine_client.model import zoo
 from engine_client.runner import ModelRunner, ReprefillConfig, chunked_prefill
 from engine_client.tasks import text
 from kvstore.errors import InvalidArgument
-from pretrained import needs_smollm2
 
 pytestmark = needs_smollm2
 
@@ -37,7 +37,9 @@ def test_full_budget_generation_equals_the_dense_reference_on_every_period_shape
     torch.testing.assert_close(whole, ref.first_logits, atol=2e-3, rtol=1e-3)
     # 8 -> periods of 8, 8, 8, 6 layers (the last group has 2); 12 -> 12, 12, 6; 32 -> one period of 30
     for period in (8, 12, 32):
-        gen = runner.generate(handle.prefix_id, ex.suffix_tokens, ReprefillConfig(budget=1.0, period_layers=period), 8, tokenizer=smollm2.tokenizer)
+        gen = runner.generate(
+            handle.prefix_id, ex.suffix_tokens, ReprefillConfig(budget=1.0, period_layers=period), 8, tokenizer=smollm2.tokenizer
+        )
         assert gen.tokens == ref.tokens, period
         torch.testing.assert_close(gen.first_logits, ref.first_logits, atol=0, rtol=0)
         assert gen.text == ref.text and len(gen.step_s) == len(gen.tokens) - 1

@@ -29,8 +29,14 @@ def populate(data: str) -> tuple[dict[str, np.ndarray], str]:
     kv_e[:, :, :, :48] = kv_d[:, :, :, :48]
     with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
         stored = {}
-        for tokens, kv in [(tokens_a, kv_a), (tokens_b, kv_b), (tokens_a[:64], kv_a[:, :, :, :64]),
-                           (make_tokens(40, 3), make_kv(GEO, 40, 3)), (tokens_d, kv_d), (tokens_e, kv_e)]:
+        for tokens, kv in [
+            (tokens_a, kv_a),
+            (tokens_b, kv_b),
+            (tokens_a[:64], kv_a[:, :, :, :64]),
+            (make_tokens(40, 3), make_kv(GEO, 40, 3)),
+            (tokens_d, kv_d),
+            (tokens_e, kv_e),
+        ]:
             res = store.put(tokens, kv, GEO)
             stored[res.prefix_id] = kv
         assert store.put(tokens_a[:64], kv_a[:, :, :, :64], GEO).bytes_written == 0  # fully reused: no segment
@@ -42,8 +48,12 @@ def populate(data: str) -> tuple[dict[str, np.ndarray], str]:
 
 def admin(*args):
     return subprocess.run(
-        [sys.executable, "-m", "tools.admin", *args], capture_output=True, text=True,
-        env={**os.environ, "PYTHONPATH": data_root()}, cwd=data_root(), timeout=120,
+        [sys.executable, "-m", "tools.admin", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": data_root()},
+        cwd=data_root(),
+        timeout=120,
     )
 
 

@@ -58,7 +58,11 @@ def _attack(daemon, victim_leases, other_pid) -> dict:
     env = {**os.environ, "PYTHONPATH": data_root()}
     out = subprocess.run(
         [sys.executable, "-c", ATTACKER, daemon.target, json.dumps(victim_leases), other_pid],
-        env=env, capture_output=True, text=True, timeout=120, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)

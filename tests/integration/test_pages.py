@@ -159,17 +159,26 @@ def test_bad_page_requests_are_invalid_argument_naming_the_field_and_change_noth
         "header.geometry.model: is required": (pb.PutPagesHeader(keys=keys), []),
         "skip_pages: index 3 out of range [0, 3)": (pb.PutPagesHeader(geometry=geo_pb, keys=keys, skip_pages=[3]), []),
         "extent.chunk: the page index must be in [0, 3), got 3": (
-            pb.PutPagesHeader(geometry=geo_pb, keys=keys), [pb.ExtentFrame(group=0, chunk=3, data=extent0)]),
+            pb.PutPagesHeader(geometry=geo_pb, keys=keys),
+            [pb.ExtentFrame(group=0, chunk=3, data=extent0)],
+        ),
         "extent.group: must be in [0, 3), got 3": (
-            pb.PutPagesHeader(geometry=geo_pb, keys=keys), [pb.ExtentFrame(group=3, chunk=0, data=extent0)]),
+            pb.PutPagesHeader(geometry=geo_pb, keys=keys),
+            [pb.ExtentFrame(group=3, chunk=0, data=extent0)],
+        ),
         f"extent.data: group 0 page 0: {len(extent0) + 2} bytes exceed": (
-            pb.PutPagesHeader(geometry=geo_pb, keys=keys), [pb.ExtentFrame(group=0, chunk=0, data=extent0 + b"xx")]),
+            pb.PutPagesHeader(geometry=geo_pb, keys=keys),
+            [pb.ExtentFrame(group=0, chunk=0, data=extent0 + b"xx")],
+        ),
         "extent.offset: group 0 page 1: expected offset 0, got 2": (
-            pb.PutPagesHeader(geometry=geo_pb, keys=keys), [pb.ExtentFrame(group=0, chunk=1, offset=2, data=extent0[2:])]),
-        "extent: group 0 page 0 was already sent": (
-            pb.PutPagesHeader(geometry=geo_pb, keys=keys), [frames[0], frames[0]]),
+            pb.PutPagesHeader(geometry=geo_pb, keys=keys),
+            [pb.ExtentFrame(group=0, chunk=1, offset=2, data=extent0[2:])],
+        ),
+        "extent: group 0 page 0 was already sent": (pb.PutPagesHeader(geometry=geo_pb, keys=keys), [frames[0], frames[0]]),
         "extents: 2 page extents missing or short, first: group 0 page 0": (
-            pb.PutPagesHeader(geometry=geo_pb, keys=keys), [pb.ExtentFrame(group=0, chunk=0, data=extent0[:-2])] + frames[1:-1]),
+            pb.PutPagesHeader(geometry=geo_pb, keys=keys),
+            [pb.ExtentFrame(group=0, chunk=0, data=extent0[:-2])] + frames[1:-1],
+        ),
     }
     with KVStoreClient(d.target) as client:
         for expected, (header, sent) in cases.items():

@@ -290,10 +290,12 @@ def test_bad_input_on_the_stream_gets_a_clear_status(daemon_factory):
                     list(st.groups(1))
             assert err.value.code == inv and text in err.value.message, err.value
         for covered, text in [([0], "group 0 was not pushed"), ([1], "group 1 is not one of period 0's ([0])"), ([0, 0], "repeated group")]:
-            req = iter([
-                pb.PrefetchRequest(open=pb.PrefetchOpen(prefix_id=pid, shm_session=client.session_id, period_layers=8)),
-                pb.PrefetchRequest(period=pb.PeriodSet(period=0, chunks=[0], covered_groups=covered)),
-            ])
+            req = iter(
+                [
+                    pb.PrefetchRequest(open=pb.PrefetchOpen(prefix_id=pid, shm_session=client.session_id, period_layers=8)),
+                    pb.PrefetchRequest(period=pb.PeriodSet(period=0, chunks=[0], covered_groups=covered)),
+                ]
+            )
             with pytest.raises(grpc.RpcError) as raw:
                 list(client.stub.Prefetch(req, timeout=10))
             assert raw.value.code() == inv and f"period.covered_groups: {text}" in raw.value.details(), raw.value

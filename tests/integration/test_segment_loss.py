@@ -42,7 +42,11 @@ def test_lost_segment_file_is_data_loss_and_quarantined(daemon, damage):
 
     ls = subprocess.run(
         [sys.executable, "-m", "tools.admin", "--socket", daemon.socket, "ls", "--json"],
-        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": data_root()}, cwd=data_root(), timeout=60,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": data_root()},
+        cwd=data_root(),
+        timeout=60,
     )
     rows = {r["prefix_id"]: r for r in json.loads(ls.stdout)}
     assert "unreadable" in rows[victim]["quarantined"] and rows[other]["quarantined"] is None

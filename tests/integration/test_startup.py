@@ -47,21 +47,37 @@ def _bad_configs(tmp_path):
         (tmp_path / f"{case}.toml").write_text(text)
         cases[case] = (("--config", str(tmp_path / f"{case}.toml")), name)
     tcp = ("--tcp-address", "127.0.0.1:0")
-    cases.update({
-        "flag-bool": (("--direct-io", "maybe"), "--direct-io"),
-        "flag-int": (("--io-queue-depth", "16x"), "--io-queue-depth"),
-        "flag-unit": (("--shm-arena-bytes", "1XiB"), "--shm-arena-bytes"),
-        "short-token": ((*tcp, "--auth-token-file", str(tmp_path / "short")), "auth_token_file"),
-        "missing-token": ((*tcp, "--auth-token-file", str(tmp_path / "absent")), "auth_token_file"),
-        "missing-tls": ((*tcp, "--tls-cert-file", str(tmp_path / "c.pem"), "--tls-key-file", str(tmp_path / "k.pem")), "tls_key_file"),
-        "port-in-use": (("--tcp-address", "127.0.0.1:%d" % busy.getsockname()[1], "--auth-token-file", str(tmp_path / "token")), "tcp_address"),
-    })
+    cases.update(
+        {
+            "flag-bool": (("--direct-io", "maybe"), "--direct-io"),
+            "flag-int": (("--io-queue-depth", "16x"), "--io-queue-depth"),
+            "flag-unit": (("--shm-arena-bytes", "1XiB"), "--shm-arena-bytes"),
+            "short-token": ((*tcp, "--auth-token-file", str(tmp_path / "short")), "auth_token_file"),
+            "missing-token": ((*tcp, "--auth-token-file", str(tmp_path / "absent")), "auth_token_file"),
+            "missing-tls": ((*tcp, "--tls-cert-file", str(tmp_path / "c.pem"), "--tls-key-file", str(tmp_path / "k.pem")), "tls_key_file"),
+            "port-in-use": (
+                ("--tcp-address", f"127.0.0.1:{busy.getsockname()[1]}", "--auth-token-file", str(tmp_path / "token")),
+                "tcp_address",
+            ),
+        }
+    )
     return cases, busy
 
 
 BAD = [
-    "syntax", "bool-as-string", "direct-io-string", "int-as-string", "unknown-key", "bad-unit",
-    "flag-bool", "flag-int", "flag-unit", "short-token", "missing-token", "missing-tls", "port-in-use",
+    "syntax",
+    "bool-as-string",
+    "direct-io-string",
+    "int-as-string",
+    "unknown-key",
+    "bad-unit",
+    "flag-bool",
+    "flag-int",
+    "flag-unit",
+    "short-token",
+    "missing-token",
+    "missing-tls",
+    "port-in-use",
 ]
 
 

@@ -31,9 +31,7 @@ def test_roundtrip_bit_exact(store_config, geo, num_tokens):
             tok = np.concatenate([np.arange(j * c, min((j + 1) * c, num_tokens)) for j in chunks])
             layers = np.concatenate([list(geo.group_layer_range(g)) for g in groups])
             np.testing.assert_array_equal(got.to_kv(), kv[layers][:, :, :, tok])
-            assert got.bytes_useful == sum(
-                geo.extent_bytes(g, min(c, num_tokens - j * c)) for g in groups for j in chunks
-            )
+            assert got.bytes_useful == sum(geo.extent_bytes(g, min(c, num_tokens - j * c)) for g in groups for j in chunks)
         # summaries and probe keys match what the KV says
         summ = store.read_summaries(res.prefix_id)
         for g, j, ext in split_extents(geo, kv):

@@ -3,10 +3,10 @@
 import argparse
 
 import pytest
-
-from engine_client.tasks.text import answer_in
 from helpers import assert_png
 from pretrained import needs_smollm2
+
+from engine_client.tasks.text import answer_in
 from tools.bench.plots import plot_accuracy
 from tools.bench.text_accuracy import format_text_report, parse_paths, run_text_accuracy
 
@@ -15,8 +15,19 @@ pytestmark = needs_smollm2
 
 def test_passkey_slice_full_drop_needle_and_reprefill_at_5_percent(tmp_path):
     args = argparse.Namespace(
-        model="smollm2-135m", task="passkey", tokens=320, path="full,drop-needle,exact@0.05", examples=2, depths="0.3,0.7",
-        start=0, max_new_tokens=0, period_layers=8, group_layers=4, threads=1, dtype="float32", directory=str(tmp_path),
+        model="smollm2-135m",
+        task="passkey",
+        tokens=320,
+        path="full,drop-needle,exact@0.05",
+        examples=2,
+        depths="0.3,0.7",
+        start=0,
+        max_new_tokens=0,
+        period_layers=8,
+        group_layers=4,
+        threads=1,
+        dtype="float32",
+        directory=str(tmp_path),
     )
     r = run_text_accuracy(args)
     assert r["seeds"] == [1_000_000, 1_000_001] and set(r["paths"]) == {"full", "drop-needle", "exact@0.05"}

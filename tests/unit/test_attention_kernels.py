@@ -55,7 +55,11 @@ def test_suffix_queries_do_not_see_later_suffix_keys():
     """A changed last key/value must not change any earlier query's output (the mask is bottom-right aligned)."""
     hq, hkv, d, r, s = 4, 2, 8, 6, 5
     gen = torch.Generator().manual_seed(1)
-    q, keys, values = torch.randn(hq, s, d, generator=gen), torch.randn(hkv, r + s, d, generator=gen), torch.randn(hkv, r + s, d, generator=gen)
+    q, keys, values = (
+        torch.randn(hq, s, d, generator=gen),
+        torch.randn(hkv, r + s, d, generator=gen),
+        torch.randn(hkv, r + s, d, generator=gen),
+    )
     base = _gqa_attention(q, keys, values, r)
     keys2, values2 = keys.clone(), values.clone()
     keys2[:, -1] += 5

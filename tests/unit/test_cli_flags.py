@@ -108,8 +108,7 @@ def test_socket_discovery_order(tmp_path, monkeypatch):
     path, looked = find_socket({"KVSTORE_SOCKET": str(tmp_path / "nope")})
     if path is None:  # nothing at the system path on this machine
         assert looked == (
-            f"looked at {tmp_path / 'nope'} ($KVSTORE_SOCKET), /run/kvstore/kvstore.sock (system default), "
-            f"{local} (this directory)"
+            f"looked at {tmp_path / 'nope'} ($KVSTORE_SOCKET), /run/kvstore/kvstore.sock (system default), {local} (this directory)"
         )
     local.parent.mkdir(parents=True)
     local.touch()

@@ -32,9 +32,7 @@ def test_nothing_freeing_returns_the_cheapest_sharer_to_unlock_shared_segments()
     assert choose_victims(cands, 0) == []
 
 
-prefixes = st.lists(
-    st.tuples(st.integers(1, 50), st.integers(0, 20), st.booleans()), min_size=1, max_size=7
-)
+prefixes = st.lists(st.tuples(st.integers(1, 50), st.integers(0, 20), st.booleans()), min_size=1, max_size=7)
 
 
 @settings(max_examples=300, deadline=None)

@@ -41,8 +41,15 @@ CONTROL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 LETTERS = "etaoinshr"
 CHAT_TEMPLATE = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
 # head dim 32: Q4_1 and Q8_0 quantize rows in blocks of 32 values
-LLAMA = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False, "hidden_size": 64,
-         "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32}
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "attention_bias": False,
+    "hidden_size": 64,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 32,
+}
 
 
 def permute_rope_rows(w: np.ndarray, heads: int) -> np.ndarray:
@@ -121,7 +128,9 @@ def write_llama_gguf(hf_dir, path, types: dict[str, Q] | None = None, drop: tupl
 def tied(tmp_path_factory):
     """A tiny llama HF checkpoint with tied embeddings, and its GGUF (all F32)."""
     root = tmp_path_factory.mktemp("tied")
-    hf = make_checkpoint(root / "hf", "tiny", seed=3, dtype="float32", overrides={**LLAMA, "vocab_size": len(vocab()[0]), "tie_word_embeddings": True})
+    hf = make_checkpoint(
+        root / "hf", "tiny", seed=3, dtype="float32", overrides={**LLAMA, "vocab_size": len(vocab()[0]), "tie_word_embeddings": True}
+    )
     return hf, write_llama_gguf(hf, root / "model.gguf")
 
 
@@ -146,8 +155,17 @@ def test_f32_gguf_reads_back_the_hf_tensors_and_config(tied):
     for name, value in tensors.items():
         assert torch.equal(value, want[name]), name
     ref = json.loads((hf_dir / "config.json").read_text())
-    for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "rope_theta", "max_position_embeddings"):
+    for key in (
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "rope_theta",
+        "max_position_embeddings",
+    ):
         assert config[key] == ref[key], key
     assert meta["tokenizer.ggml.pre"] == "smollm"
 
@@ -160,7 +178,9 @@ def test_exported_gguf_runs_like_the_hf_checkpoint(tied, tmp_path):
     # a float32 export carries the weights bit for bit ...
     assert torch.equal(ours.weights.embed, ref.weights.embed) and torch.equal(ours.weights.lm_head, ref.weights.lm_head)
     for a, b in zip(ours.weights.layers, ref.weights.layers):
-        assert all(torch.equal(getattr(a, f), getattr(b, f)) for f in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "input_norm"))
+        assert all(
+            torch.equal(getattr(a, f), getattr(b, f)) for f in ("qkv_weight", "o_weight", "gate_up_weight", "down_weight", "input_norm")
+        )
     # ... and runs the same; not asserted bit for bit: a BLAS kernel may pick another path for another buffer alignment
     torch.testing.assert_close(ours.forward_full(tokens), ref.forward_full(tokens), rtol=1e-5, atol=1e-5)
     bf16 = load_checkpoint(export_gguf(path, tmp_path / "bf16", "bfloat16"), dtype=torch.bfloat16)

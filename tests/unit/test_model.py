@@ -24,8 +24,15 @@ GEOMETRIES = [
     # one KV head, head dim 4, no bias, untied, RoPE tables grown past max positions
     (
         "mqa",
-        {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "attention_bias": False, "num_attention_heads": 3,
-         "num_key_value_heads": 1, "head_dim": 4, "max_position_embeddings": 16},
+        {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "attention_bias": False,
+            "num_attention_heads": 3,
+            "num_key_value_heads": 1,
+            "head_dim": 4,
+            "max_position_embeddings": 16,
+        },
         19,
         4,
     ),

@@ -8,8 +8,10 @@ from tools.bench import page_layout
 
 def test_gather_puts_every_element_where_the_page_layout_says_and_scatter_undoes_it():
     layers, blocks, block_size, heads, dim = 3, 7, 4, 2, 1
-    caches = [torch.arange(2 * blocks * block_size * heads * dim, dtype=torch.float32).reshape(2, blocks, block_size, heads, dim) + 1000 * l
-              for l in range(layers)]
+    caches = [
+        torch.arange(2 * blocks * block_size * heads * dim, dtype=torch.float32).reshape(2, blocks, block_size, heads, dim) + 1000 * l
+        for l in range(layers)
+    ]
     ids = torch.tensor([5, 0, 3])
     pages = gather_pages(caches, ids)
     assert pages.shape == (3, layers, 2, heads, block_size, dim)  # [pages, layers, K|V, heads, tokens, dim]

@@ -128,7 +128,6 @@ class TestContract:
         assert pol.victims(40) == [] and pol.used_bytes == 60 and pol.free_bytes == 40
         assert "zzz" not in pol and len(pol) == 1 and pol.units() == ["a"]
 
-
     def test_recency_breaks_ties(self, name):
         pol = make_policy(name, 30)
         same = UnitScore(2.0, 3)

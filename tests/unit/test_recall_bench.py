@@ -35,7 +35,9 @@ def test_systems_are_valid_reprefill_fields_and_paths():
     with pytest.raises(InvalidArgument, match="system"):
         system_fields("nope")
     assert parse_paths("full,layerwise@0.05,summary@0.1") == [
-        ("full", "", 1.0), ("layerwise@0.05", "layerwise", 0.05), ("summary@0.1", "summary", 0.1)
+        ("full", "", 1.0),
+        ("layerwise@0.05", "layerwise", 0.05),
+        ("summary@0.1", "summary", 0.1),
     ]
     with pytest.raises(ValueError, match="SELECTOR@BUDGET.*layerwise"):
         parse_paths("bogus@0.05")

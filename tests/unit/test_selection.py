@@ -123,9 +123,7 @@ def test_exact_rejects_bad_shapes_naming_the_field(queries, keys, field):
     seed=st.integers(0, 2**31 - 1),
     spread=st.sampled_from([1e-3, 1.0, 30.0]),
 )
-def test_upper_bound_dominates_every_key_in_the_chunk(
-    num_kv_heads, group, num_queries, head_dim, n, chunk_tokens, seed, spread
-):
+def test_upper_bound_dominates_every_key_in_the_chunk(num_kv_heads, group, num_queries, head_dim, n, chunk_tokens, seed, spread):
     gen = torch.Generator().manual_seed(seed)
     queries = torch.randn(num_kv_heads * group, num_queries, head_dim, generator=gen) * spread
     keys = torch.randn(num_kv_heads, n, head_dim, generator=gen) * spread

@@ -53,7 +53,7 @@ def test_kv_answer_is_the_value_of_the_queried_key():
         key = int(ex.suffix[-1])
         records = _records(ex.prefix)
         assert records[key] == [(ex.answer, ex.answer_spans[0][0])]  # stated once, where the span says
-        (start, end), = ex.answer_spans
+        ((start, end),) = ex.answer_spans
         assert ex.prefix[start:end].tolist() == [V.REC, key, ex.answer]
         assert len(records) == ex.meta["num_records"]
 
@@ -110,7 +110,7 @@ def test_multiturn_answer_and_question_placement():
             value, where = recs_suffix[key][0]
             assert where < q and value == ex.answer
         else:
-            (start, end), = ex.answer_spans
+            ((start, end),) = ex.answer_spans
             assert ex.prefix[start:end].tolist() == [V.REC, key, ex.answer]
         # the history carries the assistant's answers, and none re-asks this key
         assert (ex.prefix == V.ASSISTANT).sum() == ex.meta["num_turns"] - 1

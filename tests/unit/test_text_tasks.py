@@ -4,12 +4,12 @@ import json
 
 import numpy as np
 import pytest
+from pretrained import needs_smollm2
 
 from engine_client.model import zoo
 from engine_client.tasks import text
 from engine_client.tasks.text import jsonl
 from engine_client.tasks.text.base import answer_in
-from pretrained import needs_smollm2
 
 pytestmark = needs_smollm2
 
@@ -74,7 +74,12 @@ def _write(tmp_path, lines):
 
 
 def test_jsonl_tasks(tmp_path, tok):
-    good = {"prefix": "Alice keeps the key in the red box. Bob has none.", "question": " Where is the key? In the", "answers": ["red box"], "needle": "red box"}
+    good = {
+        "prefix": "Alice keeps the key in the red box. Bob has none.",
+        "question": " Where is the key? In the",
+        "answers": ["red box"],
+        "needle": "red box",
+    }
     path = _write(tmp_path, [json.dumps(good), "", json.dumps({**good, "answers": ["blue"], "max_new_tokens": 3})])
     a, b = text.examples(f"file:{path}", tok, 5, 0)
     assert tok.decode(a.prefix_tokens) == good["prefix"] and tok.decode(a.suffix_tokens) == good["question"]

@@ -170,7 +170,9 @@ def test_impress_blocks_by_important_tokens_within_the_budget():
 
 
 @settings(max_examples=150, deadline=None)
-@given(n=st.integers(1, 700), block_tokens=st.integers(1, 80), forced=st.integers(0, 40), extra=st.integers(0, 700), seed=st.integers(0, 2**16))
+@given(
+    n=st.integers(1, 700), block_tokens=st.integers(1, 80), forced=st.integers(0, 40), extra=st.integers(0, 700), seed=st.integers(0, 2**16)
+)
 def test_impress_blocks_never_exceed_the_budget(n, block_tokens, forced, extra, seed):
     scores = torch.rand(n, generator=torch.Generator().manual_seed(seed))
     m = -(-n // block_tokens)

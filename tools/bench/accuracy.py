@@ -112,7 +112,9 @@ def held_out_examples(task: str, num_examples: int, num_tokens: int, seed: int, 
 
 
 @torch.inference_mode()
-def answer_logits(model, prefix_kv: torch.Tensor, num_prefix: int, suffix: np.ndarray, keep_rows: torch.Tensor | None = None) -> torch.Tensor:
+def answer_logits(
+    model, prefix_kv: torch.Tensor, num_prefix: int, suffix: np.ndarray, keep_rows: torch.Tensor | None = None
+) -> torch.Tensor:
     """Logits ``[vocab]`` at the last suffix token, attending to the prefix rows ``keep_rows`` (all if None).
 
     ``prefix_kv [L, 2, Hkv, n, d]`` post-RoPE; the suffix takes positions ``n, n+1, ...``.
@@ -252,18 +254,25 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     from engine_client.tasks import TASKS
     from kvstore.cli_flags import add_alias
 
-    p = sub.add_parser("accuracy", help="answer accuracy on held-out recall tasks (toy checkpoint or --model on real text), full / drop / Re-Prefill")
+    p = sub.add_parser(
+        "accuracy", help="answer accuracy on held-out recall tasks (toy checkpoint or --model on real text), full / drop / Re-Prefill"
+    )
     p.add_argument("--task", required=True, help=f"toy checkpoint: {', '.join(TASKS)}; --model: a real-text task or file:PATH")
     p.add_argument(
-        "--path", required=True,
+        "--path",
+        required=True,
         help="full | drop-answer (toy) | drop-needle (--model) | SYSTEM@BUDGET (summary, exact, recent; --model also layerwise, layerwise-summary, perlayer-follow (with --group-layers 1): engine_client.selection.systems; budget in (0, 1]); "
         "--model accepts several, comma-separated",
     )
     p.add_argument("--model", default=None, help="a pretrained model by name (smollm2-135m): real-text tasks, greedy decoding")
     p.add_argument("--depths", default="", help="--model: needle depths to cycle through, e.g. 0,0.25,0.5,0.75,1 (default: seeded)")
     p.add_argument("--start", type=int, default=0, help="--model: offset into the evaluation seeds (1_000_000 + start on)")
-    p.add_argument("--stream", choices=("eval", "tune"), default="eval",
-                   help="--model: seed stream; choose a design on 'tune' (seeds below 1000), report on 'eval'")
+    p.add_argument(
+        "--stream",
+        choices=("eval", "tune"),
+        default="eval",
+        help="--model: seed stream; choose a design on 'tune' (seeds below 1000), report on 'eval'",
+    )
     p.add_argument("--max-new-tokens", type=int, default=0, help="--model: tokens to decode (default: the task's)")
     p.add_argument("--period-layers", type=int, default=8, help="--model: layers sharing one chunk selection")
     p.add_argument("--group-layers", type=int, default=4, help="--model: layers per stored group")

@@ -218,9 +218,7 @@ def run_chunked(args) -> dict:
         for selection in _selections(_arg(args, "selection")):
             for budget in _budgets(_arg(args, "budget")):
                 for coalesce in (True, False):
-                    case = run_case(
-                        store, stored["prefix_id"], layout, selection=selection, budget=budget, coalesce=coalesce, **case_args
-                    )
+                    case = run_case(store, stored["prefix_id"], layout, selection=selection, budget=budget, coalesce=coalesce, **case_args)
                     cases.append(case)
         store_info = {"data_dir": store.data_dir, "backend": store.backend.name}
     report = {
@@ -263,14 +261,30 @@ def format_report(report: dict) -> str:
         "extent padding (read amplification comes from this only):",
         format_table(
             ["chunk", "layers", "tokens", "extents", "bytes", "padded", "ratio"],
-            [[p["chunk"], p["group_layers"], p["tokens"], p["num_extents"], p["extent_bytes"], p["padded_bytes"], f"{p['ratio']:.3f}"]
-             for p in report["padding"]],
+            [
+                [p["chunk"], p["group_layers"], p["tokens"], p["num_extents"], p["extent_bytes"], p["padded_bytes"], f"{p['ratio']:.3f}"]
+                for p in report["padding"]
+            ],
             right=set(range(1, 7)),
         ),
         "",
         format_table(
-            ["selection", "budget", "coalesce", "chunks", "reads", "useful MB/s", "MiB/s", "disk MB/s", "ampl", "layout ampl",
-             "I/Os/read", "mean ms", "p50 ms", "p99 ms"],
+            [
+                "selection",
+                "budget",
+                "coalesce",
+                "chunks",
+                "reads",
+                "useful MB/s",
+                "MiB/s",
+                "disk MB/s",
+                "ampl",
+                "layout ampl",
+                "I/Os/read",
+                "mean ms",
+                "p50 ms",
+                "p99 ms",
+            ],
             [_case_row(c) for c in report["cases"]],
             right=set(range(1, 14)),
         ),
@@ -280,9 +294,18 @@ def format_report(report: dict) -> str:
 
 def _case_row(c: dict) -> list:
     return [
-        c["selection"], f"{c['budget']:.0%}", "on" if c["coalesce"] else "off", c["chunks_per_read"], c["reads"],
-        f"{c['useful_mb_per_s']:.0f}", f"{c['useful_mib_per_s']:.0f}", f"{c['disk_mb_per_s']:.0f}",
-        f"{c['read_amplification']:.3f}", f"{c['padding_amplification']:.3f}", f"{c['io_requests_per_read']:.1f}",
-        f"{c['latency_ms_mean']:.2f}", f"{c['latency_ms_p50']:.2f}", f"{c['latency_ms_p99']:.2f}",
+        c["selection"],
+        f"{c['budget']:.0%}",
+        "on" if c["coalesce"] else "off",
+        c["chunks_per_read"],
+        c["reads"],
+        f"{c['useful_mb_per_s']:.0f}",
+        f"{c['useful_mib_per_s']:.0f}",
+        f"{c['disk_mb_per_s']:.0f}",
+        f"{c['read_amplification']:.3f}",
+        f"{c['padding_amplification']:.3f}",
+        f"{c['io_requests_per_read']:.1f}",
+        f"{c['latency_ms_mean']:.2f}",
+        f"{c['latency_ms_p50']:.2f}",
+        f"{c['latency_ms_p99']:.2f}",
     ]
-

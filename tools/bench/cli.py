@@ -65,7 +65,9 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--direct", type=int, choices=(0, 1), default=1, help="1: O_DIRECT, no page cache")
     job.add_argument("--backend", choices=("auto", "posix", "kvikio"), default="auto")
     job.add_argument(
-        "--data-dir", dest="directory", default=DEFAULT_DIRECTORY,
+        "--data-dir",
+        dest="directory",
+        default=DEFAULT_DIRECTORY,
         help="work directory: the default --filename, the --via-daemon stores and the --chunked store (DATA_DIR/store)",
     )
     cli_flags.add_alias(job, "--directory", "directory")
@@ -91,7 +93,10 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     chk = parser.add_argument_group("chunked reads (--chunked; defaults: tools.bench.chunked.DEFAULTS)")
     chk.add_argument("--chunked", action="store_true", help="run the chunked-read benchmark instead of a raw job")
     chk.add_argument(
-        "--budgets", dest="budget", type=fractions_arg, help=f"fractions of chunks read, comma-separated (default {','.join(map(str, DEFAULT_BUDGETS))})"
+        "--budgets",
+        dest="budget",
+        type=fractions_arg,
+        help=f"fractions of chunks read, comma-separated (default {','.join(map(str, DEFAULT_BUDGETS))})",
     )
     cli_flags.add_alias(chk, "--budget", "budget", type=one_fraction_arg, action=cli_flags.AppendAlias)
     chk.add_argument("--layers", type=int)

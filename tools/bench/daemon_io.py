@@ -130,10 +130,24 @@ class _Daemon:
         self.socket = os.path.join(self.run_dir, "kvstore.sock")
         ready = os.path.join(self.run_dir, "ready")
         cmd = [
-            sys.executable, "-m", "kvstore.cli", "serve",
-            "--data-dir", data_dir, "--socket-path", self.socket, "--ready-file", ready,
-            "--min-free-bytes", "0", "--backend", args.backend, "--io-queue-depth", str(args.iodepth),
-            "--shm-arena-bytes", str(max(64 << 20, 4 * args.numjobs * args.iodepth * args.bs)),
+            sys.executable,
+            "-m",
+            "kvstore.cli",
+            "serve",
+            "--data-dir",
+            data_dir,
+            "--socket-path",
+            self.socket,
+            "--ready-file",
+            ready,
+            "--min-free-bytes",
+            "0",
+            "--backend",
+            args.backend,
+            "--io-queue-depth",
+            str(args.iodepth),
+            "--shm-arena-bytes",
+            str(max(64 << 20, 4 * args.numjobs * args.iodepth * args.bs)),
             *extra,  # later flags win
         ]
         self.log = open(os.path.join(self.run_dir, "daemon.log"), "wb")
@@ -180,8 +194,16 @@ def run_fio_on_segment(data_dir: str, args) -> tuple[dict, str]:
     path = max((os.path.join(seg_dir, n) for n in os.listdir(seg_dir)), key=os.path.getsize)
     size = os.path.getsize(path) // args.bs * args.bs
     spec = JobSpec(
-        rw="randread", block_bytes=args.bs, iodepth=args.iodepth, numjobs=args.numjobs, size_bytes=size,
-        runtime_s=args.runtime, direct=True, backend="posix", filename=path, seed=SEED,
+        rw="randread",
+        block_bytes=args.bs,
+        iodepth=args.iodepth,
+        numjobs=args.numjobs,
+        size_bytes=size,
+        runtime_s=args.runtime,
+        direct=True,
+        backend="posix",
+        filename=path,
+        seed=SEED,
     )
     cmd = fio_command(fio, spec, args.fio_ioengine) + ["--readonly"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.runtime + 60)
@@ -205,9 +227,14 @@ def run_daemon_comparison(args) -> dict:
     report = {
         "rows": rows,
         "params": {
-            "bs": args.bs, "iodepth": args.iodepth, "numjobs": args.numjobs, "runtime_s": args.runtime,
-            "extents_per_request": min(args.iodepth, num_chunks), "prefix_chunks": num_chunks,
-            "geometry": geo.to_dict(), "data_dir": data_dir,
+            "bs": args.bs,
+            "iodepth": args.iodepth,
+            "numjobs": args.numjobs,
+            "runtime_s": args.runtime,
+            "extents_per_request": min(args.iodepth, num_chunks),
+            "prefix_chunks": num_chunks,
+            "geometry": geo.to_dict(),
+            "data_dir": data_dir,
         },
         "machine": machine_info(data_dir),
     }
@@ -245,5 +272,7 @@ def format_daemon_report(report: dict) -> str:
             f"{row['bw_bytes_per_s'] / base:>15.2f}"
         )
     if "in-process/fio" in report["ratio"]:
-        lines.append(f"in-process / fio = {report['ratio']['in-process/fio']:.2f}; daemon-shm / fio = {report['ratio']['daemon-shm/fio']:.2f}")
+        lines.append(
+            f"in-process / fio = {report['ratio']['in-process/fio']:.2f}; daemon-shm / fio = {report['ratio']['daemon-shm/fio']:.2f}"
+        )
     return "\n".join(lines)

@@ -32,9 +32,24 @@ def summarize(records: list[dict]) -> dict:
     ttft = np.array([r["ttft_s"] for r in records])
     units = sum(r["units"] for r in records)
     fields = (
-        "io_wait_s", "daemon_wait_s", "select_s", "compute_s", "tokens_loaded", "token_cap", "bytes_disk",
-        "state_bytes_fetched", "bytes_useful", "bytes_cpu", "bytes_gpu", "spec_used", "spec_wasted",
-        "groups_covered", "hint_recall", "prev_recall", "top1", "kl",
+        "io_wait_s",
+        "daemon_wait_s",
+        "select_s",
+        "compute_s",
+        "tokens_loaded",
+        "token_cap",
+        "bytes_disk",
+        "state_bytes_fetched",
+        "bytes_useful",
+        "bytes_cpu",
+        "bytes_gpu",
+        "spec_used",
+        "spec_wasted",
+        "groups_covered",
+        "hint_recall",
+        "prev_recall",
+        "top1",
+        "kl",
     )
     row = {"requests": len(records), "ttft_mean_s": float(ttft.mean()), "ttft_p95_s": float(np.percentile(ttft, 95))}
     row.update({f"{f}_mean": mean_of(records, f) for f in fields})

@@ -34,8 +34,8 @@ import threading
 import time
 from array import array
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
-from typing import Iterator
 
 import numpy as np
 
@@ -402,10 +402,7 @@ def run_jobs_in_processes(spec: JobSpec) -> list[JobResult]:
     ctx = multiprocessing.get_context("spawn")
     barrier = ctx.Barrier(spec.numjobs)
     results = ctx.Queue()
-    procs = [
-        ctx.Process(target=_job_process, args=(spec, i, barrier, results), name=f"kvstore-bench-job{i}")
-        for i in range(spec.numjobs)
-    ]
+    procs = [ctx.Process(target=_job_process, args=(spec, i, barrier, results), name=f"kvstore-bench-job{i}") for i in range(spec.numjobs)]
     for proc in procs:
         proc.start()
     outcomes = []
@@ -541,8 +538,7 @@ def format_iops(iops: float) -> str:
 
 def format_header(engine: str, params: dict) -> str:
     return (
-        f"{engine}: rw={params['rw']}, bs={format_bytes(params['block_bytes'])}, "
-        f"iodepth={params['iodepth']}, numjobs={params['numjobs']}"
+        f"{engine}: rw={params['rw']}, bs={format_bytes(params['block_bytes'])}, iodepth={params['iodepth']}, numjobs={params['numjobs']}"
     )
 
 

@@ -94,8 +94,17 @@ def ttft_bars(requests: dict[str, list[dict]], order=SINGLE_ORDER) -> list[dict]
         ttft = np.array([r["ttft_s"] for r in rows], dtype=float)
         parts = {f: float(np.mean([r.get(f) or 0.0 for r in rows])) for f, _, _ in TTFT_PARTS if any(f in r for r in rows)}
         mean = float(ttft.mean())
-        bars.append({"key": key, "budget": _budget(key), "requests": len(rows), "mean_s": mean,
-                     "p95_s": float(np.percentile(ttft, 95)), "parts": parts, "other_s": max(0.0, mean - sum(parts.values()))})
+        bars.append(
+            {
+                "key": key,
+                "budget": _budget(key),
+                "requests": len(rows),
+                "mean_s": mean,
+                "p95_s": float(np.percentile(ttft, 95)),
+                "parts": parts,
+                "other_s": max(0.0, mean - sum(parts.values())),
+            }
+        )
     return bars
 
 
@@ -124,8 +133,15 @@ def plot_ttft(report: dict, path: str) -> None:
                 bottom += bar["parts"][field]
         ax.bar(xpos, bar["other_s"], 0.7, bottom=bottom, color=OTHER_COLOUR, label=None if "other" in drawn else "other")
         drawn.add("other")
-        ax.errorbar(xpos, bar["mean_s"], yerr=[[0.0], [bar["p95_s"] - bar["mean_s"]]], fmt="none", ecolor="black", capsize=4,
-                    label=None if "P95" in drawn else "P95")
+        ax.errorbar(
+            xpos,
+            bar["mean_s"],
+            yerr=[[0.0], [bar["p95_s"] - bar["mean_s"]]],
+            fmt="none",
+            ecolor="black",
+            capsize=4,
+            label=None if "P95" in drawn else "P95",
+        )
         drawn.add("P95")
         if bar["mean_s"] > top:
             ax.text(xpos, top * 0.97, f"{bar['mean_s']:.3g} s\n(off scale)", ha="center", va="top", fontsize=7)
@@ -141,10 +157,14 @@ def _ttft_title(report: dict) -> str:
     p = report.get("params", {})
     if "workload" in report:
         w = report["workload"]
-        return (f"Zipf workload: {w['prefixes']} prefixes x {w['prefix_tokens']} tokens, {w['requests']} timed requests "
-                f"per system (after {w['warmup']} warm-up), model {p.get('model', '?')} {p.get('dtype', '')}")
-    return (f"Re-Prefill: prefix {p.get('prefix_tokens', '?')} tokens, suffix {p.get('suffix_tokens', '?')}, "
-            f"{p.get('repeats', '?')} suffixes per system, model {p.get('model', '?')} {p.get('dtype', '')}")
+        return (
+            f"Zipf workload: {w['prefixes']} prefixes x {w['prefix_tokens']} tokens, {w['requests']} timed requests "
+            f"per system (after {w['warmup']} warm-up), model {p.get('model', '?')} {p.get('dtype', '')}"
+        )
+    return (
+        f"Re-Prefill: prefix {p.get('prefix_tokens', '?')} tokens, suffix {p.get('suffix_tokens', '?')}, "
+        f"{p.get('repeats', '?')} suffixes per system, model {p.get('model', '?')} {p.get('dtype', '')}"
+    )
 
 
 # ---------------------------------------------------------------------------- I/O
@@ -153,8 +173,15 @@ def _ttft_title(report: dict) -> str:
 def io_rows(report: dict) -> tuple[list[tuple[str, float, float | None, float | None]], str, str]:
     """``([(label, MiB/s, p50 ms, p99 ms)], latency meaning, title)`` of any ``kvstore-bench io`` report."""
     if "cases" in report:  # --chunked: no fio row, useful bandwidth per case
-        rows = [(f"{c['selection']} {c['budget']:.0%}\ncoalesce {'on' if c['coalesce'] else 'off'}", c["useful_mib_per_s"],
-                 c["latency_ms_p50"], c["latency_ms_p99"]) for c in report["cases"]]
+        rows = [
+            (
+                f"{c['selection']} {c['budget']:.0%}\ncoalesce {'on' if c['coalesce'] else 'off'}",
+                c["useful_mib_per_s"],
+                c["latency_ms_p50"],
+                c["latency_ms_p99"],
+            )
+            for c in report["cases"]
+        ]
         g = report["geometry"]
         return rows, "per read of every group", f"chunked reads: {g['num_chunks']} chunks x {g['num_groups']} groups, useful bytes"
     if "rows" in report:  # --via-daemon
@@ -163,7 +190,11 @@ def io_rows(report: dict) -> tuple[list[tuple[str, float, float | None, float | 
             lat, label = (r["clat_us"], f"{name}\n(per I/O)") if "clat_us" in r else (r["request_latency_us"], name)
             rows.append((label, r["bw_mib_per_s"], lat["p50"] / 1e3, lat["p99"] / 1e3))
         p = report["params"]
-        return rows, "per request", f"random chunk reads, bs {p['bs'] // 1024} KiB, {p['extents_per_request']} per request, numjobs {p['numjobs']}"
+        return (
+            rows,
+            "per request",
+            f"random chunk reads, bs {p['bs'] // 1024} KiB, {p['extents_per_request']} per request, numjobs {p['numjobs']}",
+        )
     rows = []
     for name in ("ours", "fio"):
         if name in report:

@@ -159,6 +159,11 @@ def format_prefill(report: dict) -> str:
         f"best of {report['repeats']} ({report['machine']}; load average {report['load_average_1min_before']})"
     ]
     lines.append(f"{'':<18}" + "".join(f"{s:>14}" for s in systems))
-    for key, label in (("mean_layer_ms", "ms per layer"), ("max_layer_ms", "slowest layer ms"), ("layers_ms", "all layers ms"), ("total_ms", "total ms")):
+    for key, label in (
+        ("mean_layer_ms", "ms per layer"),
+        ("max_layer_ms", "slowest layer ms"),
+        ("layers_ms", "all layers ms"),
+        ("total_ms", "total ms"),
+    ):
         lines.append(f"{label:<18}" + "".join(f"{report[s][key]:>14.1f}" for s in systems))
     return "\n".join(lines)

@@ -135,8 +135,14 @@ def run_recall(model, examples, budgets, periods=DEFAULT_PERIODS) -> dict:
         for name, by_budget in rec.items():
             for b, values in by_budget.items():
                 per.setdefault(name, {}).setdefault(b, []).append(values)
-    report = {"examples": len(examples), "budgets": list(budgets), "seconds": time.perf_counter() - t0,
-              "depths": [float(d) for *_, d in examples], "per_layer": {}, "per_period": {}}
+    report = {
+        "examples": len(examples),
+        "budgets": list(budgets),
+        "seconds": time.perf_counter() - t0,
+        "depths": [float(d) for *_, d in examples],
+        "per_layer": {},
+        "per_period": {},
+    }
     for name, by_budget in per.items():
         for b, rows in by_budget.items():
             arr = np.asarray(rows)  # [examples, layers]
@@ -162,16 +168,27 @@ def plot_recall(report: dict, path: str, budget: float) -> None:
         key = f"{name}@{budget:g}"
         if key in report["per_layer"]:
             vals = report["per_layer"][key]
-            ax1.plot(range(len(vals)), vals, marker="o", ms=3, lw=2.5 if name == "attention" else 1.3,
-                     label="exact attention top-k (reference)" if name == "attention" else name)
+            ax1.plot(
+                range(len(vals)),
+                vals,
+                marker="o",
+                ms=3,
+                lw=2.5 if name == "attention" else 1.3,
+                label="exact attention top-k (reference)" if name == "attention" else name,
+            )
     ax1.set(title=f"Per-layer needle recall at {budget:.0%} (own layer's queries)", xlabel="layer", ylabel="needle chunks in set")
     ax1.legend(fontsize=8)
     for key, val in report["per_period"].items():
         name, b = key.rsplit("@", 1)
         if float(b) != budget or not any(name.endswith(f"/P{p}") for p in (8, 2)):
             continue
-        ax2.plot(range(len(val["loaded_per_layer"])), val["loaded_per_layer"], marker=".", lw=1.2,
-                 label=f"{name} (mean {val['mean_loaded']:.2f})")
+        ax2.plot(
+            range(len(val["loaded_per_layer"])),
+            val["loaded_per_layer"],
+            marker=".",
+            lw=1.2,
+            label=f"{name} (mean {val['mean_loaded']:.2f})",
+        )
     ax2.set(title="Needle loaded at each layer: one selection per Period", xlabel="layer")
     ax2.legend(fontsize=7)
     fig.suptitle(f"{report.get('task', '')} {report.get('tokens', '')} tokens, {report['examples']} examples")

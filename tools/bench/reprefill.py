@@ -223,8 +223,9 @@ def format_reprefill_report(report: dict) -> str:
         f"{'system':<18}{'TTFT ms':>9}{'P95 ms':>9}{'I/O ms':>8}{'comp ms':>9}{'sel ms':>8}{'tokens':>8}{'MB read':>9}"
         f"{'ampl':>6}{'top1':>6}{'KL':>9}{'recall':>8}",
     ]
-    order = ["full-recompute", "full-load"] + sorted((k for k in report["systems"] if k.startswith("reprefill@")),
-                                                      key=lambda k: float(k.split("@")[1]))
+    order = ["full-recompute", "full-load"] + sorted(
+        (k for k in report["systems"] if k.startswith("reprefill@")), key=lambda k: float(k.split("@")[1])
+    )
     for name in order:
         r = report["systems"].get(name)
         if r is None:
@@ -278,13 +279,21 @@ def add_reprefill_parser(sub) -> None:
 
     z = p.add_argument_group("shared-prefix workload (--workload zipf): systems side by side")
     z.add_argument("--workload", choices=("single", "zipf"), default="single", help="single: one prefix (default); zipf: many")
-    z.add_argument("--systems", type=systems_arg, default=["contiguouskv-paper", "contiguouskv", "impress", "as-h2o", "as-lru"], help=f"from {', '.join(SYSTEMS)}")
+    z.add_argument(
+        "--systems",
+        type=systems_arg,
+        default=["contiguouskv-paper", "contiguouskv", "impress", "as-h2o", "as-lru"],
+        help=f"from {', '.join(SYSTEMS)}",
+    )
     z.add_argument("--prefixes", type=int, default=20)
     z.add_argument("--requests", type=int, default=40, help="timed requests per system and budget")
     z.add_argument("--warmup", type=int, default=10, help="requests before timing (they fill the tiers)")
     z.add_argument("--alpha", type=float, default=1.0, help="Zipf exponent of prefix popularity")
     z.add_argument(
-        "--memory-fraction", type=float, default=0.10, help="CPU tier as a share of the stored bytes (the prefetch reserve comes on top, from the same arena)"
+        "--memory-fraction",
+        type=float,
+        default=0.10,
+        help="CPU tier as a share of the stored bytes (the prefetch reserve comes on top, from the same arena)",
     )
     p.set_defaults(run=command_reprefill)
 

@@ -48,7 +48,9 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
         selector, sep, budget = item.partition("@")
         if not sep or selector not in (*SELECTORS, *SYSTEMS):
             known = ", ".join((*SELECTORS, *(n for n in SYSTEMS if n not in SELECTORS)))
-            raise ValueError(f"path must be full, drop-needle or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}")
+            raise ValueError(
+                f"path must be full, drop-needle or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}"
+            )
         value = budget_fraction(budget, item)
         out.append((f"{selector}@{value:g}", selector, value))
     if len({name for name, _, _ in out}) != len(out):
@@ -74,8 +76,13 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
     with ExitStack() as stack:
         runner = _runner(model, args, stack) if reprefill else None
         for ex in examples:
-            base = {"seed": ex.seed, "depth": ex.depth, "prefix_tokens": ex.num_prefix_tokens,
-                    "needle_chunks": ex.needle_chunks(CHUNK_TOKENS).tolist(), "answers": list(ex.answers)}
+            base = {
+                "seed": ex.seed,
+                "depth": ex.depth,
+                "prefix_tokens": ex.num_prefix_tokens,
+                "needle_chunks": ex.needle_chunks(CHUNK_TOKENS).tolist(),
+                "answers": list(ex.answers),
+            }
             kv = None
             if any(name in ("full", "drop-needle") for name, _, _ in paths):
                 from engine_client.runner import chunked_prefill
@@ -85,8 +92,9 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
             for name, selector, budget in paths:
                 if name in ("full", "drop-needle"):
                     keep = keep_rows_without(ex.num_prefix_tokens, ex.needle_chunks(CHUNK_TOKENS)) if name == "drop-needle" else None
-                    gen = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, _max_new(ex, args), tokenizer=tokenizer,
-                                         keep_rows=keep, prefix_kv=kv)
+                    gen = dense_generate(
+                        model, ex.prefix_tokens, ex.suffix_tokens, _max_new(ex, args), tokenizer=tokenizer, keep_rows=keep, prefix_kv=kv
+                    )
                     extra = {}
                 else:
                     from engine_client.runner import ReprefillConfig
@@ -99,12 +107,27 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                     gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, _max_new(ex, args), tokenizer=tokenizer)
                     resident = runner.resident_bytes() - resident  # client state this prefix added (summaries, quantized probes)
                     res = gen.reprefill
-                    extra = {"needle_loaded": needle_loaded(ex.needle_chunks(CHUNK_TOKENS), res.selected),
-                             "tokens_loaded": res.tokens_loaded, "bytes_read": res.bytes_read, "kv_fraction": res.kv_fraction,
-                             # what selection itself read: probe keys (exact scores) and client state (summaries)
-                             "probe_bytes": res.probe_bytes, "state_bytes_fetched": res.state_bytes_fetched, "resident_bytes": resident}
-                rows[name].append({**base, "correct": ex.is_correct(gen.text), "text": gen.text, "ttft_s": gen.ttft_s,
-                                   "decode_s": sum(gen.step_s), "new_tokens": len(gen.tokens), **extra})
+                    extra = {
+                        "needle_loaded": needle_loaded(ex.needle_chunks(CHUNK_TOKENS), res.selected),
+                        "tokens_loaded": res.tokens_loaded,
+                        "bytes_read": res.bytes_read,
+                        "kv_fraction": res.kv_fraction,
+                        # what selection itself read: probe keys (exact scores) and client state (summaries)
+                        "probe_bytes": res.probe_bytes,
+                        "state_bytes_fetched": res.state_bytes_fetched,
+                        "resident_bytes": resident,
+                    }
+                rows[name].append(
+                    {
+                        **base,
+                        "correct": ex.is_correct(gen.text),
+                        "text": gen.text,
+                        "ttft_s": gen.ttft_s,
+                        "decode_s": sum(gen.step_s),
+                        "new_tokens": len(gen.tokens),
+                        **extra,
+                    }
+                )
                 bar.update(1)
     bar.close()
     return rows
@@ -139,7 +162,9 @@ def run_text_accuracy(args) -> dict:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     pm = zoo.load(args.model, dtype=dtype)
     depths = [float(d) for d in args.depths.split(",")] if args.depths else None
-    examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=getattr(args, "stream", "eval"), start=args.start, depths=depths)
+    examples = text.examples(
+        args.task, pm.tokenizer, args.examples, args.tokens, stream=getattr(args, "stream", "eval"), start=args.start, depths=depths
+    )
     limit = pm.config.max_position_embeddings
     too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
     if too_long:
@@ -151,17 +176,34 @@ def run_text_accuracy(args) -> dict:
     for name, rs in rows.items():
         correct = sum(r["correct"] for r in rs)
         lo, hi = wilson_interval(correct, len(rs))
-        results[name] = {"correct": correct, "examples": len(rs), "accuracy": correct / len(rs), "wilson95": [lo, hi],
-                         "ttft_s_mean": float(np.mean([r["ttft_s"] for r in rs])), "rows": rs}
+        results[name] = {
+            "correct": correct,
+            "examples": len(rs),
+            "accuracy": correct / len(rs),
+            "wilson95": [lo, hi],
+            "ttft_s_mean": float(np.mean([r["ttft_s"] for r in rs])),
+            "rows": rs,
+        }
         for key in ("kv_fraction", "bytes_read", "probe_bytes", "state_bytes_fetched", "resident_bytes"):
             if rs and key in rs[0]:
                 results[name][f"{key}_mean"] = float(np.mean([r[key] for r in rs]))
         loaded = [r["needle_loaded"] for r in rs if r.get("needle_loaded")]
         if loaded:
             results[name]["needle_loaded_per_period"] = np.mean(loaded, axis=0).tolist()
-    return {"model": args.model, "task": args.task, "tokens": args.tokens, "examples": len(examples), "dtype": args.dtype,
-            "stream": getattr(args, "stream", "eval"), "seeds": [examples[0].seed, examples[-1].seed] if examples else [], "period_layers": args.period_layers,
-            "group_layers": args.group_layers, "threads": args.threads, "seconds": seconds, "paths": results}
+    return {
+        "model": args.model,
+        "task": args.task,
+        "tokens": args.tokens,
+        "examples": len(examples),
+        "dtype": args.dtype,
+        "stream": getattr(args, "stream", "eval"),
+        "seeds": [examples[0].seed, examples[-1].seed] if examples else [],
+        "period_layers": args.period_layers,
+        "group_layers": args.group_layers,
+        "threads": args.threads,
+        "seconds": seconds,
+        "paths": results,
+    }
 
 
 def format_text_report(r: dict) -> str:
@@ -170,9 +212,11 @@ def format_text_report(r: dict) -> str:
         lo, hi = p["wilson95"]
         line = f"  {name:>14}: {p['correct']}/{p['examples']} = {p['accuracy']:.1%} (Wilson 95% {lo:.1%}..{hi:.1%}), TTFT {p['ttft_s_mean']:.2f}s"
         if "kv_fraction_mean" in p:
-            line += (f", KV loaded {p['kv_fraction_mean']:.1%}, read {p['bytes_read_mean'] / 1e6:.2f} MB"
-                     f" + probe keys {p['probe_bytes_mean'] / 1e6:.2f} MB + state {p['state_bytes_fetched_mean'] / 1e6:.2f} MB"
-                     f", resident {p['resident_bytes_mean'] / 1e6:.2f} MB")
+            line += (
+                f", KV loaded {p['kv_fraction_mean']:.1%}, read {p['bytes_read_mean'] / 1e6:.2f} MB"
+                f" + probe keys {p['probe_bytes_mean'] / 1e6:.2f} MB + state {p['state_bytes_fetched_mean'] / 1e6:.2f} MB"
+                f", resident {p['resident_bytes_mean'] / 1e6:.2f} MB"
+            )
         if "needle_loaded_per_period" in p:
             line += "; needle chunks loaded per Period " + " ".join(f"{x:.0%}" for x in p["needle_loaded_per_period"])
         lines.append(line)

@@ -257,8 +257,14 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
         data_dir,
         _DaemonArgs(args),
         extra=[
-            "--shm-arena-bytes", str(memory), "--prefetch-reserve-fraction", repr(reserve_fraction),
-            "--cache-policy", sysdef.policy, "--score-flush-seconds", "60",
+            "--shm-arena-bytes",
+            str(memory),
+            "--prefetch-reserve-fraction",
+            repr(reserve_fraction),
+            "--cache-policy",
+            sysdef.policy,
+            "--score-flush-seconds",
+            "60",
         ],
     )
     client = KVStoreClient(f"unix:{daemon.socket}")

@@ -12,8 +12,8 @@ selection was tuned on.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from types import ModuleType
-from typing import Sequence
 
 from . import multikey, multiquery, multiturn, multivalue, niah, passkey, vt
 from .base import EVAL_SEED_START, TUNING_SEED_LIMIT, Encoder, TextExample, answer_in

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 

@@ -12,7 +12,6 @@ question follows the filler after a space, checked on tuning seeds.)
 
 from __future__ import annotations
 
-
 from .base import Encoder, TextExample, check_depth, cycle, layout, random_digits, task_rng
 
 NAME = "passkey"
