@@ -22,8 +22,9 @@ tokens) and then the blocks holding most of the query's important tokens
 (``impress_blocks``).
 
 One budget for every system: ``token_cap(n, budget)`` prefix tokens per
-Period, sink and local included, the product's own rounding (``ceil(budget x
-m)`` 16-token chunks, ``budget.py``); no system loads more.
+Period, sink and local included, the rounding the Re-Prefill runner plans
+with (``schedule.plan_periods``: ``floor(budget x m)`` 16-token chunks per
+layer, never above the budget, raised to sink + local); no system loads more.
 """
 
 from __future__ import annotations
@@ -36,17 +37,21 @@ import torch
 from kvstore.errors import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, num_chunks, row_blocks
-from .budget import _check_count, budget_count
+from .budget import _check_count
 from .exact import token_attention_mass
 
 # ---------------------------------------------------------------- budget
 
 
 def token_cap(num_tokens: int, budget: float | int, *, chunk_tokens: int = 16, sink_chunks: int = 1, local_chunks: int = 1) -> int:
-    """Prefix tokens a Period may load under ``budget``, sink and local included: ``budget_count`` chunks of ``chunk_tokens``, at most ``n``."""
+    """Prefix tokens a Period may load under ``budget``, sink and local included: the chunks per layer
+    ``plan_periods`` gives the runner, in tokens, at most ``n``."""
+    from .schedule import plan_periods
+
     n = _check_count("num_tokens", num_tokens, 1)
     m = num_chunks(n, _check_count("chunk_tokens", chunk_tokens, 1))
-    return min(n, budget_count(m, budget, sink_chunks, local_chunks) * chunk_tokens)
+    per_layer = plan_periods(1, m, budget, period_layers=1, sink_chunks=sink_chunks, local_chunks=local_chunks).periods[0][2]
+    return min(n, per_layer * chunk_tokens)
 
 
 def token_budget(num_tokens: int, budget: float | int) -> int:

@@ -101,7 +101,7 @@ def test_storage_order_puts_sink_local_then_most_accumulated():
 
 
 def test_token_cap_is_the_chunk_budget_in_tokens():
-    assert token_cap(2048, 0.05) == 7 * 16  # ceil(0.05 x 128) chunks
+    assert token_cap(2048, 0.05) == 6 * 16  # floor(0.05 x 128) chunks: what the runner's plan loads per layer
     assert token_cap(2048, 0.25) == 512
     assert token_cap(301, 1.0) == 301  # the last chunk is short
     assert token_cap(100, 0.01) == 32  # raised to sink + local
@@ -185,3 +185,13 @@ def test_impress_blocks_never_exceed_the_budget(n, block_tokens, forced, extra, 
     assert set(range(num_forced)) <= set(ids)
     loaded = sum(min(block_tokens, n - b * block_tokens) for b in ids)
     assert loaded <= cap
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 5000), fraction=st.floats(0.001, 1.0), layers=st.integers(1, 40))
+def test_token_cap_is_what_the_runner_loads_per_layer(n, fraction, layers):
+    from engine_client.selection import plan_periods
+
+    m = -(-n // 16)
+    per_layer = plan_periods(layers, m, fraction, period_layers=1).periods[0][2]
+    assert token_cap(n, fraction) == min(n, per_layer * 16)
