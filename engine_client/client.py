@@ -44,12 +44,11 @@ import numpy as np
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.geometry import StoreGeometry
-from kvstore.server.convert import geometry_from_pb, geometry_to_pb
+from kvstore.wire import MAX_MESSAGE_BYTES, geometry_from_pb, geometry_to_pb
 
 from . import pages as page_wire
 
 FRAME_BYTES = 2 * 1024 * 1024
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 RETRYABLE = ("UNAVAILABLE", "ABORTED")
 RETRY_POLICY = {
     "maxAttempts": 5,

@@ -14,7 +14,7 @@ import numpy as np
 
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.geometry import StoreGeometry
-from kvstore.server.convert import geometry_from_pb
+from kvstore.wire import geometry_from_pb
 
 
 @dataclass(frozen=True)

@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.server.convert import geometry_from_pb
+from kvstore.wire import geometry_from_pb
 
 from .client import KVStoreRpcError
 

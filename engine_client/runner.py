@@ -27,7 +27,7 @@ import torch
 
 from kvstore.errors import InvalidArgument, NotFound
 from kvstore.geometry import ModelSpec, StoreGeometry
-from kvstore.server.convert import geometry_from_pb
+from kvstore.wire import geometry_from_pb
 
 from .client import KVStoreClient, KVStoreRpcError, as_numpy_kv, to_torch
 from .model.decoder import Decoder

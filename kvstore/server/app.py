@@ -19,6 +19,7 @@ from .._proto import kvstore_pb2, kvstore_pb2_grpc
 from ..config import StoreConfig
 from ..errors import InvalidArgument
 from ..store import ChunkStore
+from ..wire import MAX_MESSAGE_BYTES
 from . import sockets
 from .arena import Arena
 from .auth import BearerTokenInterceptor, read_token_file, read_tokens_file
@@ -30,7 +31,7 @@ from .tiers import TierManager, gpu_memory
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
 SERVICES = ("kvstore.v1.KVStore",)
 UNWIND_SECONDS = 5.0  # after the grace, how long cancelled calls get to release what they hold
 

@@ -43,8 +43,8 @@ import numpy as np
 from .._proto import kvstore_pb2 as pb
 from ..errors import DataLoss, InvalidArgument
 from ..reader import validate_chunks
+from ..wire import geometry_to_pb
 from .arena import new_owner
-from .convert import geometry_to_pb
 from .status import ArenaExhausted, Backpressure
 
 log = logging.getLogger(__name__)

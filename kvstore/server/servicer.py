@@ -25,10 +25,10 @@ from ..errors import InvalidArgument, NotFound, PermissionDenied
 from ..pages import READ_BATCH_BYTES, not_stored
 from ..reader import validate_chunks
 from ..store import ChunkStore
+from ..wire import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
 from .arena import Arena
 from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
-from .convert import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
 from .metrics import Metrics
 from .prefetch import serve_prefetch
 from .shm_sessions import ShmSessions

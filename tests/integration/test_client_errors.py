@@ -14,7 +14,7 @@ from engine_client.client import KVStoreClient, KVStoreRpcError
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.geometry import ModelSpec, StoreGeometry
-from kvstore.server.convert import geometry_to_pb
+from kvstore.wire import geometry_to_pb
 
 GEO = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=16, period_layers=2)
 UNKNOWN = "ab" * 32

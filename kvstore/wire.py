@@ -1,12 +1,19 @@
-"""Protobuf <-> domain objects (no I/O)."""
+"""The wire format shared by the daemon and its clients: protobuf <-> domain objects (no I/O).
+
+``engine_client`` imports this module and ``kvstore.geometry`` from the
+daemon's package, nothing of ``kvstore.server``.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .._proto import kvstore_pb2 as pb
-from ..errors import InvalidArgument
-from ..geometry import ModelSpec, StoreGeometry
+from ._proto import kvstore_pb2 as pb
+from .errors import InvalidArgument
+from .geometry import ModelSpec, StoreGeometry
+
+# gRPC message size limit, both ways, on both sides of the socket.
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
 
 def geometry_from_pb(msg: pb.Geometry, field: str = "geometry") -> StoreGeometry:
