@@ -165,7 +165,8 @@ class ModelRunner:
                 "period_layers", f"must be a positive multiple of the stored group ({self.geometry.period_layers} layers)"
             )
         get_selector(cfg.selector, cfg.head_aggregation)
-        check_probe_bits(cfg.probe_bits)
+        if check_probe_bits(cfg.probe_bits) and cfg.selector != "exact":
+            raise InvalidArgument("probe_bits", f"quantized probe keys serve the exact selector only, not {cfg.selector!r}")
         if isinstance(cfg.follow, bool) or not isinstance(cfg.follow, int) or cfg.follow < 0:
             raise InvalidArgument("follow", f"must be an int >= 0, got {cfg.follow!r}")
         if isinstance(cfg.full_layers, bool) or not isinstance(cfg.full_layers, int):

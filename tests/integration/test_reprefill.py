@@ -128,6 +128,10 @@ def test_bad_requests_fail_before_any_work(runner, tiny_model, daemon):
         (ReprefillConfig(budget=1.5), "budget"),
         (ReprefillConfig(period_layers=3, budget=0.5), None),  # 3 is a multiple of the 1-layer group: valid
         (ReprefillConfig(selector="oracle"), "selector"),
+        (ReprefillConfig(follow=-1), "follow"),
+        (ReprefillConfig(follow=True), "follow"),
+        (ReprefillConfig(selector="exact", probe_bits=3), "probe_bits"),
+        (ReprefillConfig(selector="summary", probe_bits=4), "probe_bits"),  # would be ignored: refused
     ]
     for cfg, field in cases:
         if field is None:
