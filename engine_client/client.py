@@ -25,6 +25,12 @@ conflicted), is retried with exponential backoff and jitter:
   has sent data cannot be replayed by gRPC; so does ``put_pages`` (a fresh
   PagesExist, then the stream).
 - ``Prefetch`` (a bidirectional stream that has sent its sets) is not retried.
+
+Why one file of ~560 lines: every RPC's call, its retries and its reply's
+conversion sit together so one error and deadline policy covers them all;
+the shared-memory read path (``ChunkRead``, leases) and the page calls are
+the bulk.  Returning domain objects instead of protobufs is where it would
+split (reads / admin / pages), and that change is not made yet.
 """
 
 from __future__ import annotations

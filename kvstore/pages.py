@@ -191,17 +191,12 @@ class PageStore:
         self, keys, kv_pages: np.ndarray, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = ""
     ) -> PagesPutResult:
         """Store ``kv_pages`` ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` under ``keys``."""
-        for attempt in range(3):
-            pending = self.begin_put(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint)
-            try:
-                pending.put_pages(kv_pages)
-                return pending.commit()
-            except Conflict:
-                if attempt == 2:
-                    raise
-            finally:
-                pending.abort()
-        raise AssertionError("unreachable")
+        from .store import put_with_retries
+
+        return put_with_retries(
+            lambda: self.begin_put(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint),
+            lambda pending: pending.put_pages(kv_pages),
+        )
 
     # ------------------------------------------------------------ read
     def hold(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = ""):

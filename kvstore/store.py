@@ -447,17 +447,10 @@ class ChunkStore:
 
     def put(self, tokens, kv: np.ndarray, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> PutResult:
         """Store ``kv`` (``[layers, 2, kv_heads, tokens, head_dim]``) for ``tokens``."""
-        for attempt in range(3):
-            pending = self.begin_put(tokens, geometry, namespace=namespace, model_fingerprint=model_fingerprint)
-            try:
-                pending.put_kv(kv)
-                return pending.commit()
-            except Conflict:
-                if attempt == 2:
-                    raise
-            finally:
-                pending.abort()
-        raise AssertionError("unreachable")
+        return put_with_retries(
+            lambda: self.begin_put(tokens, geometry, namespace=namespace, model_fingerprint=model_fingerprint),
+            lambda pending: pending.put_kv(kv),
+        )
 
     def _check_space(self, nbytes: int) -> None:
         st = os.statvfs(self.segment_dir)
@@ -1078,6 +1071,22 @@ class PendingPut:
                 os.unlink(self.store.files.path(self.segment_id))
             except FileNotFoundError:
                 pass
+
+
+def put_with_retries(begin, fill, attempts: int = 3):
+    """``begin()`` a put, ``fill(pending)`` it and commit; again from the start on Conflict
+    (a reused piece was deleted meanwhile), up to ``attempts`` times.  A failed try is aborted."""
+    for attempt in range(attempts):
+        pending = begin()
+        try:
+            fill(pending)
+            return pending.commit()
+        except Conflict:
+            if attempt == attempts - 1:
+                raise
+        finally:
+            pending.abort()  # a no-op after a commit
+    raise AssertionError("unreachable")
 
 
 def _prefix_key(prefix_id: str) -> bytes:
