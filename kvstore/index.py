@@ -15,6 +15,10 @@ transaction is retried after growing the map, so no put is lost to
 ``MapFullError``.  One lock serialises every transaction of this process;
 transactions here are short (no I/O on data files happens inside one), and
 resizing the map needs every transaction of the process to be closed.
+
+This module owns the schema (key formats, value encoding) and the
+environment; the transactions the chunk store runs are named operations in
+``index_ops.py``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import TypeVar
 
 import lmdb
 
-from .errors import IndexDamaged, StoreFull
+from .errors import IndexDamaged, InvalidArgument, StoreFull
 from .identity import (
     FORMAT_VERSION,
     STORE_ID_FILE,
@@ -47,6 +51,21 @@ T = TypeVar("T")
 
 def seg_key(segment_id: int) -> bytes:
     return segment_id.to_bytes(8, "big")
+
+
+def segment_id_of(key: bytes) -> int:
+    return int.from_bytes(key, "big")
+
+
+def prefix_key(prefix_id: str) -> bytes:
+    """The manifest key of a prefix id; InvalidArgument unless 64 hex digits."""
+    try:
+        key = bytes.fromhex(prefix_id)
+    except (ValueError, TypeError):
+        raise InvalidArgument("prefix_id", "must be 64 hex digits") from None
+    if len(key) != 32:
+        raise InvalidArgument("prefix_id", "must be 64 hex digits")
+    return key
 
 
 def dumps(obj) -> bytes:

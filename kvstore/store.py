@@ -42,6 +42,7 @@ import numpy as np
 import xxhash
 
 from . import index as ix
+from . import index_ops as ops
 from .capacity import DiskCapacity
 from .config import StoreConfig
 from .errors import Conflict, DataLoss, InvalidArgument, NotFound, ReadOnly, StoreFull
@@ -55,9 +56,7 @@ from .io.inflight import InFlight
 from .manifest_files import ManifestFiles, is_manifest_file, parse_manifest_file_name
 from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import PREFIX, Piece, PrefixView, SegmentInfo
-from .scores import ScoreTable, Unit, unit_key
-from .scores import decode as decode_score
-from .scores import encode as encode_score
+from .scores import ScoreTable, Unit
 from .segment_files import SegmentFiles, parse_segment_file_name, segment_file_name
 from .segment_trailer import encode_trailer
 from .writer import SegmentImage
@@ -134,10 +133,8 @@ class ChunkStore:
     def _load_records(self) -> tuple[dict[int, dict], set[str]]:
         """Segment records and prefix ids from the index; scores into ``self.scores``."""
         try:
-            with self.index.read() as txn:
-                records = {int.from_bytes(k, "big"): ix.loads(v) for k, v in txn.cursor(db=self.index.segments)}
-                prefixes = {bytes(k).hex() for k in txn.cursor(db=self.index.manifests).iternext(values=False)}
-                self.scores.load(decode_score(k, v) for k, v in txn.cursor(db=self.index.scores))
+            records, prefixes, scores = ops.read_all(self.index)
+            self.scores.load(scores)
             for rec in records.values():
                 int(rec["total_bytes"])
         except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
@@ -239,16 +236,8 @@ class ChunkStore:
         log.error("segment %d quarantined: %s", segment_id, reason)
         if self._read_only:
             return
-
-        def mark(txn):
-            raw = txn.get(ix.seg_key(segment_id), db=self.index.segments)
-            if raw is not None:
-                rec = ix.loads(raw)
-                rec["quarantined"] = reason
-                txn.put(ix.seg_key(segment_id), ix.dumps(rec), db=self.index.segments)
-
         try:
-            self.index.write(mark)
+            ops.mark_quarantined(self.index, segment_id, reason)
         except (lmdb.Error, StoreFull) as exc:  # quarantine still holds in memory
             log.error("could not persist quarantine of segment %d: %s", segment_id, exc)
 
@@ -263,22 +252,19 @@ class ChunkStore:
         view = self._views.get(prefix_id)
         if view is not None:
             return view
-        key = _prefix_key(prefix_id)
-        with self.index.read() as txn:
-            raw = txn.get(key, db=self.index.manifests)
-        if raw is None:
+        m = ops.manifest(self.index, prefix_id)
+        if m is None:
             raise NotFound(f"prefix {prefix_id} is not stored")
-        view = self._views[prefix_id] = PrefixView.from_manifest(ix.loads(raw))
+        view = self._views[prefix_id] = PrefixView.from_manifest(m)
         return view
 
     def _segment(self, segment_id: int) -> SegmentInfo:
         info = self._segments.get(segment_id)
         if info is None:
-            with self.index.read() as txn:
-                raw = txn.get(ix.seg_key(segment_id), db=self.index.segments)
-            if raw is None:
+            rec = ops.segment_record(self.index, segment_id)
+            if rec is None:
                 raise NotFound(f"segment {segment_id} is not stored")
-            info = self._segments[segment_id] = SegmentInfo.from_record(ix.loads(raw))
+            info = self._segments[segment_id] = SegmentInfo.from_record(rec)
         return info
 
     def describe(self, prefix_id: str) -> PrefixView:
@@ -302,17 +288,7 @@ class ChunkStore:
             return prefix
         if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
             raise InvalidArgument("prefix_id", "must be at least 8 hex digits of a prefix id")
-        lo = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
-        found = []
-        with self.index.read() as txn:
-            cur = txn.cursor(db=self.index.manifests)
-            if cur.set_range(lo):
-                for k in cur.iternext(values=False):
-                    h = bytes(k).hex()
-                    if not h.startswith(prefix[: len(lo) * 2]):
-                        break
-                    if h.startswith(prefix):
-                        found.append(h)
+        found = ops.prefix_ids_starting(self.index, prefix)
         if not found:
             raise NotFound(f"no stored prefix id starts with {prefix}")
         if len(found) > 1:
@@ -330,10 +306,7 @@ class ChunkStore:
 
     def holder(self, chunk_hash: bytes) -> PrefixView | None:
         """A healthy stored prefix (or page batch) holding the chunk, or None."""
-        with self.index.read() as txn:
-            cur = txn.cursor(db=self.index.chunk_refs)
-            ids = [bytes(v).hex() for v in cur.iternext_dup(keys=False)] if cur.set_key(chunk_hash) else []
-        for pid in ids:
+        for pid in ops.chunk_holders(self.index, chunk_hash):
             try:
                 view = self._view(pid)
             except NotFound:
@@ -462,51 +435,24 @@ class ChunkStore:
             )
 
     def _is_stored(self, prefix_id: str) -> bool:
-        with self.index.read() as txn:
-            return txn.get(_prefix_key(prefix_id), db=self.index.manifests) is not None
+        return ops.is_stored(self.index, prefix_id)
 
     def _commit_index(self, pending: PendingPut, segment_record: dict | None, manifest: dict) -> bool:
         """Commit a put's manifest; False when the prefix was stored meanwhile."""
-        key = _prefix_key(pending.prefix_id)
-        new_id = segment_record["segment_id"] if segment_record else None
-
-        def txn_fn(txn) -> bool:
-            if txn.get(key, db=self.index.manifests) is not None:
-                return False
-            for seg_id in sorted({p.segment_id for p in pending.reused}):
-                raw = txn.get(ix.seg_key(seg_id), db=self.index.segments)
-                if raw is None or seg_id in self._quarantined:
-                    raise Conflict(f"segment {seg_id} shared by this put was deleted concurrently; retry")
-                rec = ix.loads(raw)
-                rec["refcount"] += 1
-                txn.put(ix.seg_key(seg_id), ix.dumps(rec), db=self.index.segments)
-            for h in pending.requires:
-                if not self._held_in(txn, h):
-                    raise Conflict("a chunk this put relies on was deleted concurrently; retry")
-            if segment_record:
-                txn.put(ix.seg_key(new_id), ix.dumps(segment_record), db=self.index.segments)
-            txn.put(key, ix.dumps(manifest), db=self.index.manifests)
-            for h in pending.hashes:
-                txn.put(h, key, db=self.index.chunk_refs, dupdata=True)
-            return True
-
-        return self.index.write(txn_fn)
-
-    def _held_in(self, txn, chunk_hash: bytes) -> bool:
-        """Whether a manifest in ``txn`` whose segments are all healthy holds the chunk."""
-        cur = txn.cursor(db=self.index.chunk_refs)
-        if not cur.set_key(chunk_hash):
-            return False
-        for key in cur.iternext_dup(keys=False):
-            raw = txn.get(bytes(key), db=self.index.manifests)
-            if raw is not None and not any(p["segment_id"] in self._quarantined for p in ix.loads(raw)["segments"]):
-                return True
-        return False
+        return ops.commit_put(
+            self.index,
+            pending.prefix_id,
+            manifest,
+            segment_record,
+            reused_segments=[p.segment_id for p in pending.reused],
+            requires=pending.requires,
+            hashes=pending.hashes,
+            quarantined=self._quarantined,
+        )
 
     def still_held(self, chunk_hashes: list[bytes]) -> bool:
         """Whether every chunk has a healthy holder now (one read transaction)."""
-        with self.index.read() as txn:
-            return all(self._held_in(txn, h) for h in chunk_hashes)
+        return ops.all_held(self.index, chunk_hashes, self._quarantined)
 
     # ------------------------------------------------------------ read
     def read(self, prefix_id: str, chunks, groups=None, *, coalesce: bool = True, alloc=None) -> ReadResult:
@@ -619,31 +565,9 @@ class ChunkStore:
         mostly dead are compacted.
         """
         self._check_writable()
-        key = _prefix_key(prefix_id)
-
-        def txn_fn(txn) -> tuple[list[int], int]:
-            raw = txn.get(key, db=self.index.manifests)
-            if raw is None:
-                raise NotFound(f"prefix {prefix_id} is not stored")
-            m = ix.loads(raw)
-            txn.delete(key, db=self.index.manifests)
-            for h in m["chunk_hashes"]:
-                txn.delete(bytes.fromhex(h), key, db=self.index.chunk_refs)
-            freed, freed_bytes = [], 0
-            for seg_id in sorted({p["segment_id"] for p in m["segments"]}):
-                sk = ix.seg_key(seg_id)
-                rec = ix.loads(txn.get(sk, db=self.index.segments))
-                rec["refcount"] -= 1
-                if rec["refcount"] <= 0:
-                    txn.delete(sk, db=self.index.segments)
-                    freed.append(seg_id)
-                    freed_bytes += rec["total_bytes"]
-                else:
-                    txn.put(sk, ix.dumps(rec), db=self.index.segments)
-            return freed, freed_bytes
-
+        ix.prefix_key(prefix_id)  # InvalidArgument before the prefix's manifest lock is taken
         with self.manifest_files.locked(prefix_id):
-            freed, freed_bytes = self.index.write(txn_fn)
+            freed, freed_bytes = ops.unlist_prefix(self.index, prefix_id)
             crash_point("delete:committed")
             self._remove_manifest_file(prefix_id)
         self._views.pop(prefix_id, None)
@@ -698,16 +622,8 @@ class ChunkStore:
         dirty = self.scores.take_dirty()
         if not dirty:
             return 0
-
-        def txn_fn(txn):
-            for unit, score in dirty:
-                if score is None:
-                    txn.delete(unit_key(unit), db=self.index.scores)
-                else:
-                    txn.put(*encode_score(unit, score), db=self.index.scores)
-
         try:
-            self.index.write(txn_fn)
+            ops.write_scores(self.index, dirty)
         except BaseException:
             self.scores.mark_dirty(u for u, _ in dirty)
             raise
@@ -722,8 +638,7 @@ class ChunkStore:
         if prefix_id is not None:
             seg_ids = self._view(prefix_id).segment_ids
         else:
-            with self.index.read() as txn:
-                seg_ids = [int.from_bytes(k, "big") for k in txn.cursor(db=self.index.segments).iternext(values=False)]
+            seg_ids = ops.segment_ids(self.index)
         if progress is not None:
             seg_ids = progress(seg_ids, "verify", total=len(seg_ids), unit="seg")
         return [self._verify_segment(s) for s in seg_ids]
@@ -757,10 +672,8 @@ class ChunkStore:
 
     # ------------------------------------------------------------ listing
     def list_prefixes(self) -> list[dict]:
-        with self.index.read() as txn:
-            manifests = [ix.loads(v) for _, v in txn.cursor(db=self.index.manifests)]
         out = []
-        for m in manifests:
+        for m in ops.manifests(self.index):
             view = PrefixView.from_manifest(m)
             out.append(
                 {
@@ -779,8 +692,7 @@ class ChunkStore:
 
     def inspect(self, prefix_id: str) -> dict:
         view = self._view(prefix_id)
-        with self.index.read() as txn:
-            recs = {s: ix.loads(txn.get(ix.seg_key(s), db=self.index.segments)) for s in view.segment_ids}
+        recs = ops.segment_records(self.index, view.segment_ids)
         segments = []
         for p in view.pieces:
             lay = self._segment(p.segment_id).layout
@@ -814,10 +726,7 @@ class ChunkStore:
         }
 
     def stats(self) -> dict:
-        with self.index.read() as txn:
-            num_prefixes = txn.stat(self.index.manifests)["entries"]
-            stored = sum(ix.loads(v)["total_bytes"] for _, v in txn.cursor(db=self.index.segments))
-            num_segments = txn.stat(self.index.segments)["entries"]
+        num_prefixes, num_segments, stored = ops.totals(self.index)
         st = os.statvfs(self.segment_dir)
         with self._state_lock:
             counters = dict(self.counters)
@@ -1087,13 +996,3 @@ def put_with_retries(begin, fill, attempts: int = 3):
         finally:
             pending.abort()  # a no-op after a commit
     raise AssertionError("unreachable")
-
-
-def _prefix_key(prefix_id: str) -> bytes:
-    try:
-        key = bytes.fromhex(prefix_id)
-    except (ValueError, TypeError):
-        raise InvalidArgument("prefix_id", "must be 64 hex digits") from None
-    if len(key) != 32:
-        raise InvalidArgument("prefix_id", "must be 64 hex digits")
-    return key

@@ -1,0 +1,212 @@
+"""The chunk store's index operations: every transaction it runs, by name.
+
+Keys and values are built here (with the schema of ``index.py``), so the
+store says what it does (``commit_put``, ``unlist_prefix``,
+``mark_quarantined``) and never how a record is laid out.  No I/O on data
+files happens inside a transaction.  ``quarantined`` arguments are the
+store's live map of quarantined segments: a segment quarantined meanwhile
+counts as gone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from . import index as ix
+from .errors import Conflict, NotFound
+from .index import Index
+from .scores import Unit, UnitScore, unit_key
+from .scores import decode as decode_score
+from .scores import encode as encode_score
+
+
+# ------------------------------------------------------------ reads
+def read_all(index: Index) -> tuple[dict[int, dict], set[str], list[tuple[Unit, UnitScore]]]:
+    """Every segment record, stored prefix id and score, in one read transaction."""
+    with index.read() as txn:
+        records = {ix.segment_id_of(k): ix.loads(v) for k, v in txn.cursor(db=index.segments)}
+        prefixes = {bytes(k).hex() for k in txn.cursor(db=index.manifests).iternext(values=False)}
+        scores = [decode_score(k, v) for k, v in txn.cursor(db=index.scores)]
+    return records, prefixes, scores
+
+
+def manifest(index: Index, prefix_id: str) -> dict | None:
+    key = ix.prefix_key(prefix_id)
+    with index.read() as txn:
+        raw = txn.get(key, db=index.manifests)
+    return None if raw is None else ix.loads(raw)
+
+
+def manifests(index: Index) -> list[dict]:
+    with index.read() as txn:
+        return [ix.loads(v) for _, v in txn.cursor(db=index.manifests)]
+
+
+def is_stored(index: Index, prefix_id: str) -> bool:
+    with index.read() as txn:
+        return txn.get(ix.prefix_key(prefix_id), db=index.manifests) is not None
+
+
+def prefix_ids_starting(index: Index, prefix: str) -> list[str]:
+    """Stored prefix ids that start with the lowercase hex digits ``prefix``."""
+    lo = bytes.fromhex(prefix[: len(prefix) // 2 * 2])
+    found = []
+    with index.read() as txn:
+        cur = txn.cursor(db=index.manifests)
+        if cur.set_range(lo):
+            for k in cur.iternext(values=False):
+                h = bytes(k).hex()
+                if not h.startswith(prefix[: len(lo) * 2]):
+                    break
+                if h.startswith(prefix):
+                    found.append(h)
+    return found
+
+
+def segment_record(index: Index, segment_id: int) -> dict | None:
+    with index.read() as txn:
+        raw = txn.get(ix.seg_key(segment_id), db=index.segments)
+    return None if raw is None else ix.loads(raw)
+
+
+def segment_records(index: Index, segment_ids: list[int]) -> dict[int, dict]:
+    with index.read() as txn:
+        return {s: ix.loads(txn.get(ix.seg_key(s), db=index.segments)) for s in segment_ids}
+
+
+def segment_ids(index: Index) -> list[int]:
+    with index.read() as txn:
+        return [ix.segment_id_of(k) for k in txn.cursor(db=index.segments).iternext(values=False)]
+
+
+def totals(index: Index) -> tuple[int, int, int]:
+    """``(prefixes, segments, bytes of the segments)`` stored, in one read transaction."""
+    with index.read() as txn:
+        num_prefixes = txn.stat(index.manifests)["entries"]
+        stored = sum(ix.loads(v)["total_bytes"] for _, v in txn.cursor(db=index.segments))
+        num_segments = txn.stat(index.segments)["entries"]
+    return num_prefixes, num_segments, stored
+
+
+def chunk_holders(index: Index, chunk_hash: bytes) -> list[str]:
+    """Ids of the prefixes whose manifest holds the chunk."""
+    with index.read() as txn:
+        cur = txn.cursor(db=index.chunk_refs)
+        return [bytes(v).hex() for v in cur.iternext_dup(keys=False)] if cur.set_key(chunk_hash) else []
+
+
+def held_in(index: Index, txn, chunk_hash: bytes, quarantined: Collection[int]) -> bool:
+    """Whether a manifest in ``txn`` whose segments are all healthy holds the chunk."""
+    cur = txn.cursor(db=index.chunk_refs)
+    if not cur.set_key(chunk_hash):
+        return False
+    for key in cur.iternext_dup(keys=False):
+        raw = txn.get(bytes(key), db=index.manifests)
+        if raw is not None and not any(p["segment_id"] in quarantined for p in ix.loads(raw)["segments"]):
+            return True
+    return False
+
+
+def all_held(index: Index, chunk_hashes: list[bytes], quarantined: Collection[int]) -> bool:
+    """Whether every chunk has a healthy holder (one read transaction)."""
+    with index.read() as txn:
+        return all(held_in(index, txn, h, quarantined) for h in chunk_hashes)
+
+
+# ------------------------------------------------------------ writes
+def commit_put(
+    index: Index,
+    prefix_id: str,
+    manifest: dict,
+    segment_record: dict | None,
+    *,
+    reused_segments: Collection[int],
+    requires: list[bytes],
+    hashes: list[bytes],
+    quarantined: Collection[int],
+) -> bool:
+    """List a prefix: its manifest, chunk references, new segment record and the
+    refcounts of the segments it reuses; False when the prefix was stored meanwhile.
+
+    Conflict when a reused segment, or a holder of a chunk in ``requires``,
+    went away since the put began.
+    """
+    key = ix.prefix_key(prefix_id)
+    new_id = segment_record["segment_id"] if segment_record else None
+
+    def txn_fn(txn) -> bool:
+        if txn.get(key, db=index.manifests) is not None:
+            return False
+        for seg_id in sorted(set(reused_segments)):
+            raw = txn.get(ix.seg_key(seg_id), db=index.segments)
+            if raw is None or seg_id in quarantined:
+                raise Conflict(f"segment {seg_id} shared by this put was deleted concurrently; retry")
+            rec = ix.loads(raw)
+            rec["refcount"] += 1
+            txn.put(ix.seg_key(seg_id), ix.dumps(rec), db=index.segments)
+        for h in requires:
+            if not held_in(index, txn, h, quarantined):
+                raise Conflict("a chunk this put relies on was deleted concurrently; retry")
+        if segment_record:
+            txn.put(ix.seg_key(new_id), ix.dumps(segment_record), db=index.segments)
+        txn.put(key, ix.dumps(manifest), db=index.manifests)
+        for h in hashes:
+            txn.put(h, key, db=index.chunk_refs, dupdata=True)
+        return True
+
+    return index.write(txn_fn)
+
+
+def unlist_prefix(index: Index, prefix_id: str) -> tuple[list[int], int]:
+    """Remove a prefix's manifest and chunk references and release its segments;
+    ``(segments no prefix references any more, their bytes)``.  NotFound if not stored."""
+    key = ix.prefix_key(prefix_id)
+
+    def txn_fn(txn) -> tuple[list[int], int]:
+        raw = txn.get(key, db=index.manifests)
+        if raw is None:
+            raise NotFound(f"prefix {prefix_id} is not stored")
+        m = ix.loads(raw)
+        txn.delete(key, db=index.manifests)
+        for h in m["chunk_hashes"]:
+            txn.delete(bytes.fromhex(h), key, db=index.chunk_refs)
+        freed, freed_bytes = [], 0
+        for seg_id in sorted({p["segment_id"] for p in m["segments"]}):
+            sk = ix.seg_key(seg_id)
+            rec = ix.loads(txn.get(sk, db=index.segments))
+            rec["refcount"] -= 1
+            if rec["refcount"] <= 0:
+                txn.delete(sk, db=index.segments)
+                freed.append(seg_id)
+                freed_bytes += rec["total_bytes"]
+            else:
+                txn.put(sk, ix.dumps(rec), db=index.segments)
+        return freed, freed_bytes
+
+    return index.write(txn_fn)
+
+
+def mark_quarantined(index: Index, segment_id: int, reason: str) -> None:
+    """Record the quarantine in the segment's record (if it still has one)."""
+
+    def mark(txn):
+        raw = txn.get(ix.seg_key(segment_id), db=index.segments)
+        if raw is not None:
+            rec = ix.loads(raw)
+            rec["quarantined"] = reason
+            txn.put(ix.seg_key(segment_id), ix.dumps(rec), db=index.segments)
+
+    index.write(mark)
+
+
+def write_scores(index: Index, entries: list[tuple[Unit, UnitScore | None]]) -> None:
+    """Persist changed scores in one transaction (None: the entry is removed)."""
+
+    def txn_fn(txn):
+        for unit, score in entries:
+            if score is None:
+                txn.delete(unit_key(unit), db=index.scores)
+            else:
+                txn.put(*encode_score(unit, score), db=index.scores)
+
+    index.write(txn_fn)
