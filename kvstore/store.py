@@ -59,6 +59,7 @@ from .records import PREFIX, Piece, PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
 from .segment_files import SegmentFiles, parse_segment_file_name, segment_file_name
 from .segment_trailer import encode_trailer
+from .store_state import StoreState
 from .writer import SegmentImage
 
 log = logging.getLogger(__name__)
@@ -102,17 +103,14 @@ class ChunkStore:
             os.close(self._lock_fd)  # releases the flock: the directory may be opened again
             raise
         self.files = SegmentFiles(self.segment_dir, self.backend)
-        self._state_lock = threading.Lock()
-        self._read_only: str | None = "opened read-only (read_only = true)" if config.read_only else None
-        self._quarantined: dict[int, str] = {}
+        self.state = StoreState(self.index, "opened read-only (read_only = true)" if config.read_only else None)
         self._views: dict[str, PrefixView] = {}
         self._segments: dict[int, SegmentInfo] = {}
         self.holds = PrefixHolds()  # prefixes being read or written are never evicted or moved
-        self.counters = {"bytes_read": 0, "bytes_written": 0, "reads": 0, "puts": 0, "deletes": 0}
         self.reads_in_flight = InFlight()  # disk reads the backend has and has not completed
         self.scores = ScoreTable()
         try:
-            self._next_segment_id = self._startup_scan(self._load_records())
+            self.state.next_segment_id = self._startup_scan(self._load_records())
         except BaseException:
             self.index.close()
             os.close(self._lock_fd)
@@ -143,7 +141,7 @@ class ChunkStore:
         return records, prefixes
 
     def close(self) -> None:
-        if not self._read_only:
+        if not self.state.read_only:
             self.flush_scores()
         self.files.close_all()
         self.index.close()
@@ -173,16 +171,16 @@ class ChunkStore:
                 reclaimed_files += 1
         for seg_id, rec in records.items():
             if rec.get("quarantined"):
-                self._quarantined[seg_id] = rec["quarantined"]
+                self.state.quarantined[seg_id] = rec["quarantined"]
                 continue
             path = self.files.path(seg_id)
             try:
                 size = os.stat(path).st_size
             except FileNotFoundError:
-                self._quarantine(seg_id, "segment file missing")
+                self.state.quarantine(seg_id, "segment file missing")
                 continue
             if size < rec["total_bytes"]:
-                self._quarantine(seg_id, f"segment file truncated ({size} < {rec['total_bytes']} bytes)")
+                self.state.quarantine(seg_id, f"segment file truncated ({size} < {rec['total_bytes']} bytes)")
         if reclaimed_files:
             self._fsync_dir()
         self._sweep_manifest_files(prefixes)
@@ -192,7 +190,7 @@ class ChunkStore:
             len(records),
             reclaimed_files,
             reclaimed_bytes,
-            len(self._quarantined),
+            len(self.state.quarantined),
         )
         self.last_scan = {"segments": len(records), "reclaimed_files": reclaimed_files, "reclaimed_bytes": reclaimed_bytes}
         return max_id + 1
@@ -211,41 +209,16 @@ class ChunkStore:
     @property
     def read_only(self) -> str | None:
         """Why the store refuses writes, or None."""
-        return self._read_only
+        return self.state.read_only
 
-    def _check_writable(self) -> None:
-        if self._read_only:
-            raise ReadOnly(f"store is read-only: {self._read_only}; restart after checking the device")
+    def _check_writable(self) -> None:  # pages.py
+        self.state.check_writable()
 
-    def _turn_read_only(self, reason: str) -> None:
-        with self._state_lock:
-            if not self._read_only:
-                self._read_only = reason
-                log.critical("store turned read-only: %s", reason)
+    def _quarantine(self, segment_id: int, reason: str) -> None:  # compaction.py
+        self.state.quarantine(segment_id, reason)
 
-    def _count(self, **deltas: int) -> None:
-        with self._state_lock:
-            for k, v in deltas.items():
-                self.counters[k] += v
-
-    def _quarantine(self, segment_id: int, reason: str) -> None:
-        with self._state_lock:
-            if segment_id in self._quarantined:
-                return
-            self._quarantined[segment_id] = reason
-        log.error("segment %d quarantined: %s", segment_id, reason)
-        if self._read_only:
-            return
-        try:
-            ops.mark_quarantined(self.index, segment_id, reason)
-        except (lmdb.Error, StoreFull) as exc:  # quarantine still holds in memory
-            log.error("could not persist quarantine of segment %d: %s", segment_id, exc)
-
-    def _unreadable(self, segment_id: int, cause: BaseException) -> DataLoss:
-        """Quarantine a segment whose file is gone or short, as a checksum failure would."""
-        reason = f"segment file unreadable ({cause.__class__.__name__}: {cause})"
-        self._quarantine(segment_id, reason)
-        return DataLoss(f"segment {segment_id}: {reason}")
+    def _new_segment_id(self) -> int:  # compaction.py
+        return self.state.new_segment_id()
 
     # ------------------------------------------------------------ records
     def _view(self, prefix_id: str) -> PrefixView:
@@ -273,13 +246,7 @@ class ChunkStore:
 
     def prefix_quarantine(self, view: PrefixView) -> str | None:
         """Why the prefix's data is refused (a quarantined segment), or None."""
-        return self._prefix_quarantine(view)
-
-    def _prefix_quarantine(self, view: PrefixView) -> str | None:
-        for seg_id in view.segment_ids:
-            if seg_id in self._quarantined:
-                return f"segment {seg_id}: {self._quarantined[seg_id]}"
-        return None
+        return self.state.prefix_quarantine(view)
 
     def resolve(self, prefix: str) -> str:
         """Full prefix id from a unique leading part of it (at least 8 hex digits)."""
@@ -311,7 +278,7 @@ class ChunkStore:
                 view = self._view(pid)
             except NotFound:
                 continue
-            if self._prefix_quarantine(view) is None:
+            if self.state.prefix_quarantine(view) is None:
                 return view
         return None
 
@@ -343,7 +310,7 @@ class ChunkStore:
         pins the number (a client that sends extents from that chunk on);
         if fewer are stored now, the put fails with Conflict.
         """
-        self._check_writable()
+        self.state.check_writable()
         if not isinstance(geometry, StoreGeometry):
             raise InvalidArgument("geometry", "must be a StoreGeometry")
         arr = validate_tokens(tokens, self.config.max_prefix_tokens)
@@ -370,7 +337,7 @@ class ChunkStore:
         are in the hashes); nothing is reused, and ``kind`` is recorded in the
         manifest.  Written, synced, indexed and acknowledged as a prefix put.
         """
-        self._check_writable()
+        self.state.check_writable()
         tokens = np.zeros(len(hashes) * geometry.chunk_tokens, dtype=np.int64)  # sizes only: pages carry no tokens
         pending = PendingPut(self, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, 0, [], kind=kind)
         pending._hold = self.holds.hold(prefix_id)
@@ -389,15 +356,9 @@ class ChunkStore:
         except BaseException:
             pending.abort()
             raise
-        pending._open_segment(self._new_segment_id(), SegmentImage(layout, first_chunk=k))
+        pending._open_segment(self.state.new_segment_id(), SegmentImage(layout, first_chunk=k))
         crash_point("put:opened")
         return pending
-
-    def _new_segment_id(self) -> int:
-        with self._state_lock:
-            segment_id = self._next_segment_id
-            self._next_segment_id += 1
-        return segment_id
 
     def pending_segment(self, view: PrefixView, segment_id: int, image: SegmentImage) -> PendingPut:
         """A segment written exactly as a put writes one, for ``view``'s chunks in ``image``."""
@@ -447,12 +408,12 @@ class ChunkStore:
             reused_segments=[p.segment_id for p in pending.reused],
             requires=pending.requires,
             hashes=pending.hashes,
-            quarantined=self._quarantined,
+            quarantined=self.state.quarantined,
         )
 
     def still_held(self, chunk_hashes: list[bytes]) -> bool:
         """Whether every chunk has a healthy holder now (one read transaction)."""
-        return ops.all_held(self.index, chunk_hashes, self._quarantined)
+        return ops.all_held(self.index, chunk_hashes, self.state.quarantined)
 
     # ------------------------------------------------------------ read
     def read(self, prefix_id: str, chunks, groups=None, *, coalesce: bool = True, alloc=None) -> ReadResult:
@@ -465,7 +426,7 @@ class ChunkStore:
 
     def _read(self, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:
         view = self._view(prefix_id)
-        q = self._prefix_quarantine(view)
+        q = self.state.prefix_quarantine(view)
         if q:
             raise DataLoss(f"prefix {prefix_id} is quarantined ({q}); delete and store it again")
         sel = validate_chunks(chunks, view.num_chunks)
@@ -483,12 +444,12 @@ class ChunkStore:
                 in_flight=self.reads_in_flight,
             )
         except SegmentUnreadable as exc:
-            raise self._unreadable(exc.segment_id, exc.cause) from None
+            raise self.state.unreadable(exc.segment_id, exc.cause) from None
         nbytes = sum(r.padded for r in refs)  # runs are unions of padded extents
-        self._count(bytes_read=nbytes, reads=1)
+        self.state.count(bytes_read=nbytes, reads=1)
         if bad:
             for m in bad:
-                self._quarantine(m.segment_id, f"checksum mismatch in {m.region}")
+                self.state.quarantine(m.segment_id, f"checksum mismatch in {m.region}")
             raise DataLoss(f"prefix {prefix_id}: checksum mismatch in segment {bad[0].segment_id} {bad[0].region}")
         counts = view.geometry.chunk_token_counts(view.num_tokens)[sel]
         return ReadResult(
@@ -542,18 +503,18 @@ class ChunkStore:
         return (m.num_layers, m.num_kv_heads, 2, m.head_dim)
 
     def _read_region(self, seg: SegmentInfo, name: str, offset: int, length: int, xxh3: int) -> np.ndarray:
-        if seg.segment_id in self._quarantined:
-            raise DataLoss(f"segment {seg.segment_id} is quarantined: {self._quarantined[seg.segment_id]}")
+        if seg.segment_id in self.state.quarantined:
+            raise DataLoss(f"segment {seg.segment_id} is quarantined: {self.state.quarantined[seg.segment_id]}")
         buf = aligned_buffer(align_up(length))
         try:
             with self.files.reading(seg.segment_id) as fh:
                 self.reads_in_flight.track(self.backend.pread(fh, buf, offset)).result()
         except (OSError, EOFError) as exc:
-            raise self._unreadable(seg.segment_id, exc) from None
-        self._count(bytes_read=len(buf))
+            raise self.state.unreadable(seg.segment_id, exc) from None
+        self.state.count(bytes_read=len(buf))
         arr = np.frombuffer(buf, dtype=np.uint8)[:length]
         if xxhash.xxh3_64_intdigest(arr) != xxh3:
-            self._quarantine(seg.segment_id, f"checksum mismatch in {name}")
+            self.state.quarantine(seg.segment_id, f"checksum mismatch in {name}")
             raise DataLoss(f"segment {seg.segment_id}: checksum mismatch in {name}")
         return arr
 
@@ -564,7 +525,7 @@ class ChunkStore:
         Then (unless ``compact`` is false) segments it shared that are now
         mostly dead are compacted.
         """
-        self._check_writable()
+        self.state.check_writable()
         ix.prefix_key(prefix_id)  # InvalidArgument before the prefix's manifest lock is taken
         with self.manifest_files.locked(prefix_id):
             freed, freed_bytes = ops.unlist_prefix(self.index, prefix_id)
@@ -575,9 +536,8 @@ class ChunkStore:
             self._segments.pop(seg_id, None)
             self.scores.drop_segment(seg_id)
             self.files.remove(seg_id)
-            with self._state_lock:
-                self._quarantined.pop(seg_id, None)
-        self._count(deletes=1)
+            self.state.forget(seg_id)
+        self.state.count(deletes=1)
         self.capacity.segments_freed(freed, freed_bytes)
         if compact:
             self.capacity.compact()
@@ -587,7 +547,7 @@ class ChunkStore:
         try:
             self.manifest_files.remove(prefix_id)
         except OSError as exc:  # the delete is committed; a rebuild could bring the prefix back
-            self._turn_read_only(f"removing the manifest file of {prefix_id} failed: {exc.strerror or exc}")
+            self.state.turn_read_only(f"removing the manifest file of {prefix_id} failed: {exc.strerror or exc}")
 
     # ------------------------------------------------------------ scores
     def units(self, prefix_id: str, chunks, groups) -> list[Unit]:
@@ -658,16 +618,18 @@ class ChunkStore:
             for name, off, length, xx in seg.regions():
                 if xxhash.xxh3_64_intdigest(arr[off : off + length]) != xx:
                     bad.append(name)
-            self._count(bytes_read=len(buf))
+            self.state.count(bytes_read=len(buf))
         if bad or error:
-            self._quarantine(segment_id, error or f"checksum mismatch in {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else ""))
+            self.state.quarantine(
+                segment_id, error or f"checksum mismatch in {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
+            )
         return {
             "segment_id": segment_id,
             "ok": not bad and error is None,
             "regions": len(seg.regions()),
             "bad_regions": bad,
             "error": error,
-            "quarantined": self._quarantined.get(segment_id),
+            "quarantined": self.state.quarantined.get(segment_id),
         }
 
     # ------------------------------------------------------------ listing
@@ -684,7 +646,7 @@ class ChunkStore:
                     "num_chunks": view.num_chunks,
                     "num_segments": len(view.segment_ids),
                     "created": view.created,
-                    "quarantined": self._prefix_quarantine(view),
+                    "quarantined": self.state.prefix_quarantine(view),
                     "kind": view.kind,
                 }
             )
@@ -706,7 +668,7 @@ class ChunkStore:
                     "padding_bytes": lay.padding_bytes,
                     "refcount": recs[p.segment_id]["refcount"],
                     "checksums": len(self._segment(p.segment_id).regions()),
-                    "quarantined": self._quarantined.get(p.segment_id),
+                    "quarantined": self.state.quarantined.get(p.segment_id),
                 }
             )
         geo = view.geometry
@@ -722,14 +684,13 @@ class ChunkStore:
             "kv_bytes": view.num_tokens * geo.model.num_layers * geo.model.token_layer_bytes,
             "segments": segments,
             "created": view.created,
-            "quarantined": self._prefix_quarantine(view),
+            "quarantined": self.state.prefix_quarantine(view),
         }
 
     def stats(self) -> dict:
         num_prefixes, num_segments, stored = ops.totals(self.index)
         st = os.statvfs(self.segment_dir)
-        with self._state_lock:
-            counters = dict(self.counters)
+        counters = self.state.counters_now()
         return {
             "data_dir": self.data_dir,
             "backend": self.backend.name,
@@ -739,8 +700,8 @@ class ChunkStore:
             "bytes_free": st.f_bavail * st.f_frsize,
             "index_map_bytes": self.index.map_bytes,
             "index_resizes": self.index.resizes,
-            "read_only": self._read_only,
-            "quarantined_segments": len(self._quarantined),
+            "read_only": self.state.read_only,
+            "quarantined_segments": len(self.state.quarantined),
             "read_queue_depth": self.reads_in_flight.count,
             **self.capacity.stats(),
             **counters,
@@ -835,7 +796,7 @@ class PendingPut:
             self._committing = True
         store = self.store
         try:
-            store._check_writable()
+            store.state.check_writable()
             if self.image is not None and self.image.missing:
                 g, j = self.image.first_missing()
                 raise InvalidArgument("extents", f"{self.image.missing} extents missing, first: group {g} chunk {j}")
@@ -851,7 +812,7 @@ class PendingPut:
         if not stored and self.segment_id is not None:
             store.files.remove(self.segment_id)  # a concurrent put stored it first
             written = 0
-        store._count(puts=1, bytes_written=written)
+        store.state.count(puts=1, bytes_written=written)
         return PutResult(self.prefix_id, int(self.tokens.size), self.num_chunks, self.reused_chunks, written, not stored)
 
     def _write_and_commit(self, record: dict | None) -> tuple[bool, int]:
@@ -927,7 +888,7 @@ class PendingPut:
             store.backend.fdatasync(self._fh)
             store._fsync_dir()
         except OSError as exc:
-            store._turn_read_only(f"fdatasync of segment {self.segment_id} failed: {exc.strerror or exc}")
+            store.state.turn_read_only(f"fdatasync of segment {self.segment_id} failed: {exc.strerror or exc}")
             raise ReadOnly(f"write not durable ({exc.strerror or exc}); store is now read-only") from None
 
     def _write_segment(self, record: dict, manifest: dict) -> int:
