@@ -1,0 +1,299 @@
+"""The put path after ``begin_put``: ``PendingPut`` takes the extents, then commits.
+
+Commit order: the segment (with its trailer) and the prefix's manifest
+file are written, the segment fdatasynced and its directory fsynced, then
+one index transaction lists the prefix; only then is the put acknowledged.
+A put that fails or is killed before its commit lists nothing, and what it
+wrote is removed at once or by the next startup scan.  A failed fdatasync
+is never retried: the store turns read-only.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from .errors import Conflict, InvalidArgument, ReadOnly, StoreFull
+from .faults import crash_point
+from .io import aligned_buffer
+from .records import PREFIX, Piece
+from .segment_trailer import encode_trailer
+from .writer import SegmentImage
+
+if TYPE_CHECKING:
+    from .store import ChunkStore
+
+
+@dataclass(frozen=True)
+class PutResult:
+    prefix_id: str
+    num_tokens: int
+    num_chunks: int
+    reused_chunks: int
+    bytes_written: int
+    already_stored: bool
+
+
+class PendingPut:
+    """A put between ``begin_put`` and ``commit``/``abort``.
+
+    ``reused_chunks`` leading chunks are already stored (shared with another
+    prefix); the caller sends extents for chunks ``[reused_chunks, num_chunks)``
+    of every group, then commits.  Nothing is listed before ``commit`` returns.
+
+    Of the store it uses the collaborators ``config``, ``identity``,
+    ``backend``, ``files``, ``manifest_files``, ``capacity`` and ``state``,
+    and three operations: ``is_stored``, ``commit_put`` (the index commit)
+    and ``sync_segment_dir``.  The store opens its segment
+    (``open_segment``) and records what it reserved (``reserved``).
+    """
+
+    def __init__(
+        self, store, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, reused_chunks, reused, *, kind=PREFIX, hold=None
+    ):
+        self.store: ChunkStore = store
+        self.kind = kind
+        self.requires: list[bytes] = []  # chunk hashes that must still be held at the commit (else Conflict)
+        self.prefix_id = prefix_id
+        self.tokens = tokens
+        self.geometry = geometry
+        self.namespace = namespace
+        self.model_fingerprint = model_fingerprint
+        self.hashes = hashes
+        self.reused_chunks = reused_chunks
+        self.reused: list[Piece] = reused
+        self.segment_id: int | None = None
+        self.image: SegmentImage | None = None
+        self._fh = None
+        self._done = False
+        self._committing = False  # commit owns the outcome: abort from another thread waits it out
+        self._state_lock = threading.Lock()
+        self._hold = hold  # PrefixHold: this prefix and the one it reuses chunks of
+        self.reserved = 0  # bytes of max_disk_bytes reserved for the new segment
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.hashes)
+
+    @property
+    def needed_chunks(self) -> range:
+        return range(self.reused_chunks, self.num_chunks)
+
+    def open_segment(self, segment_id: int, image: SegmentImage) -> None:
+        self.segment_id, self.image = segment_id, image
+        store = self.store
+        path = store.files.path(segment_id)
+        try:
+            self._fh = store.backend.open(path, write=True)
+            store.backend.allocate(self._fh, image.layout.total_bytes)
+        except OSError as exc:
+            self.abort()
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"data file system is full ({exc.strerror}) reserving {image.layout.total_bytes} bytes") from None
+            raise
+
+    def put_extent(self, group: int, chunk: int, payload) -> None:
+        self._image().put_extent(group, chunk, payload)
+
+    def put_extent_part(self, group: int, chunk: int, offset: int, payload) -> None:
+        self._image().put_extent_part(group, chunk, offset, payload)
+
+    def _image(self) -> SegmentImage:
+        if self.image is None:
+            raise InvalidArgument("extent.chunk", f"all {self.num_chunks} chunks are already stored; send no extents")
+        return self.image
+
+    def put_kv(self, kv: np.ndarray) -> None:
+        """Send every needed extent from a full ``[layers, 2, heads, tokens, dim]`` array."""
+        geo = self.geometry
+        m = geo.model
+        expected = (m.num_layers, 2, m.num_kv_heads, self.tokens.size, m.head_dim)
+        if not isinstance(kv, np.ndarray):
+            raise InvalidArgument("kv", f"must be a numpy array, got {type(kv).__name__}")
+        if kv.shape != expected:
+            raise InvalidArgument("kv", f"shape must be {expected} [layers, 2, kv_heads, tokens, head_dim], got {kv.shape}")
+        if kv.dtype != m.numpy_dtype():
+            raise InvalidArgument("kv", f"dtype must be {m.numpy_dtype()} for {m.dtype}, got {kv.dtype}")
+        if self.image is None:
+            return
+        c = geo.chunk_tokens
+        for g in range(geo.num_groups):
+            layers = geo.group_layer_range(g)
+            for j in self.needed_chunks:
+                self.image.put_extent(g, j, np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]))
+
+    def commit(self) -> PutResult:
+        """Write, sync, index, and only then acknowledge."""
+        with self._state_lock:
+            if self._done or self._committing:
+                raise InvalidArgument("put", "this put was already committed or aborted")
+            self._committing = True
+        store = self.store
+        try:
+            store.state.check_writable()
+            if self.image is not None and self.image.missing:
+                g, j = self.image.first_missing()
+                raise InvalidArgument("extents", f"{self.image.missing} extents missing, first: group {g} chunk {j}")
+            record = self._segment_record() if self.image is not None else None
+            with store.manifest_files.locked(self.prefix_id):
+                stored, written = (False, 0) if store.is_stored(self.prefix_id) else self._write_and_commit(record)
+        except BaseException:
+            self._abort()
+            raise
+        self._close_file()
+        self._done = True
+        self._settle(record["total_bytes"] if stored and record else 0)
+        if not stored and self.segment_id is not None:
+            store.files.remove(self.segment_id)  # a concurrent put stored it first
+            written = 0
+        store.state.count(puts=1, bytes_written=written)
+        return PutResult(self.prefix_id, int(self.tokens.size), self.num_chunks, self.reused_chunks, written, not stored)
+
+    def _write_and_commit(self, record: dict | None) -> tuple[bool, int]:
+        """Segment and manifest file durable, then the index commit; (stored, bytes written)."""
+        manifest = self._manifest()
+        written = self._write_and_sync(record, manifest)
+        try:
+            stored = self.store.commit_put(self, record, manifest)
+        except BaseException:
+            self.store.manifest_files.remove(self.prefix_id)
+            raise
+        return stored, written
+
+    def _manifest(self) -> dict:
+        pieces = list(self.reused)
+        if self.image is not None:
+            pieces.append(Piece(self.segment_id, self.reused_chunks, self.num_chunks - self.reused_chunks, 0))
+        return {
+            "prefix_id": self.prefix_id,
+            "namespace": self.namespace,
+            "model_fingerprint": self.model_fingerprint,
+            "geometry": self.geometry.to_dict(),
+            "num_tokens": int(self.tokens.size),
+            "chunk_hashes": [h.hex() for h in self.hashes],
+            "segments": [p.to_dict() for p in pieces],
+            "created": time.time(),
+            "kind": self.kind,
+        }
+
+    def _segment_record(self) -> dict:
+        img = self.image
+        return {
+            "segment_id": self.segment_id,
+            "geometry": self.geometry.to_dict(),
+            "num_tokens": img.layout.num_tokens,
+            "first_chunk": img.first_chunk,
+            "total_bytes": img.layout.total_bytes,
+            "refcount": 1,
+            "created": time.time(),
+            "quarantined": None,
+            **img.checksums(),
+        }
+
+    def _write_and_sync(self, record: dict | None, manifest: dict) -> int:
+        """Segment (with its trailer) and manifest file written and synced, with their directory."""
+        store = self.store
+        try:
+            written = self._write_segment(record, manifest) if record is not None else 0
+            store.manifest_files.write(manifest)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"data file system is full ({exc.strerror}) writing prefix {self.prefix_id}") from None
+            raise
+        if record is not None:
+            self._sync_segment()
+        crash_point("put:synced")
+        return written
+
+    def write_segment_synced(self, record: dict, manifest: dict) -> int:
+        """The segment alone (no manifest file: compaction's copy), written and synced."""
+        try:
+            written = self._write_segment(record, manifest)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"data file system is full ({exc.strerror}) writing segment {self.segment_id}") from None
+            raise
+        self._sync_segment()
+        return written
+
+    def _sync_segment(self) -> None:
+        store = self.store
+        try:
+            store.backend.fdatasync(self._fh)
+            store.sync_segment_dir()
+        except OSError as exc:
+            store.state.turn_read_only(f"fdatasync of segment {self.segment_id} failed: {exc.strerror or exc}")
+            raise ReadOnly(f"write not durable ({exc.strerror or exc}); store is now read-only") from None
+
+    def _write_segment(self, record: dict, manifest: dict) -> int:
+        store, img = self.store, self.image
+        piece = store.config.write_piece_bytes
+        total = img.layout.total_bytes
+        trailer = encode_trailer(total, store.identity.store_id, record, manifest)
+        tail = aligned_buffer(len(trailer))
+        tail[:] = trailer
+        futures = [store.backend.pwrite(self._fh, img.buffer[o : min(o + piece, total)], o) for o in range(0, total, piece)]
+        futures.append(store.backend.pwrite(self._fh, tail, total))
+        for f in futures:
+            f.result()
+        return total  # layout bytes, as counted in bytes_written; the trailer is a few KiB more
+
+    def _close_file(self) -> None:
+        if self._fh is not None:
+            self.store.backend.close(self._fh)
+            self._fh = None
+
+    def _settle(self, stored_bytes: int) -> None:
+        """The put is over: its reservation becomes stored bytes (or goes), its hold ends."""
+        capacity = self.store.capacity
+        capacity.unreserve(self.reserved)
+        capacity.segments_added(stored_bytes)
+        self.reserved = 0
+        if self._hold is not None:
+            self._hold.release()
+
+    def abort(self) -> None:
+        """Drop an uncommitted put; its file (if any) is removed.
+
+        A no-op after a commit, and while one runs: the commit either indexes
+        the prefix or aborts the put itself, so a client cut off mid-commit
+        never unlinks a segment the index is about to name.
+        """
+        with self._state_lock:
+            if self._done or self._committing:
+                return
+        self._abort()
+
+    def _abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._settle(0)
+        self._close_file()
+        if self.segment_id is not None and not self.store.state.read_only:
+            try:
+                os.unlink(self.store.files.path(self.segment_id))
+            except FileNotFoundError:
+                pass
+
+
+def put_with_retries(begin, fill, attempts: int = 3):
+    """``begin()`` a put, ``fill(pending)`` it and commit; again from the start on Conflict
+    (a reused piece was deleted meanwhile), up to ``attempts`` times.  A failed try is aborted."""
+    for attempt in range(attempts):
+        pending = begin()
+        try:
+            fill(pending)
+            return pending.commit()
+        except Conflict:
+            if attempt == attempts - 1:
+                raise
+        finally:
+            pending.abort()  # a no-op after a commit
+    raise AssertionError("unreachable")
