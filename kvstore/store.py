@@ -40,6 +40,7 @@ import xxhash
 
 from . import index as ix
 from . import index_ops as ops
+from . import store_admin as admin
 from .capacity import DiskCapacity
 from .config import StoreConfig
 from .errors import Conflict, DataLoss, InvalidArgument, NotFound, StoreFull
@@ -55,7 +56,7 @@ from .pending_put import PendingPut, PutResult, put_with_retries
 from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import Piece, PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
-from .segment_files import SegmentFiles, parse_segment_file_name, segment_file_name
+from .segment_files import SegmentFiles, parse_segment_file_name
 from .store_state import StoreState
 from .writer import SegmentImage
 
@@ -205,17 +206,8 @@ class ChunkStore:
         return self.state.new_segment_id()
 
     # ------------------------------------------------------------ records
-    def _view(self, prefix_id: str) -> PrefixView:
-        view = self._views.get(prefix_id)
-        if view is not None:
-            return view
-        m = ops.manifest(self.index, prefix_id)
-        if m is None:
-            raise NotFound(f"prefix {prefix_id} is not stored")
-        view = self._views[prefix_id] = PrefixView.from_manifest(m)
-        return view
-
-    def _segment(self, segment_id: int) -> SegmentInfo:
+    def segment_info(self, segment_id: int) -> SegmentInfo:
+        """The immutable part of the segment's record (cached)."""
         info = self._segments.get(segment_id)
         if info is None:
             rec = ops.segment_record(self.index, segment_id)
@@ -224,9 +216,18 @@ class ChunkStore:
             info = self._segments[segment_id] = SegmentInfo.from_record(rec)
         return info
 
+    _segment = segment_info  # the name compaction.py and tests use
+
     def describe(self, prefix_id: str) -> PrefixView:
         """The stored prefix's manifest (geometry, tokens, chunks, segments)."""
-        return self._view(prefix_id)
+        view = self._views.get(prefix_id)
+        if view is not None:
+            return view
+        m = ops.manifest(self.index, prefix_id)
+        if m is None:
+            raise NotFound(f"prefix {prefix_id} is not stored")
+        view = self._views[prefix_id] = PrefixView.from_manifest(m)
+        return view
 
     def prefix_quarantine(self, view: PrefixView) -> str | None:
         """Why the prefix's data is refused (a quarantined segment), or None."""
@@ -259,7 +260,7 @@ class ChunkStore:
         """A healthy stored prefix (or page batch) holding the chunk, or None."""
         for pid in ops.chunk_holders(self.index, chunk_hash):
             try:
-                view = self._view(pid)
+                view = self.describe(pid)
             except NotFound:
                 continue
             if self.state.prefix_quarantine(view) is None:
@@ -414,7 +415,7 @@ class ChunkStore:
             return self._read(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
 
     def _read(self, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:
-        view = self._view(prefix_id)
+        view = self.describe(prefix_id)
         q = self.state.prefix_quarantine(view)
         if q:
             raise DataLoss(f"prefix {prefix_id} is quarantined ({q}); delete and store it again")
@@ -457,7 +458,7 @@ class ChunkStore:
     def read_summaries(self, prefix_id: str) -> np.ndarray:
         """Key summaries ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
         with self.holds.hold(prefix_id):
-            view = self._view(prefix_id)
+            view = self.describe(prefix_id)
             return np.concatenate([self._piece_summaries(view, p) for p in view.pieces], axis=0)
 
     def _piece_summaries(self, view: PrefixView, p: Piece) -> np.ndarray:
@@ -469,7 +470,7 @@ class ChunkStore:
     def read_probe_keys(self, prefix_id: str, group: int) -> np.ndarray:
         """Keys of the group's first layer: ``[kv_heads, tokens, head_dim]``."""
         with self.holds.hold(prefix_id):
-            view = self._view(prefix_id)
+            view = self.describe(prefix_id)
             geo = view.geometry
             if not geo.probe_keys:
                 raise InvalidArgument("group", "this prefix was stored without probe keys")
@@ -541,7 +542,7 @@ class ChunkStore:
     # ------------------------------------------------------------ scores
     def units(self, prefix_id: str, chunks, groups) -> list[Unit]:
         """The stored units (segment, local chunk, group) of a prefix's chunks."""
-        view = self._view(prefix_id)
+        view = self.describe(prefix_id)
         sel = validate_chunks(chunks, view.num_chunks)
         grp = validate_groups(groups, view.geometry.num_groups)
         which, local = view.locate(sel)
@@ -559,7 +560,7 @@ class ChunkStore:
             raise InvalidArgument("attention", f"needs one value per chunk ({len(chunks)}), got shape {mass.shape}")
         if not np.all(np.isfinite(mass)) or (mass < 0).any():
             raise InvalidArgument("attention", "values must be finite and non-negative")
-        view = self._view(prefix_id)
+        view = self.describe(prefix_id)
         sel = validate_chunks(chunks, view.num_chunks)
         order = np.argsort(np.asarray(chunks, dtype=np.int64), kind="stable")
         units = self.units(prefix_id, sel, [group])
@@ -578,120 +579,19 @@ class ChunkStore:
             raise
         return len(dirty)
 
-    # ------------------------------------------------------------ verify
+    # ------------------------------------------------------------ admin (store_admin.py)
     def verify(self, prefix_id: str | None = None, *, progress=None) -> list[dict]:
         """Re-read every checksummed region (of one prefix, or of the store).
 
         ``progress(iterable, desc)`` wraps the loop over segments (a bar, see kvstore.progress).
         """
-        if prefix_id is not None:
-            seg_ids = self._view(prefix_id).segment_ids
-        else:
-            seg_ids = ops.segment_ids(self.index)
-        if progress is not None:
-            seg_ids = progress(seg_ids, "verify", total=len(seg_ids), unit="seg")
-        return [self._verify_segment(s) for s in seg_ids]
+        return admin.verify(self, prefix_id, progress=progress)
 
-    def _verify_segment(self, segment_id: int) -> dict:
-        seg = self._segment(segment_id)
-        bad: list[str] = []
-        error = None
-        buf = aligned_buffer(seg.layout.total_bytes)
-        try:
-            with self.files.reading(segment_id) as fh:
-                self.backend.pread(fh, buf, 0).result()
-        except (OSError, EOFError) as exc:
-            error = f"{exc.__class__.__name__}: {exc}"
-        if error is None:
-            arr = np.frombuffer(buf, dtype=np.uint8)
-            for name, off, length, xx in seg.regions():
-                if xxhash.xxh3_64_intdigest(arr[off : off + length]) != xx:
-                    bad.append(name)
-            self.state.count(bytes_read=len(buf))
-        if bad or error:
-            self.state.quarantine(
-                segment_id, error or f"checksum mismatch in {bad[0]}" + (f" and {len(bad) - 1} more" if len(bad) > 1 else "")
-            )
-        return {
-            "segment_id": segment_id,
-            "ok": not bad and error is None,
-            "regions": len(seg.regions()),
-            "bad_regions": bad,
-            "error": error,
-            "quarantined": self.state.quarantined.get(segment_id),
-        }
-
-    # ------------------------------------------------------------ listing
     def list_prefixes(self) -> list[dict]:
-        out = []
-        for m in ops.manifests(self.index):
-            view = PrefixView.from_manifest(m)
-            out.append(
-                {
-                    "prefix_id": view.prefix_id,
-                    "namespace": view.namespace,
-                    "model_fingerprint": view.model_fingerprint,
-                    "num_tokens": view.num_tokens,
-                    "num_chunks": view.num_chunks,
-                    "num_segments": len(view.segment_ids),
-                    "created": view.created,
-                    "quarantined": self.state.prefix_quarantine(view),
-                    "kind": view.kind,
-                }
-            )
-        return out
+        return admin.list_prefixes(self)
 
     def inspect(self, prefix_id: str) -> dict:
-        view = self._view(prefix_id)
-        recs = ops.segment_records(self.index, view.segment_ids)
-        segments = []
-        for p in view.pieces:
-            lay = self._segment(p.segment_id).layout
-            segments.append(
-                {
-                    **p.to_dict(),
-                    "file": segment_file_name(p.segment_id),
-                    "segment_chunks": lay.num_chunks,
-                    "total_bytes": lay.total_bytes,
-                    "payload_bytes": lay.payload_bytes,
-                    "padding_bytes": lay.padding_bytes,
-                    "refcount": recs[p.segment_id]["refcount"],
-                    "checksums": len(self._segment(p.segment_id).regions()),
-                    "quarantined": self.state.quarantined.get(p.segment_id),
-                }
-            )
-        geo = view.geometry
-        return {
-            "prefix_id": view.prefix_id,
-            "kind": view.kind,
-            "namespace": view.namespace,
-            "model_fingerprint": view.model_fingerprint,
-            "geometry": geo.to_dict(),
-            "num_tokens": view.num_tokens,
-            "num_chunks": view.num_chunks,
-            "num_groups": geo.num_groups,
-            "kv_bytes": view.num_tokens * geo.model.num_layers * geo.model.token_layer_bytes,
-            "segments": segments,
-            "created": view.created,
-            "quarantined": self.state.prefix_quarantine(view),
-        }
+        return admin.inspect(self, prefix_id)
 
     def stats(self) -> dict:
-        num_prefixes, num_segments, stored = ops.totals(self.index)
-        st = os.statvfs(self.segment_dir)
-        counters = self.state.counters_now()
-        return {
-            "data_dir": self.data_dir,
-            "backend": self.backend.name,
-            "num_prefixes": num_prefixes,
-            "num_segments": num_segments,
-            "bytes_stored": stored,
-            "bytes_free": st.f_bavail * st.f_frsize,
-            "index_map_bytes": self.index.map_bytes,
-            "index_resizes": self.index.resizes,
-            "read_only": self.state.read_only,
-            "quarantined_segments": len(self.state.quarantined),
-            "read_queue_depth": self.reads_in_flight.count,
-            **self.capacity.stats(),
-            **counters,
-        }
+        return admin.stats(self)
