@@ -30,17 +30,16 @@ split.
 
 from __future__ import annotations
 
-import logging
 import os
 from dataclasses import dataclass
 
-import lmdb
 import numpy as np
 import xxhash
 
 from . import index as ix
 from . import index_ops as ops
 from . import store_admin as admin
+from . import store_open as opening
 from .capacity import DiskCapacity
 from .config import StoreConfig
 from .errors import Conflict, DataLoss, InvalidArgument, NotFound, StoreFull
@@ -48,19 +47,17 @@ from .faults import crash_point
 from .geometry import SegmentLayout, StoreGeometry, align_up
 from .hashing import chunk_hashes, validate_tokens
 from .holds import PrefixHolds
-from .identity import STORE_ID_FILE, damaged, fsync_dir, lock_data_dir
+from .identity import fsync_dir, lock_data_dir
 from .io import IOBackend, aligned_buffer, make_backend
 from .io.inflight import InFlight
-from .manifest_files import ManifestFiles, is_manifest_file, parse_manifest_file_name
+from .manifest_files import ManifestFiles
 from .pending_put import PendingPut, PutResult, put_with_retries
 from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from .records import Piece, PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
-from .segment_files import SegmentFiles, parse_segment_file_name
+from .segment_files import SegmentFiles
 from .store_state import StoreState
 from .writer import SegmentImage
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -85,7 +82,7 @@ class ChunkStore:
                 self.data_dir,
                 map_bytes=config.index_map_bytes,
                 max_map_bytes=config.index_max_map_bytes,
-                has_store_files=self._has_store_files(),
+                has_store_files=opening.has_store_files(self),
             )
         except BaseException:
             os.close(self._lock_fd)  # releases the flock: the directory may be opened again
@@ -98,7 +95,7 @@ class ChunkStore:
         self.reads_in_flight = InFlight()  # disk reads the backend has and has not completed
         self.scores = ScoreTable()
         try:
-            self.state.next_segment_id = self._startup_scan(self._load_records())
+            self.state.next_segment_id, self.last_scan = opening.startup_scan(self, opening.load_records(self))
         except BaseException:
             self.index.close()
             os.close(self._lock_fd)
@@ -109,25 +106,6 @@ class ChunkStore:
         self.pages = PageStore(self)
 
     # ------------------------------------------------------------ lifecycle
-    def _has_store_files(self) -> bool:
-        return (
-            os.path.exists(os.path.join(self.data_dir, STORE_ID_FILE))
-            or any(parse_segment_file_name(n) is not None for n in os.listdir(self.segment_dir))
-            or any(is_manifest_file(n) for n in os.listdir(self.manifest_files.directory))
-        )
-
-    def _load_records(self) -> tuple[dict[int, dict], set[str]]:
-        """Segment records and prefix ids from the index; scores into ``self.scores``."""
-        try:
-            records, prefixes, scores = ops.read_all(self.index)
-            self.scores.load(scores)
-            for rec in records.values():
-                int(rec["total_bytes"])
-        except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
-            path = os.path.join(self.index.path, "data.mdb")
-            raise damaged(self.data_dir, path, f"holds an undecodable record ({exc.__class__.__name__})") from None
-        return records, prefixes
-
     def close(self) -> None:
         if not self.state.read_only:
             self.flush_scores()
@@ -141,54 +119,6 @@ class ChunkStore:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-    def _startup_scan(self, loaded: tuple[dict[int, dict], set[str]]) -> int:
-        """Remove files the (cleanly opened) index does not reference; quarantine records whose file is gone."""
-        records, prefixes = loaded
-        reclaimed_files = reclaimed_bytes = 0
-        max_id = max(records, default=0)
-        for name in os.listdir(self.segment_dir):
-            seg_id = parse_segment_file_name(name)
-            if seg_id is None:
-                continue
-            max_id = max(max_id, seg_id)
-            if seg_id not in records:
-                path = os.path.join(self.segment_dir, name)
-                reclaimed_bytes += os.stat(path).st_blocks * 512
-                os.unlink(path)
-                reclaimed_files += 1
-        for seg_id, rec in records.items():
-            if rec.get("quarantined"):
-                self.state.quarantined[seg_id] = rec["quarantined"]
-                continue
-            path = self.files.path(seg_id)
-            try:
-                size = os.stat(path).st_size
-            except FileNotFoundError:
-                self.state.quarantine(seg_id, "segment file missing")
-                continue
-            if size < rec["total_bytes"]:
-                self.state.quarantine(seg_id, f"segment file truncated ({size} < {rec['total_bytes']} bytes)")
-        if reclaimed_files:
-            self.sync_segment_dir()
-        self._sweep_manifest_files(prefixes)
-        log.info(
-            "opened %s: %d segments, reclaimed %d orphaned files (%d bytes), %d quarantined",
-            self.data_dir,
-            len(records),
-            reclaimed_files,
-            reclaimed_bytes,
-            len(self.state.quarantined),
-        )
-        self.last_scan = {"segments": len(records), "reclaimed_files": reclaimed_files, "reclaimed_bytes": reclaimed_bytes}
-        return max_id + 1
-
-    def _sweep_manifest_files(self, prefixes: set[str]) -> None:
-        """Remove manifest files of puts killed before their commit, deletes killed after theirs."""
-        directory = self.manifest_files.directory
-        for name in os.listdir(directory):
-            if is_manifest_file(name) and parse_manifest_file_name(name) not in prefixes:
-                os.unlink(os.path.join(directory, name))
 
     # ------------------------------------------------------------ state
     @property
