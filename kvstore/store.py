@@ -34,26 +34,26 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import xxhash
 
 from . import index as ix
 from . import index_ops as ops
 from . import store_admin as admin
 from . import store_open as opening
+from . import store_read as reads
 from .capacity import DiskCapacity
 from .config import StoreConfig
-from .errors import Conflict, DataLoss, InvalidArgument, NotFound, StoreFull
+from .errors import Conflict, InvalidArgument, NotFound, StoreFull
 from .faults import crash_point
-from .geometry import SegmentLayout, StoreGeometry, align_up
+from .geometry import SegmentLayout, StoreGeometry
 from .hashing import chunk_hashes, validate_tokens
 from .holds import PrefixHolds
 from .identity import fsync_dir, lock_data_dir
-from .io import IOBackend, aligned_buffer, make_backend
+from .io import IOBackend, make_backend
 from .io.inflight import InFlight
 from .manifest_files import ManifestFiles
 from .pending_put import PendingPut, PutResult, put_with_retries
-from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
-from .records import Piece, PrefixView, SegmentInfo
+from .reader import ReadResult, validate_chunks, validate_groups
+from .records import PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
 from .segment_files import SegmentFiles
 from .store_state import StoreState
@@ -335,7 +335,7 @@ class ChunkStore:
         """Whether every chunk has a healthy holder now (one read transaction)."""
         return ops.all_held(self.index, chunk_hashes, self.state.quarantined)
 
-    # ------------------------------------------------------------ read
+    # ------------------------------------------------------------ read (store_read.py)
     def read(self, prefix_id: str, chunks, groups=None, *, coalesce: bool = True, alloc=None) -> ReadResult:
         """Read the extents of ``chunks`` for period ``groups`` (default: all).
 
@@ -344,99 +344,16 @@ class ChunkStore:
         with self.holds.hold(prefix_id):
             return self._read(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
 
-    def _read(self, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:
-        view = self.describe(prefix_id)
-        q = self.state.prefix_quarantine(view)
-        if q:
-            raise DataLoss(f"prefix {prefix_id} is quarantined ({q}); delete and store it again")
-        sel = validate_chunks(chunks, view.num_chunks)
-        grp = validate_groups(groups, view.geometry.num_groups)
-        segments = {s: self._segment(s) for s in view.segment_ids}
-        refs = plan_extents(view, segments, sel, grp)
-        try:
-            views, buf, nreads, bad = execute_reads(
-                refs,
-                self.files,
-                self.backend,
-                coalesce_reads=coalesce,
-                max_run_bytes=self.config.max_read_run_bytes,
-                alloc=alloc,
-                in_flight=self.reads_in_flight,
-            )
-        except SegmentUnreadable as exc:
-            raise self.state.unreadable(exc.segment_id, exc.cause) from None
-        nbytes = sum(r.padded for r in refs)  # runs are unions of padded extents
-        self.state.count(bytes_read=nbytes, reads=1)
-        if bad:
-            for m in bad:
-                self.state.quarantine(m.segment_id, f"checksum mismatch in {m.region}")
-            raise DataLoss(f"prefix {prefix_id}: checksum mismatch in segment {bad[0].segment_id} {bad[0].region}")
-        counts = view.geometry.chunk_token_counts(view.num_tokens)[sel]
-        return ReadResult(
-            prefix_id=prefix_id,
-            geometry=view.geometry,
-            chunks=sel,
-            groups=grp,
-            chunk_tokens=counts,
-            bytes_read=nbytes,
-            bytes_useful=sum(r.length for r in refs),
-            num_reads=nreads,
-            buffer=buf,
-            _views=views,
-        )
+    def _read(self, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:  # pages.py holds its own
+        return reads.read_held(self, prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
 
     def read_summaries(self, prefix_id: str) -> np.ndarray:
         """Key summaries ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
-        with self.holds.hold(prefix_id):
-            view = self.describe(prefix_id)
-            return np.concatenate([self._piece_summaries(view, p) for p in view.pieces], axis=0)
-
-    def _piece_summaries(self, view: PrefixView, p: Piece) -> np.ndarray:
-        seg = self._segment(p.segment_id)
-        arr = self._read_region(seg, "summaries", seg.layout.summaries_offset, seg.layout.summaries_length, seg.summaries_xxh3)
-        full = arr.view(np.float32).reshape(seg.layout.num_chunks, *self._summary_tail(view.geometry))
-        return full[p.segment_chunk : p.segment_chunk + p.num_chunks]
+        return reads.read_summaries(self, prefix_id)
 
     def read_probe_keys(self, prefix_id: str, group: int) -> np.ndarray:
         """Keys of the group's first layer: ``[kv_heads, tokens, head_dim]``."""
-        with self.holds.hold(prefix_id):
-            view = self.describe(prefix_id)
-            geo = view.geometry
-            if not geo.probe_keys:
-                raise InvalidArgument("group", "this prefix was stored without probe keys")
-            (g,) = validate_groups([group], geo.num_groups)
-            return np.concatenate([self._piece_probe_keys(view, p, g) for p in view.pieces], axis=1)
-
-    def _piece_probe_keys(self, view: PrefixView, p: Piece, g: int) -> np.ndarray:
-        m = view.geometry.model
-        seg = self._segment(p.segment_id)
-        lay = seg.layout
-        arr = self._read_region(seg, f"probe[group={g}]", lay.probe_offsets[g], lay.probe_length, seg.probe_xxh3[g])
-        keys = arr.view(m.numpy_dtype()).reshape(m.num_kv_heads, lay.num_tokens, m.head_dim)
-        t0 = int(lay.token_offsets[p.segment_chunk])
-        t1 = int(lay.token_offsets[p.segment_chunk + p.num_chunks])
-        return keys[:, t0:t1]
-
-    @staticmethod
-    def _summary_tail(geo: StoreGeometry) -> tuple[int, int, int, int]:
-        m = geo.model
-        return (m.num_layers, m.num_kv_heads, 2, m.head_dim)
-
-    def _read_region(self, seg: SegmentInfo, name: str, offset: int, length: int, xxh3: int) -> np.ndarray:
-        if seg.segment_id in self.state.quarantined:
-            raise DataLoss(f"segment {seg.segment_id} is quarantined: {self.state.quarantined[seg.segment_id]}")
-        buf = aligned_buffer(align_up(length))
-        try:
-            with self.files.reading(seg.segment_id) as fh:
-                self.reads_in_flight.track(self.backend.pread(fh, buf, offset)).result()
-        except (OSError, EOFError) as exc:
-            raise self.state.unreadable(seg.segment_id, exc) from None
-        self.state.count(bytes_read=len(buf))
-        arr = np.frombuffer(buf, dtype=np.uint8)[:length]
-        if xxhash.xxh3_64_intdigest(arr) != xxh3:
-            self.state.quarantine(seg.segment_id, f"checksum mismatch in {name}")
-            raise DataLoss(f"segment {seg.segment_id}: checksum mismatch in {name}")
-        return arr
+        return reads.read_probe_keys(self, prefix_id, group)
 
     # ------------------------------------------------------------ delete
     def delete(self, prefix_id: str, *, compact: bool = True) -> list[int]:
