@@ -39,12 +39,13 @@ from . import index as ix
 from . import index_ops as ops
 from . import store_admin as admin
 from . import store_open as opening
+from . import store_put as puts
 from . import store_read as reads
 from .capacity import DiskCapacity
 from .config import StoreConfig
-from .errors import Conflict, InvalidArgument, NotFound, StoreFull
+from .errors import InvalidArgument, NotFound
 from .faults import crash_point
-from .geometry import SegmentLayout, StoreGeometry
+from .geometry import StoreGeometry
 from .hashing import chunk_hashes, validate_tokens
 from .holds import PrefixHolds
 from .identity import fsync_dir, lock_data_dir
@@ -182,7 +183,7 @@ class ChunkStore:
         """Longest stored prefix of ``tokens``, at chunk granularity."""
         arr = validate_tokens(tokens, self.config.max_prefix_tokens)
         hashes = chunk_hashes(arr, geometry, namespace, model_fingerprint)
-        k, holder = self._match(hashes)
+        k, holder = self.match(hashes)
         tokens_matched = min(k * geometry.chunk_tokens, arr.size)
         return LookupResult(k, tokens_matched, len(hashes), holder.prefix_id if holder else None)
 
@@ -197,7 +198,7 @@ class ChunkStore:
                 return view
         return None
 
-    def _match(self, hashes: list[bytes]) -> tuple[int, PrefixView | None]:
+    def match(self, hashes: list[bytes]) -> tuple[int, PrefixView | None]:
         """Binary search: a healthy manifest holding chunk j holds all before it."""
         lo, hi, best = 0, len(hashes), None  # invariant: chunks [0, lo) matched
         while lo < hi:
@@ -209,7 +210,7 @@ class ChunkStore:
                 hi = mid
         return lo, best
 
-    # ------------------------------------------------------------ put
+    # ------------------------------------------------------------ put (store_put.py, pending_put.py)
     def begin_put(
         self,
         tokens,
@@ -225,23 +226,7 @@ class ChunkStore:
         pins the number (a client that sends extents from that chunk on);
         if fewer are stored now, the put fails with Conflict.
         """
-        self.state.check_writable()
-        if not isinstance(geometry, StoreGeometry):
-            raise InvalidArgument("geometry", "must be a StoreGeometry")
-        arr = validate_tokens(tokens, self.config.max_prefix_tokens)
-        hashes = chunk_hashes(arr, geometry, namespace, model_fingerprint)
-        prefix_id = hashes[-1].hex()
-        k, holder = self._match(hashes)
-        if reuse_chunks is not None:
-            if isinstance(reuse_chunks, bool) or not 0 <= reuse_chunks <= len(hashes):
-                raise InvalidArgument("reuse_chunks", f"must be in [0, {len(hashes)}], got {reuse_chunks}")
-            if k < reuse_chunks:
-                raise Conflict(f"only {k} of the {reuse_chunks} leading chunks to reuse are stored; look up again")
-            k = reuse_chunks
-        reused = holder.pieces_upto(k) if holder and k else []
-        hold = self.holds.hold(prefix_id, holder.prefix_id if reused else None)
-        pending = PendingPut(self, prefix_id, arr, geometry, namespace, model_fingerprint, hashes, k, reused, hold=hold)
-        return self._open_put(pending)
+        return puts.begin_put(self, tokens, geometry, namespace=namespace, model_fingerprint=model_fingerprint, reuse_chunks=reuse_chunks)
 
     def begin_chunks(
         self, prefix_id: str, hashes: list[bytes], geometry: StoreGeometry, *, namespace: str, model_fingerprint: str, kind: str
@@ -252,48 +237,11 @@ class ChunkStore:
         are in the hashes); nothing is reused, and ``kind`` is recorded in the
         manifest.  Written, synced, indexed and acknowledged as a prefix put.
         """
-        self.state.check_writable()
-        tokens = np.zeros(len(hashes) * geometry.chunk_tokens, dtype=np.int64)  # sizes only: pages carry no tokens
-        pending = PendingPut(
-            self, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, 0, [], kind=kind, hold=self.holds.hold(prefix_id)
-        )
-        return self._open_put(pending)
-
-    def _open_put(self, pending: PendingPut) -> PendingPut:
-        """Reserve space for and open the segment of the chunks ``pending`` writes (none: nothing to open)."""
-        k, geometry = pending.reused_chunks, pending.geometry
-        if k == pending.num_chunks:
-            return pending
-        c = geometry.chunk_tokens
-        layout = SegmentLayout(geometry, pending.tokens.size - k * c)
-        try:
-            pending.reserved = self.capacity.reserve(layout.total_bytes)
-            self._check_space(layout.total_bytes)
-        except BaseException:
-            pending.abort()
-            raise
-        pending.open_segment(self.state.new_segment_id(), SegmentImage(layout, first_chunk=k))
-        crash_point("put:opened")
-        return pending
+        return puts.begin_chunks(self, prefix_id, hashes, geometry, namespace=namespace, model_fingerprint=model_fingerprint, kind=kind)
 
     def pending_segment(self, view: PrefixView, segment_id: int, image: SegmentImage) -> PendingPut:
         """A segment written exactly as a put writes one, for ``view``'s chunks in ``image``."""
-        hashes = [bytes.fromhex(h) for h in view.chunk_hashes]
-        tokens = np.zeros(view.num_tokens, dtype=np.int64)  # sizes only: a segment holds no tokens
-        pending = PendingPut(
-            self,
-            view.prefix_id,
-            tokens,
-            view.geometry,
-            view.namespace,
-            view.model_fingerprint,
-            hashes,
-            image.first_chunk,
-            [],
-            kind=view.kind,
-        )
-        pending.open_segment(segment_id, image)
-        return pending
+        return puts.pending_segment(self, view, segment_id, image)
 
     def put(self, tokens, kv: np.ndarray, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> PutResult:
         """Store ``kv`` (``[layers, 2, kv_heads, tokens, head_dim]``) for ``tokens``."""
@@ -301,15 +249,6 @@ class ChunkStore:
             lambda: self.begin_put(tokens, geometry, namespace=namespace, model_fingerprint=model_fingerprint),
             lambda pending: pending.put_kv(kv),
         )
-
-    def _check_space(self, nbytes: int) -> None:
-        st = os.statvfs(self.segment_dir)
-        free = st.f_bavail * st.f_frsize
-        if free - nbytes < self.config.min_free_bytes:
-            raise StoreFull(
-                f"data file system is full: {nbytes} bytes needed, {free} free, "
-                f"{self.config.min_free_bytes} kept in reserve (min_free_bytes)"
-            )
 
     # ------------------------------------------------------------ the put path's interface (PendingPut)
     def is_stored(self, prefix_id: str) -> bool:
