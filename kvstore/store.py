@@ -41,6 +41,7 @@ from . import store_admin as admin
 from . import store_open as opening
 from . import store_put as puts
 from . import store_read as reads
+from . import store_scores as scoring
 from .capacity import DiskCapacity
 from .config import StoreConfig
 from .errors import InvalidArgument, NotFound
@@ -53,7 +54,7 @@ from .io import IOBackend, make_backend
 from .io.inflight import InFlight
 from .manifest_files import ManifestFiles
 from .pending_put import PendingPut, PutResult, put_with_retries
-from .reader import ReadResult, validate_chunks, validate_groups
+from .reader import ReadResult
 from .records import PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
 from .segment_files import SegmentFiles
@@ -325,45 +326,22 @@ class ChunkStore:
         except OSError as exc:  # the delete is committed; a rebuild could bring the prefix back
             self.state.turn_read_only(f"removing the manifest file of {prefix_id} failed: {exc.strerror or exc}")
 
-    # ------------------------------------------------------------ scores
+    # ------------------------------------------------------------ scores (store_scores.py)
     def units(self, prefix_id: str, chunks, groups) -> list[Unit]:
         """The stored units (segment, local chunk, group) of a prefix's chunks."""
-        view = self.describe(prefix_id)
-        sel = validate_chunks(chunks, view.num_chunks)
-        grp = validate_groups(groups, view.geometry.num_groups)
-        which, local = view.locate(sel)
-        seg_ids = [view.pieces[p].segment_id for p in which.tolist()]
-        return [(s, loc, g) for g in grp for s, loc in zip(seg_ids, local.tolist())]
+        return scoring.units(self, prefix_id, chunks, groups)
 
     def record_access(self, prefix_id: str, chunks, groups) -> None:
         """``F_j += 1`` for every unit read (in memory; see ``flush_scores``)."""
-        self.scores.add_access(self.units(prefix_id, chunks, groups))
+        scoring.record_access(self, prefix_id, chunks, groups)
 
     def report_attention(self, prefix_id: str, group: int, chunks, attention) -> int:
         """``I_j += A_j``: the attention mass the client measured for each chunk."""
-        mass = np.asarray(attention, dtype=np.float64)
-        if mass.ndim != 1 or mass.size != len(chunks):
-            raise InvalidArgument("attention", f"needs one value per chunk ({len(chunks)}), got shape {mass.shape}")
-        if not np.all(np.isfinite(mass)) or (mass < 0).any():
-            raise InvalidArgument("attention", "values must be finite and non-negative")
-        view = self.describe(prefix_id)
-        sel = validate_chunks(chunks, view.num_chunks)
-        order = np.argsort(np.asarray(chunks, dtype=np.int64), kind="stable")
-        units = self.units(prefix_id, sel, [group])
-        self.scores.add_attention(units, mass[order].tolist())
-        return len(units)
+        return scoring.report_attention(self, prefix_id, group, chunks, attention)
 
     def flush_scores(self) -> int:
         """Persist changed scores to the index (one transaction); entries written."""
-        dirty = self.scores.take_dirty()
-        if not dirty:
-            return 0
-        try:
-            ops.write_scores(self.index, dirty)
-        except BaseException:
-            self.scores.mark_dirty(u for u, _ in dirty)
-            raise
-        return len(dirty)
+        return scoring.flush_scores(self)
 
     # ------------------------------------------------------------ admin (store_admin.py)
     def verify(self, prefix_id: str | None = None, *, progress=None) -> list[dict]:
