@@ -20,12 +20,13 @@ undecodable index is ``IndexDamaged`` and nothing is touched.
 manifest file whose pieces all verify, finding chunks by hash wherever a
 compaction moved them.
 
-Why one file of ~1000 lines: ``ChunkStore`` and ``PendingPut`` share the
-write-order invariants above (reservation, trailer, manifest file, commit,
-quarantine) and reach into each other's state; capacity, compaction, holds
-and rebuild already live apart.  Its remaining seams (the LMDB schema into
-``index.py``, listings and verify apart from the data path) are the next
-split.
+``ChunkStore`` is the store's one entry point; its parts live beside it:
+``store_state.py`` (read-only state, quarantine, counters),
+``store_open.py`` (the startup scan), ``store_put.py`` and
+``pending_put.py`` (the two phases of a put), ``store_read.py`` (the read
+path), ``store_scores.py`` (cache scores), ``store_admin.py`` (listings,
+stats, verify) and ``index_ops.py`` (every index transaction); capacity,
+compaction, holds, pages and rebuild have their own modules.
 """
 
 from __future__ import annotations
@@ -60,6 +61,8 @@ from .scores import ScoreTable, Unit
 from .segment_files import SegmentFiles
 from .store_state import StoreState
 from .writer import SegmentImage
+
+__all__ = ["ChunkStore", "LookupResult", "PendingPut", "PutResult", "put_with_retries"]
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,10 @@ class ChunkStore:
                 hi = mid
         return lo, best
 
+    def still_held(self, chunk_hashes: list[bytes]) -> bool:
+        """Whether every chunk has a healthy holder now (one read transaction)."""
+        return ops.all_held(self.index, chunk_hashes, self.state.quarantined)
+
     # ------------------------------------------------------------ put (store_put.py, pending_put.py)
     def begin_put(
         self,
@@ -232,12 +239,7 @@ class ChunkStore:
     def begin_chunks(
         self, prefix_id: str, hashes: list[bytes], geometry: StoreGeometry, *, namespace: str, model_fingerprint: str, kind: str
     ) -> PendingPut:
-        """A put of whole chunks named by ``hashes`` rather than by tokens (``pages.py``).
-
-        The caller has validated ``namespace`` and ``model_fingerprint`` (they
-        are in the hashes); nothing is reused, and ``kind`` is recorded in the
-        manifest.  Written, synced, indexed and acknowledged as a prefix put.
-        """
+        """A put of whole chunks named by ``hashes`` rather than by tokens (``pages.py``)."""
         return puts.begin_chunks(self, prefix_id, hashes, geometry, namespace=namespace, model_fingerprint=model_fingerprint, kind=kind)
 
     def pending_segment(self, view: PrefixView, segment_id: int, image: SegmentImage) -> PendingPut:
@@ -251,7 +253,7 @@ class ChunkStore:
             lambda pending: pending.put_kv(kv),
         )
 
-    # ------------------------------------------------------------ the put path's interface (PendingPut)
+    # ------------------------------------------------------------ what PendingPut calls
     def is_stored(self, prefix_id: str) -> bool:
         return ops.is_stored(self.index, prefix_id)
 
@@ -270,10 +272,6 @@ class ChunkStore:
 
     def sync_segment_dir(self) -> None:
         fsync_dir(self.segment_dir)
-
-    def still_held(self, chunk_hashes: list[bytes]) -> bool:
-        """Whether every chunk has a healthy holder now (one read transaction)."""
-        return ops.all_held(self.index, chunk_hashes, self.state.quarantined)
 
     # ------------------------------------------------------------ read (store_read.py)
     def read(self, prefix_id: str, chunks, groups=None, *, coalesce: bool = True, alloc=None) -> ReadResult:

@@ -51,7 +51,12 @@ def begin_put(
 def begin_chunks(
     store: ChunkStore, prefix_id: str, hashes: list[bytes], geometry: StoreGeometry, *, namespace: str, model_fingerprint: str, kind: str
 ) -> PendingPut:
-    """``ChunkStore.begin_chunks``: nothing reused, no tokens."""
+    """``ChunkStore.begin_chunks``.
+
+    The caller has validated ``namespace`` and ``model_fingerprint`` (they
+    are in the hashes); nothing is reused, and ``kind`` is recorded in the
+    manifest.  Written, synced, indexed and acknowledged as a prefix put.
+    """
     store.state.check_writable()
     tokens = np.zeros(len(hashes) * geometry.chunk_tokens, dtype=np.int64)  # sizes only: pages carry no tokens
     pending = PendingPut(

@@ -2,8 +2,8 @@
 
 Every byte read is checked against its segment record's checksum; a
 mismatch, or a file gone or short, quarantines the segment and is
-``DataLoss``.  The caller holds the prefix (``PrefixHolds``), so no
-eviction or compaction moves it during the read.
+``DataLoss``.  The prefix is held while it is read (``PrefixHolds``; the
+caller of ``read_held`` holds it), so no eviction or compaction moves it.
 """
 
 from __future__ import annotations
