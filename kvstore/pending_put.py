@@ -50,8 +50,9 @@ class PendingPut:
     Of the store it uses the collaborators ``config``, ``identity``,
     ``backend``, ``files``, ``manifest_files``, ``capacity`` and ``state``,
     and three operations: ``is_stored``, ``commit_put`` (the index commit)
-    and ``sync_segment_dir``.  The store opens its segment
-    (``open_segment``) and records what it reserved (``reserved``).
+    and ``sync_segment_dir``.  The store passes the prefix hold at
+    construction, opens the segment (``open_segment``) and records the bytes
+    it reserved (``reserved``).
     """
 
     def __init__(

@@ -1,6 +1,6 @@
 """The chunk store's mutable state: read-only, quarantined segments, counters, segment ids.
 
-One lock covers all of it.  A read-only store stays so until restarted (a
+One lock guards its changes.  A read-only store stays so until restarted (a
 failed fsync is never retried).  A quarantine holds in memory at once and is
 recorded in the segment's index record while the store is writable; a
 quarantined segment's data is refused until the prefixes using it are
