@@ -39,7 +39,7 @@ from ..errors import DataLoss, InvalidArgument
 from ..reader import validate_chunks
 from ..wire import geometry_to_pb
 from .arena import new_owner
-from .read_exec import ReadExecutor, ReadJob, Source, StreamFinished
+from .read_exec import ReadExecutor, ReadJob, Source, StreamFinished, read_flag
 from .read_plan import plan_group, plan_speculation
 from .status import ArenaExhausted, Backpressure
 
@@ -84,7 +84,7 @@ class PrefetchHandler:
             if svc.sessions is None:
                 raise InvalidArgument("open.shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
             svc.sessions.check(self.session)
-        self.speculate = not open_msg.no_speculation
+        self.speculate = read_flag(open_msg, "speculation", "no_speculation")
         self.hinted = open_msg.hints
         self.push = open_msg.push_speculation
         if self.push and not self.session:
@@ -101,7 +101,7 @@ class PrefetchHandler:
             arena=self.arena,
             lease_owner=new_owner(),  # owns the stream's arena leases; never leaves the daemon
             tiers=self.tiers,
-            coalesce=not open_msg.no_coalesce,
+            coalesce=read_flag(open_msg, "coalesce", "no_coalesce"),
             copies=not self.session,
             ref_id=self.id,
         )

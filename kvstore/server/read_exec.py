@@ -49,6 +49,11 @@ COUNTERS = (
 )
 
 
+def read_flag(msg, name: str, negated: str) -> bool:
+    """A default-on read option: ``name`` when the client set it, else not the older ``negated`` spelling."""
+    return getattr(msg, name) if msg.HasField(name) else not getattr(msg, negated)
+
+
 class StreamFinished(Exception):
     """The call ended while work for it was under way (the work is dropped)."""
 

@@ -26,7 +26,7 @@ from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
 from .metrics import Metrics
 from .prefetch import serve_prefetch
-from .read_exec import ReadExecutor, Source
+from .read_exec import ReadExecutor, Source, read_flag
 from .read_plan import plan_group
 from .shm_sessions import ShmSessions
 from .status import Draining, PutStalled, streaming, unary
@@ -270,7 +270,7 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             arena=svc.arena if session else None,
             lease_owner=session,
             tiers=None,
-            coalesce=not request.no_coalesce,
+            coalesce=read_flag(request, "coalesce", "no_coalesce"),
             copies=not session,
             handover=True,
         )

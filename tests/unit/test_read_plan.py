@@ -114,3 +114,14 @@ def test_speculation_never_loads_a_chunk_twice(guess, resident, held, inflight, 
     assert set(guess) <= set(read) | kept | set(held) | set(resident)
     assert all(not by_id[i].started for i in sp.cancel)
     assert set(sp.pin) <= set(resident) - set(held) - kept and (push or not sp.pin)
+
+
+def test_read_options_default_on_and_honour_the_older_negated_spelling():
+    from kvstore._proto import kvstore_pb2 as pb
+    from kvstore.server.read_exec import read_flag
+
+    for msg, name, older in ((pb.PrefetchOpen, "speculation", "no_speculation"), (pb.ReadChunksRequest, "coalesce", "no_coalesce")):
+        assert read_flag(msg(), name, older) is True
+        assert read_flag(msg(**{older: True}), name, older) is False
+        assert read_flag(msg(**{name: False}), name, older) is False
+        assert read_flag(msg(**{name: True, older: True}), name, older) is True  # the positive flag wins when set
