@@ -105,20 +105,22 @@ class LookupResponse(_message.Message):
     def __init__(self, matched_chunks: _Optional[int] = ..., matched_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., prefix_id: _Optional[str] = ...) -> None: ...
 
 class ReadChunksRequest(_message.Message):
-    __slots__ = ("prefix_id", "chunks", "layer_start", "layer_end", "shm_session", "no_coalesce")
+    __slots__ = ("prefix_id", "chunks", "layer_start", "layer_end", "shm_session", "coalesce", "no_coalesce")
     PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
     SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
+    COALESCE_FIELD_NUMBER: _ClassVar[int]
     NO_COALESCE_FIELD_NUMBER: _ClassVar[int]
     prefix_id: str
     chunks: _containers.RepeatedScalarFieldContainer[int]
     layer_start: int
     layer_end: int
     shm_session: int
+    coalesce: bool
     no_coalesce: bool
-    def __init__(self, prefix_id: _Optional[str] = ..., chunks: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., shm_session: _Optional[int] = ..., no_coalesce: _Optional[bool] = ...) -> None: ...
+    def __init__(self, prefix_id: _Optional[str] = ..., chunks: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., shm_session: _Optional[int] = ..., coalesce: _Optional[bool] = ..., no_coalesce: _Optional[bool] = ...) -> None: ...
 
 class ShmRef(_message.Message):
     __slots__ = ("lease_id", "offset", "length")
@@ -191,10 +193,12 @@ class ReadChunksResponse(_message.Message):
     def __init__(self, header: _Optional[_Union[ReadHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ..., shm_group: _Optional[_Union[ShmGroup, _Mapping]] = ...) -> None: ...
 
 class PrefetchOpen(_message.Message):
-    __slots__ = ("prefix_id", "shm_session", "period_layers", "no_speculation", "no_coalesce", "hints", "push_speculation")
+    __slots__ = ("prefix_id", "shm_session", "period_layers", "speculation", "coalesce", "no_speculation", "no_coalesce", "hints", "push_speculation")
     PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
     SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
     PERIOD_LAYERS_FIELD_NUMBER: _ClassVar[int]
+    SPECULATION_FIELD_NUMBER: _ClassVar[int]
+    COALESCE_FIELD_NUMBER: _ClassVar[int]
     NO_SPECULATION_FIELD_NUMBER: _ClassVar[int]
     NO_COALESCE_FIELD_NUMBER: _ClassVar[int]
     HINTS_FIELD_NUMBER: _ClassVar[int]
@@ -202,11 +206,13 @@ class PrefetchOpen(_message.Message):
     prefix_id: str
     shm_session: int
     period_layers: int
+    speculation: bool
+    coalesce: bool
     no_speculation: bool
     no_coalesce: bool
     hints: bool
     push_speculation: bool
-    def __init__(self, prefix_id: _Optional[str] = ..., shm_session: _Optional[int] = ..., period_layers: _Optional[int] = ..., no_speculation: _Optional[bool] = ..., no_coalesce: _Optional[bool] = ..., hints: _Optional[bool] = ..., push_speculation: _Optional[bool] = ...) -> None: ...
+    def __init__(self, prefix_id: _Optional[str] = ..., shm_session: _Optional[int] = ..., period_layers: _Optional[int] = ..., speculation: _Optional[bool] = ..., coalesce: _Optional[bool] = ..., no_speculation: _Optional[bool] = ..., no_coalesce: _Optional[bool] = ..., hints: _Optional[bool] = ..., push_speculation: _Optional[bool] = ...) -> None: ...
 
 class PeriodSet(_message.Message):
     __slots__ = ("period", "chunks", "covered_groups")

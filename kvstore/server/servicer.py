@@ -1,10 +1,8 @@
 """Thin gRPC servicers: validate, translate, call the store, translate back.
 
-Why ~650 lines in one file: each handler is short, but ``ReadChunks`` still
-carries its own group reader (``_GroupReader``), which goes when reads share
-the Prefetch stream's executor, and ``GetPages`` its batching of reads; the
-handlers themselves stay together so the service's surface reads in one
-place.
+Why ~590 lines in one file: each handler is short (``ReadChunks`` and
+``Prefetch`` drive the shared read executor, ``read_exec.py``), and they stay
+together so the service's surface reads in one place.
 """
 
 from __future__ import annotations
@@ -12,11 +10,8 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-
-import numpy as np
 
 from .. import __version__
 from .._proto import kvstore_pb2 as pb
@@ -31,6 +26,8 @@ from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
 from .metrics import Metrics
 from .prefetch import serve_prefetch
+from .read_exec import ReadExecutor, Source, read_flag
+from .read_plan import plan_group
 from .shm_sessions import ShmSessions
 from .status import Draining, PutStalled, streaming, unary
 from .tiers import TierManager
@@ -263,33 +260,72 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             groups=groups,
             num_tokens=view.num_tokens,
         )
-        reader = _GroupReader(svc, pid, chunks, session, coalesce=not request.no_coalesce)
+        # A one-period plan on the shared executor: no tier is consulted, one
+        # coalesced read per group, the next group loading while this one
+        # streams.  On shared memory the leases are the client's session's
+        # and are handed to it (it releases them); an abandoned call's go back.
+        ex = ReadExecutor(
+            svc,
+            pid,
+            arena=svc.arena if session else None,
+            lease_owner=session,
+            tiers=None,
+            coalesce=read_flag(request, "coalesce", "no_coalesce"),
+            copies=not session,
+            handover=True,
+        )
+        completed = []
         # A cancelled call may never resume this generator: release from the
         # call's own completion, not only from the generator's finally.
-        context.add_done_callback(lambda _ctx: reader.finish())
-        stats = pb.ReadStats()
+        context.add_done_callback(lambda _ctx: ex.finish(handed_over=bool(completed)))
+        wanted = chunks.tolist()
+        plans = [plan_group(g, wanted, per_read=len(wanted)) for g in groups]
+
+        def start(i: int) -> list:
+            return [ex.submit(plans[i].group, part, speculative=False, period=0) for part in plans[i].reads]
+
         try:
-            task = reader.start(groups[0])
-            for i, g in enumerate(groups):
-                res, lease = await task
-                last_group = i + 1 == len(groups)
-                if not last_group:  # the next group loads while this one streams
-                    task = reader.start(groups[i + 1])
-                stats.bytes_read += res.bytes_read
-                stats.bytes_useful += res.bytes_useful
-                stats.num_reads += res.num_reads
-                msgs = list(reader.messages(res, g, lease))
+            jobs = start(0)
+            for i, gp in enumerate(plans):
+                by_chunk = {}
+                for job in jobs:
+                    await job.future
+                    by_chunk.update(dict.fromkeys(job.chunks.tolist(), job))
+                last_group = i + 1 == len(plans)
+                group_jobs, jobs = jobs, (None if last_group else start(i + 1))  # the next group loads while this one streams
+                sources = [Source(j, None, job=by_chunk[j]) for j in wanted]
+                if session:
+                    msgs = ex.serve(
+                        0,
+                        gp.group,
+                        sources,
+                        group_jobs,
+                        lambda d, g=gp.group, s=sources: [pb.ReadChunksResponse(shm_group=ex.shm_group(g, s, d))],
+                        record=False,
+                    )
+                else:
+                    msgs = ex.serve(
+                        0,
+                        gp.group,
+                        sources,
+                        group_jobs,
+                        lambda d, g=gp.group, s=sources: [pb.ReadChunksResponse(extent=e) for e in ex.frames(g, s, d)],
+                        record=False,
+                    )
                 if header is not None:
                     msgs[0].header.CopyFrom(header)
                     header = None
                 if last_group:
-                    msgs[-1].stats.CopyFrom(stats)
+                    c = ex.counts
+                    msgs[-1].stats.CopyFrom(
+                        pb.ReadStats(bytes_read=c["bytes_disk"], bytes_useful=c["bytes_useful"], num_reads=c["num_reads"])
+                    )
                 for msg in msgs:
                     yield msg
-            reader.completed = True
+            completed.append(True)
             svc.store.record_access(pid, chunks, groups)
         finally:
-            reader.finish()
+            ex.finish(handed_over=bool(completed))
             hold.release()
 
     @streaming
@@ -549,80 +585,3 @@ class AdminServicer(pb_grpc.KVStoreAdminServicer):
     async def Compact(self, request, context):
         res = await self.svc.run(self.svc.store.capacity.compact)
         return pb.CompactResponse(**res)
-
-
-class _GroupReader:
-    """Reads one period group at a time, into the arena or private memory.
-
-    Leases handed to a stream that does not complete are released when the
-    stream ends, so an aborted read never strands arena slots; a read still
-    running then releases its own lease when it finishes.
-    """
-
-    def __init__(self, svc: Service, prefix_id: str, chunks: np.ndarray, session: int, *, coalesce: bool):
-        self.svc = svc
-        self.prefix_id = prefix_id
-        self.chunks = chunks
-        self.session = session
-        self.coalesce = coalesce
-        self.completed = False
-        self._lock = threading.Lock()
-        self._leases: list[int] = []
-        self._finished = False
-
-    def start(self, group: int) -> asyncio.Future:
-        return asyncio.ensure_future(self.svc.run(self._read, group))
-
-    def _read(self, group: int):
-        holder = []
-        alloc = None
-        arena = self.svc.arena
-        if self.session:
-
-            def alloc(nbytes: int):
-                lease = arena.lease(self.session, nbytes, wait_seconds=self.svc.config.lease_wait_seconds)
-                holder.append(lease)
-                return arena.buffer(lease)
-
-        try:
-            res = self.svc.store.read(self.prefix_id, self.chunks, [group], coalesce=self.coalesce, alloc=alloc)
-        except BaseException:
-            if holder:
-                arena.release(self.session, [holder[0].lease_id])
-            raise
-        if holder:
-            with self._lock:
-                if self._finished:  # the stream ended while this read ran
-                    arena.release(self.session, [holder[0].lease_id])
-                else:
-                    self._leases.append(holder[0].lease_id)
-        return res, holder[0] if holder else None
-
-    def messages(self, res, group: int, lease):
-        if lease is not None:  # one message: a descriptor per extent
-            base = np.frombuffer(res.buffer, np.uint8).ctypes.data
-            refs = []
-            for j in res.chunks.tolist():
-                raw = res.extent_bytes(group, j)
-                refs.append(pb.ShmRef(lease_id=lease.lease_id, offset=lease.offset + (raw.ctypes.data - base), length=raw.size))
-            yield pb.ReadChunksResponse(shm_group=pb.ShmGroup(group=group, chunks=res.chunks.tolist(), refs=refs))
-            return
-        frame = self.svc.config.frame_bytes
-        for j in res.chunks.tolist():
-            raw = res.extent_bytes(group, j)
-            n = raw.size
-            mv = memoryview(raw)
-            for off in range(0, n, frame):
-                yield pb.ReadChunksResponse(
-                    extent=pb.ExtentData(group=group, chunk=j, offset=off, extent_bytes=n, data=bytes(mv[off : off + frame]))
-                )
-
-    def finish(self) -> None:
-        """End of the call: unless it completed, its leases go back to the arena."""
-        with self._lock:
-            if self.completed or self._finished:
-                return
-            self._finished = True
-            leases, self._leases = self._leases, []
-        if leases:
-            self.svc.arena.release(self.session, leases)

@@ -212,6 +212,12 @@ some_chunks = st.lists(st.integers(0, NUM_CHUNKS - 1), unique=True, min_size=1, 
 stored_layers = st.integers(0, GEO.model.num_layers)
 
 
+def _maybe_flag(draw, name: str) -> dict:
+    """A default-on option: unset, on or off (and the older negated flag drawn beside it)."""
+    value = draw(st.sampled_from([None, True, False]))
+    return {} if value is None else {name: value}
+
+
 @st.composite
 def _read_chunks(draw, fuzzer: Fuzzer):
     start = draw(stored_layers)
@@ -222,6 +228,7 @@ def _read_chunks(draw, fuzzer: Fuzzer):
             layer_start=start,
             layer_end=draw(st.sampled_from([0, start + 1, GEO.model.num_layers])),
             no_coalesce=draw(st.booleans()),
+            **_maybe_flag(draw, "coalesce"),
             shm_session=draw(st.sampled_from([0, fuzzer.shm_session])),
         )
     ]
@@ -283,6 +290,8 @@ def _prefetch_sequences(draw, fuzzer: Fuzzer):
         period_layers=period_layers,
         no_speculation=draw(st.booleans()),
         no_coalesce=draw(st.booleans()),
+        **_maybe_flag(draw, "speculation"),
+        **_maybe_flag(draw, "coalesce"),
         hints=draw(st.booleans()),
         shm_session=draw(st.sampled_from([0, fuzzer.shm_session])),
     )
