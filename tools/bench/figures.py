@@ -50,6 +50,8 @@ def summarize(records: list[dict]) -> dict:
         "prev_recall",
         "top1",
         "kl",
+        "correct",
+        "decode_s",
     )
     row = {"requests": len(records), "ttft_mean_s": float(ttft.mean()), "ttft_p95_s": float(np.percentile(ttft, 95))}
     row.update({f"{f}_mean": mean_of(records, f) for f in fields})
@@ -95,8 +97,10 @@ def format_zipf_report(report: dict) -> str:
         f"Zipf alpha {w['alpha']}, {w['requests']} requests timed after {w['warmup']} warm-up, suffix {w['suffix_tokens']} tokens; "
         f"memory {w['memory_fraction']:.0%} of stored bytes (CPU tier + client state) plus a prefetch reserve",
         f"{'system@budget':<28}{'TTFT ms':>9}{'P95 ms':>9}{'I/O ms':>8}{'sel ms':>8}{'comp ms':>9}{'tokens':>8}{'cap':>6}"
-        f"{'MB disk':>9}{'state MB':>9}{'hit':>6}{'spec MB':>8}{'waste':>7}{'pushed':>7}{'top1':>6}{'KL':>8}",
+        f"{'MB disk':>9}{'state MB':>9}{'hit':>6}{'spec MB':>8}{'waste':>7}{'pushed':>7}{'top1':>6}{'KL':>8}{'acc':>6}{'full':>6}",
     ]
+    if w.get("task"):
+        lines.insert(1, f"task {w['task']}: each prefix a held-out example (seeds {w['task_seeds']}), each request its question")
 
     def num(v, scale=1.0, spec=".2f"):
         return "-" if v is None else format(v * scale, spec)
@@ -108,6 +112,7 @@ def format_zipf_report(report: dict) -> str:
             f"{num(r['token_cap_mean'], 1, '.0f'):>6}{num(r['bytes_disk_mean'], 1e-6):>9}{num(r['state_bytes_fetched_mean'], 1e-6):>9}"
             f"{num(r['hit_rate']):>6}{num(r['spec_used_mean'], 1e-6):>8}{num(r['spec_wasted_mean'], 1e-6):>7}"
             f"{num(r['groups_covered_mean']):>7}{num(r['top1_mean']):>6}{num(r['kl_mean'], 1, '.4f'):>8}"
+            f"{num(r.get('correct_mean')):>6}{num(r.get('full_kv_accuracy')):>6}"
         )
     for key, value in report["ratios"].items():
         lines.append(f"{key} = {value:.2f}")

@@ -54,6 +54,10 @@ def checkpoint_path(args) -> str:
 
     if args.checkpoint:
         return args.checkpoint
+    from engine_client.model import zoo
+
+    if args.model in zoo.MODELS:  # a pretrained model, exported once into the model cache
+        return str(zoo.cached_checkpoint(args.model, args.dtype))
     path = os.path.join(args.directory, "models", f"{args.model}-seed{args.seed}-{args.dtype}")
     if not os.path.exists(os.path.join(path, "config.json")):
         t0 = time.perf_counter()
@@ -247,7 +251,12 @@ def format_reprefill_report(report: dict) -> str:
 
 def add_reprefill_parser(sub) -> None:
     p = sub.add_parser("reprefill", help="Re-Prefill TTFT vs full recompute and full load")
-    p.add_argument("--model", default="qwen2.5-0.5b-shape", choices=("tiny", "small", "qwen2.5-0.5b-shape"))
+    p.add_argument(
+        "--model",
+        default="qwen2.5-0.5b-shape",
+        choices=("tiny", "small", "qwen2.5-0.5b-shape", "smollm2-135m"),
+        help="a seeded shape, or a pretrained model (smollm2-135m; --workload zipf)",
+    )
     p.add_argument("--checkpoint", help="an HF-format checkpoint directory (default: a seeded one made under --directory)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--prefix-tokens", type=int, default=16384)
@@ -285,6 +294,12 @@ def add_reprefill_parser(sub) -> None:
         default=["contiguouskv-paper", "contiguouskv", "impress", "as-h2o", "as-lru"],
         help=f"from {', '.join(SYSTEMS)}",
     )
+    z.add_argument(
+        "--task",
+        help="pretrained model: prefixes are this real-text task's held-out examples (passkey, niah, ...) and each "
+        "request asks its prefix's question, so accuracy sits next to the timings (default: random tokens)",
+    )
+    z.add_argument("--task-start", type=int, default=0, help="--task: offset into the evaluation seeds")
     z.add_argument("--prefixes", type=int, default=20)
     z.add_argument("--requests", type=int, default=40, help="timed requests per system and budget")
     z.add_argument("--warmup", type=int, default=10, help="requests before timing (they fill the tiers)")

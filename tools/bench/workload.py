@@ -21,6 +21,10 @@ fetched from the daemon counts in ``bytes_disk``.
 * ``contiguouskv``: the product - speculation from a look-ahead guess
   (period i+1's queries of the hidden state at period i's start, twice the
   budget), speculative groups pushed to the client as they arrive;
+* ``contiguouskv-perlayer``: the product with the selection that keeps
+  the answer on a pretrained model (``perlayer-follow-int4``: every layer
+  its own Period, exact scores on 4-bit resident probe keys, max over
+  heads, the previous layer's choice followed; needs ``--group-layers 1``);
 * ``contiguouskv-noprefetch`` / ``contiguouskv-lfu``: ablations (no
   speculation, each period waits for all its groups / LFU tiers);
 * ``impress``: 64-token blocks, each Period's rows stored by accumulated
@@ -37,12 +41,18 @@ fetched from the daemon counts in ``bytes_disk``.
   preloading.
 
 Fidelity is measured against full attention over the in-memory prefix KV
-(top-1 agreement, KL of the next-token distribution).  Figures and ratios:
+(top-1 agreement, KL of the next-token distribution).  With a pretrained
+model and ``--task``, each prefix is a held-out real-text example
+(``engine_client.tasks.text``), each request asks that example's question
+and decodes its answer greedily after the Re-Prefill, and every system's
+accuracy is reported next to the full KV's on the same requests (decoding
+is not part of TTFT).  Figures and ratios:
 ``figures.py``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -71,11 +81,15 @@ class System:
     reordered: bool = False  # each Period's rows stored in ``storage_order``
 
 
-LOOKAHEAD = 2.0  # contiguouskv's speculative guess: twice the budget, scored one period ahead
+LOOKAHEAD = 2.0
+NAMED_SELECTION = (
+    "perlayer-follow-int4",
+)  # System.selection values that are engine_client.selection.systems  # contiguouskv's speculative guess: twice the budget, scored one period ahead
 
 SYSTEMS = {
     "contiguouskv-paper": System(16, "summary", "score", speculate=True, push=False),
     "contiguouskv": System(16, "summary", "score", speculate=True, lookahead=LOOKAHEAD),
+    "contiguouskv-perlayer": System(16, "perlayer-follow-int4", "score", speculate=True, lookahead=LOOKAHEAD),
     "contiguouskv-noprefetch": System(16, "summary", "score", speculate=False, overlap=False),
     "contiguouskv-lfu": System(16, "summary", "lfu", speculate=True, lookahead=LOOKAHEAD),
     "impress": System(64, "impress", "impress", reordered=True),
@@ -111,6 +125,7 @@ def run_zipf_bench(args) -> dict:
     torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     model = load_checkpoint(checkpoint_path(args), dtype=dtype)
+    tokenizer, examples = _task_examples(args, checkpoint_path(args))
     vocab = model.config.vocab_size
     requests = zipf_requests(
         args.prefixes,
@@ -120,11 +135,19 @@ def run_zipf_bench(args) -> dict:
         suffix_tokens=args.suffix_tokens,
         vocab_size=vocab,
     )
+    if examples:  # each request asks its prefix's question
+        requests = [dataclasses.replace(r, suffix=examples[r.prefix].suffix_tokens.copy()) for r in requests]
     t0 = time.perf_counter()
-    prefixes = _prefill_all(model, args)
+    prefixes = _prefill_all(model, args, examples)
     prefill_s = time.perf_counter() - t0
     references = [_dense_logits(model, prefixes[r.prefix].kv, torch.as_tensor(r.suffix)) for r in requests]
-    systems, records = _run_interleaved(model, prefixes, requests, references, args)
+    full_kv = _full_kv_answers(model, prefixes, examples, tokenizer) if examples else None
+    systems, records = _run_interleaved(model, prefixes, requests, references, args, (examples, tokenizer))
+    if full_kv is not None:
+        for key, rows in records.items():
+            for row in rows:
+                row["full_kv_correct"] = full_kv[row["prefix"]]
+            systems[key]["full_kv_accuracy"] = float(np.mean([row["full_kv_correct"] for row in rows])) if rows else None
     report = {"systems": systems, "requests": records}
     report["workload"] = {
         "prefixes": args.prefixes,
@@ -136,6 +159,9 @@ def run_zipf_bench(args) -> dict:
         "memory_fraction": args.memory_fraction,
         "prefix_popularity": np.bincount([r.prefix for r in requests[args.warmup :]], minlength=args.prefixes).tolist(),
         "prefill_s": prefill_s,
+        "task": args.task,
+        "task_seeds": [ex.seed for ex in examples] if examples else None,
+        "full_kv_correct": full_kv,
     }
     report["params"] = {
         k: getattr(args, k) for k in ("model", "dtype", "budgets", "period_layers", "group_layers", "seed", "systems", "selector")
@@ -146,7 +172,36 @@ def run_zipf_bench(args) -> dict:
     return report
 
 
-def _prefill_all(model, args) -> list[_Prefix]:
+def _task_examples(args, checkpoint: str) -> tuple:
+    """``--task``: ``(tokenizer, one held-out real-text example per prefix)``; ``(None, None)`` for random tokens."""
+    if not args.task:
+        return None, None
+    from engine_client.model.tokenizer import Tokenizer
+    from engine_client.tasks import text
+
+    tokenizer = Tokenizer.load(checkpoint)
+    try:
+        return tokenizer, text.examples(args.task, tokenizer, args.prefixes, args.prefix_tokens, start=args.task_start)
+    except ValueError as exc:
+        raise BenchError(f"--task: {exc}") from None
+
+
+def _max_new(ex) -> int:
+    return int(ex.meta.get("max_new_tokens", 16))
+
+
+def _full_kv_answers(model, prefixes, examples, tokenizer) -> list[bool]:
+    """Per prefix: whether greedy decoding over its full KV answers its question (the accuracy to keep)."""
+    from engine_client.generation import dense_generate
+
+    out = []
+    for p, ex in zip(prefixes, examples):
+        gen = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, _max_new(ex), tokenizer=tokenizer, prefix_kv=p.kv)
+        out.append(bool(ex.is_correct(gen.text)))
+    return out
+
+
+def _prefill_all(model, args, examples=None) -> list[_Prefix]:
     """Each prefix's KV and accumulated attention, computed in one prefill and
     cached under --directory (same seed, model and Period)."""
     from engine_client.runner import prefill_with_attention
@@ -159,6 +214,8 @@ def _prefill_all(model, args) -> list[_Prefix]:
     first_layers = list(range(0, model.num_layers, args.period_layers))
     for i in range(args.prefixes):
         tokens = torch.randint(0, model.config.vocab_size, (args.prefix_tokens,), generator=gen)
+        if examples:
+            tokens = torch.from_numpy(examples[i].prefix_tokens)
         ident = f"{model.fingerprint}/{args.dtype}/{first_layers}/{tokens.numpy().tobytes().hex()}"
         path = os.path.join(cache, hashlib.sha256(ident.encode()).hexdigest()[:24] + ".pt")
         if os.path.exists(path):
@@ -168,7 +225,7 @@ def _prefill_all(model, args) -> list[_Prefix]:
             _, kv, scores = prefill_with_attention(model, tokens, first_layers, progress=progress)
             torch.save((kv, scores), path + ".tmp")
             os.replace(path + ".tmp", path)
-            print(f"prefilled prefix {i} ({args.prefix_tokens} tokens) in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
+            print(f"prefilled prefix {i} ({tokens.numel()} tokens) in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
         out.append(_Prefix(tokens, kv, scores))
     return out
 
@@ -199,11 +256,13 @@ class _Run:
     rows: list
 
 
-def _run_interleaved(model, prefixes, requests, references, args) -> tuple[dict, dict]:
+def _run_interleaved(model, prefixes, requests, references, args, task=(None, None)) -> tuple[dict, dict]:
     """Every system x budget on its own daemon and data directory, all up at
     once; each request goes to every system in turn (rotating who goes first),
     so background load on the machine falls on all of them alike.
+    ``task``: ``(examples, tokenizer)`` when each request asks a question.
     Returns ``(rows by system, timed request records by system)``."""
+    examples, tokenizer = task
     runs: list[_Run] = []
     try:
         for name in args.systems:
@@ -213,7 +272,8 @@ def _run_interleaved(model, prefixes, requests, references, args) -> tuple[dict,
         for i, req in enumerate(requests):
             k = i % len(runs)
             for run in runs[k:] + runs[:k]:
-                row = _one_request(run, prefixes[req.prefix], req, references[i])
+                example = examples[req.prefix] if examples else None
+                row = _one_request(run, prefixes[req.prefix], req, references[i], example, tokenizer)
                 if i >= args.warmup:
                     run.rows.append({"request": i, "prefix": req.prefix, **row})
             if (i + 1) % 10 == 0:
@@ -240,6 +300,7 @@ def _run_interleaved(model, prefixes, requests, references, args) -> tuple[dict,
 def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _Run:
     from engine_client.client import KVStoreClient
     from engine_client.runner import ModelRunner, ReprefillConfig, model_geometry
+    from engine_client.selection.systems import system_fields
 
     from .daemon_io import _Daemon
     from .reprefill import _DaemonArgs
@@ -248,7 +309,10 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     probes = [impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
     state = sum(p.nbytes() for p in probes if p is not None)
     if sysdef.selection == "summary":
-        state = ModelRunner.summary_bytes(geo, args.prefix_tokens, args.period_layers) * len(prefixes)
+        state = sum(ModelRunner.summary_bytes(geo, p.tokens.numel(), args.period_layers) for p in prefixes)
+    named = system_fields(sysdef.selection) if sysdef.selection in NAMED_SELECTION else {}
+    if named.get("probe_bits"):
+        state = sum(probe_state_bytes(geo, p.tokens.numel(), named["probe_bits"]) for p in prefixes)
     memory, reserve_fraction = memory_split(geo, args, state)
     key = f"{name}@{budget:g}"
     data_dir = os.path.join(args.directory, "zipf-store", key)
@@ -269,10 +333,13 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     )
     client = KVStoreClient(f"unix:{daemon.socket}")
     runner = ModelRunner(model, client, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers)
+    selection = named or {
+        "period_layers": args.period_layers,
+        "selector": args.selector if sysdef.selection == "summary" else "full",  # --selector: the chunk systems' scorer
+    }
     cfg = ReprefillConfig(
         budget=budget,
-        period_layers=args.period_layers,
-        selector=args.selector if sysdef.selection == "summary" else "full",  # --selector: the chunk systems' scorer
+        **selection,
         speculate=sysdef.speculate,
         overlap=sysdef.overlap,
         lookahead=sysdef.lookahead,
@@ -285,14 +352,20 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     return _Run(key, sysdef, budget, daemon, client, runner, cfg, ids, probes, state, [])
 
 
-def _one_request(run: _Run, prefix: _Prefix, req, reference) -> dict:
+def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, tokenizer=None) -> dict:
     from engine_client.fidelity import compare_logits
     from engine_client.selection.tokens import token_cap
 
     n = prefix.tokens.numel()
     cap = token_cap(n, run.budget)
     choose = chooser(run, prefix, cap, run.probes[req.prefix])
-    res = run.runner.reprefill(run.ids[req.prefix], torch.as_tensor(req.suffix), run.cfg, choose=choose)
+    answer = {}
+    if example is None:
+        res = run.runner.reprefill(run.ids[req.prefix], torch.as_tensor(req.suffix), run.cfg, choose=choose)
+    else:  # the question, answered greedily over what the Re-Prefill loaded (decoding is not TTFT)
+        gen = run.runner.generate(run.ids[req.prefix], req.suffix, run.cfg, _max_new(example), tokenizer=tokenizer, choose=choose)
+        res = gen.reprefill
+        answer = {"correct": bool(example.is_correct(gen.text)), "answer_text": gen.text, "decode_s": float(sum(gen.step_s))}
     periods = len(res.selected)
     loaded = [int(np.sum(_chunk_sizes(s.numpy(), n, run.sysdef.chunk_tokens))) for s in res.selected]
     if max(loaded) > cap:
@@ -305,8 +378,8 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference) -> dict:
         "select_s": res.select_s,
         "tokens_loaded": res.tokens_loaded / periods,
         "token_cap": cap,
-        "bytes_disk": res.bytes_read + res.state_bytes_fetched,
-        "state_bytes_fetched": res.state_bytes_fetched,
+        "bytes_disk": res.bytes_read + res.state_bytes_fetched + res.probe_bytes,
+        "state_bytes_fetched": res.state_bytes_fetched + res.probe_bytes,
         "bytes_useful": res.bytes_useful,
         "bytes_cpu": res.bytes_cpu,
         "bytes_gpu": res.bytes_gpu,
@@ -320,7 +393,15 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference) -> dict:
         **_guess_recalls(res),
         "top1": float(top1),
         "kl": float(kl),
+        **answer,
     }
+
+
+def probe_state_bytes(geo, num_tokens: int, bits: int) -> int:
+    """Quantized probe keys a client keeps resident for one prefix: every stored group's
+    ``[Hkv, n, d]`` keys at ``bits`` bits plus one float32 scale per (head, token)."""
+    m = geo.model
+    return geo.num_groups * m.num_kv_heads * num_tokens * (m.head_dim * bits // 8 + 4)
 
 
 def _chunk_sizes(chunks: np.ndarray, n: int, chunk_tokens: int) -> np.ndarray:
@@ -373,6 +454,12 @@ def _guess_recalls(res) -> dict:
 
 
 def check_zipf_args(args) -> None:
+    from engine_client.model import zoo
+
+    if args.task and args.model not in zoo.MODELS:
+        raise BenchError(f"--task needs a pretrained model ({', '.join(zoo.MODELS)}): random weights answer nothing")
+    if any(SYSTEMS[n].selection in NAMED_SELECTION for n in args.systems) and args.group_layers != 1:
+        raise BenchError("contiguouskv-perlayer selects at every layer: it needs --group-layers 1")
     if args.prefixes < 1 or args.requests < 1 or args.warmup < 0:
         raise BenchError("--prefixes and --requests must be positive, --warmup >= 0")
     if not 0 < args.memory_fraction <= 1:

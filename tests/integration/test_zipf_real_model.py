@@ -1,0 +1,96 @@
+"""The Zipf shared-prefix benchmark on the pretrained model with real-text prefixes:
+each request asks its prefix's question, and accuracy sits next to the timings."""
+
+import json
+
+import numpy as np
+import pytest
+from pretrained import needs_smollm2
+from test_bench_smoke import run_bench
+
+SYSTEMS = "contiguouskv-perlayer,as-h2o"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("zipf-real")
+    proc = run_bench(
+        "reprefill",
+        "--workload",
+        "zipf",
+        "--model",
+        "smollm2-135m",
+        "--dtype",
+        "float32",
+        "--task",
+        "passkey",
+        "--systems",
+        SYSTEMS,
+        "--prefix-tokens",
+        "256",
+        "--prefixes",
+        "2",
+        "--requests",
+        "2",
+        "--warmup",
+        "1",
+        "--budgets",
+        "0.25",
+        "--period-layers",
+        "8",
+        "--group-layers",
+        "1",
+        "--memory-fraction",
+        "0.5",
+        "--threads",
+        "2",
+        "--directory",
+        str(directory),
+        "--json",
+        timeout=600,
+    )
+    return json.loads(proc.stdout)
+
+
+@needs_smollm2
+def test_every_request_asks_its_prefix_question_and_is_scored(report):
+    w = report["workload"]
+    assert w["task"] == "passkey" and len(w["task_seeds"]) == 2
+    assert min(w["task_seeds"]) >= 1_000_000  # held-out evaluation seeds
+    assert len(w["full_kv_correct"]) == 2 and all(isinstance(c, bool) for c in w["full_kv_correct"])
+    for key, rows in report["requests"].items():
+        assert len(rows) == 2
+        for row in rows:
+            assert isinstance(row["correct"], bool) and isinstance(row["answer_text"], str)
+            assert row["full_kv_correct"] == w["full_kv_correct"][row["prefix"]]
+            assert 0.0 <= row["top1"] <= 1.0 and row["kl"] >= 0.0
+            assert row["tokens_loaded"] <= row["token_cap"]
+        row = report["systems"][key]
+        assert row["correct_mean"] == pytest.approx(np.mean([r["correct"] for r in rows]))
+        assert row["full_kv_accuracy"] == pytest.approx(np.mean([r["full_kv_correct"] for r in rows]))
+
+
+@needs_smollm2
+def test_the_perlayer_product_charges_its_resident_probes_and_their_first_fetch(report):
+    rows = report["requests"]["contiguouskv-perlayer@0.25"]
+    sysrow = report["systems"]["contiguouskv-perlayer@0.25"]
+    assert sysrow["client_state_bytes"] > 0  # 4-bit probe keys of both prefixes, charged to its memory
+    for r in rows:
+        assert r["bytes_disk"] >= r["state_bytes_fetched"] >= 0
+
+
+def test_a_task_on_random_weights_is_refused_in_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    from helpers import data_root
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.cli", "reprefill", "--workload", "zipf", "--model", "tiny", "--task", "passkey"],
+        capture_output=True,
+        text=True,
+        cwd=data_root(),
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "--task needs a pretrained model" in proc.stderr and "Traceback" not in proc.stderr
