@@ -111,7 +111,7 @@ def test_key_summaries_are_fetched_once_counted_and_kept_small(runner):
 
 
 def test_chunked_prefill_equals_dense_prefill(tiny_model):
-    from engine_client.runner import chunked_prefill
+    from engine_client.prefill import chunked_prefill
 
     tokens = torch.randint(0, 500, (203,), generator=torch.Generator().manual_seed(3))
     logits, kv = tiny_model.prefill(tokens)
