@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -120,6 +121,16 @@ def _loop_args(args, num_chunks: int, geo: StoreGeometry) -> dict:
         num_groups=geo.num_groups,
         per_request=min(args.iodepth, num_chunks),
     )
+
+
+@dataclass(frozen=True)
+class DaemonArgs:
+    """What ``_Daemon`` reads from its args, for a benchmark that starts a daemon of its own."""
+
+    backend: str = "auto"
+    iodepth: int = 16
+    numjobs: int = 1
+    bs: int = 1 << 20
 
 
 class _Daemon:

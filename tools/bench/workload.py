@@ -105,8 +105,7 @@ class _Prefix:
 def run_zipf_bench(args) -> dict:
     from engine_client.model.loader import load_checkpoint
     from engine_client.workloads import zipf_requests
-
-    from .reprefill import checkpoint_path
+    from tools.make_checkpoint import checkpoint_path
 
     torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
@@ -149,7 +148,7 @@ def run_zipf_bench(args) -> dict:
 def _prefill_all(model, args) -> list[_Prefix]:
     """Each prefix's KV and accumulated attention, computed in one prefill and
     cached under --directory (same seed, model and Period)."""
-    from engine_client.runner import prefill_with_attention
+    from engine_client.prefill import prefill_with_attention
     from kvstore.progress import progress
 
     out = []
@@ -241,8 +240,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     from engine_client.client import KVStoreClient
     from engine_client.runner import ModelRunner, ReprefillConfig, model_geometry
 
-    from .daemon_io import _Daemon
-    from .reprefill import _DaemonArgs
+    from .daemon_io import DaemonArgs, _Daemon
 
     geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers)
     probes = [impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
@@ -255,7 +253,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     shutil.rmtree(data_dir, ignore_errors=True)
     daemon = _Daemon(
         data_dir,
-        _DaemonArgs(args),
+        DaemonArgs(args.backend, args.iodepth),
         extra=[
             "--shm-arena-bytes",
             str(memory),
