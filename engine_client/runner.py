@@ -25,9 +25,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from kvstore.errors import InvalidArgument, NotFound
 from kvstore.geometry import ModelSpec, StoreGeometry
-from kvstore.wire import geometry_from_pb
+from kvstore.wire import InvalidArgument, NotFound
 
 from .client import KVStoreClient, KVStoreRpcError, as_numpy_kv, to_torch
 from .generation import GenerationResult, LayerKV, check_max_new_tokens, decode_greedy, eos_ids
@@ -191,7 +190,7 @@ class ModelRunner:
             sink_chunks=cfg.sink_chunks,
             local_chunks=cfg.local_chunks,
         )
-        stored = geometry_from_pb(desc.geometry)
+        stored = desc.geometry
         if stored != self.geometry or desc.model_fingerprint != self.model.fingerprint:
             raise InvalidArgument(
                 "prefix_id",

@@ -25,7 +25,7 @@ import logging
 import os
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, fields
 
 from kvstore import cli_flags
 from kvstore.cli import format_table, human_bytes
@@ -110,15 +110,15 @@ class RemoteAdmin:
             ) from None
 
     def list_prefixes(self) -> list[dict]:
-        return [_message_dict(p, quarantined=p.quarantined or None) for p in self.client.list_prefixes()]
+        return [_scalars(p, quarantined=p.quarantined or None) for p in self.client.list_prefixes()]
 
     def inspect(self, prefix: str) -> dict:
         return self.admin_call("inspect", prefix)
 
     def stats(self) -> dict:
         st = self.client.stats()
-        out = _message_dict(st, read_only=st.read_only or None)
-        out["latency"] = [_message_dict(row) for row in st.latency]
+        out = _scalars(st, read_only=st.read_only or None)
+        out["latency"] = [_scalars(row) for row in st.latency]
         return out
 
     def delete(self, prefix: str) -> str:
@@ -132,24 +132,25 @@ class RemoteAdmin:
             if p.quarantined:
                 quarantined.update({s["segment_id"]: p.quarantined for s in self.client.inspect(p.prefix_id)["segments"]})
         return prefix_id, [
-            {**_message_dict(r, error=r.error or None), "bad_regions": list(r.bad_regions), "quarantined": quarantined.get(r.segment_id)}
+            {**_scalars(r, error=r.error or None), "bad_regions": list(r.bad_regions), "quarantined": quarantined.get(r.segment_id)}
             for r in reports
         ]
 
     def evict(self, to_bytes: int) -> dict:
         res = self.admin_call("evict", to_bytes)
-        return {**_message_dict(res), "evicted": list(res.evicted)}
+        return {**_scalars(res), "evicted": list(res.evicted)}
 
     def compact(self) -> dict:
-        return _message_dict(self.admin_call("compact"))
+        return _scalars(self.admin_call("compact"))
 
     def close(self) -> None:
         self.client.close()
 
 
-def _message_dict(msg, **overrides) -> dict:
-    values = {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields if f.message_type is None}
-    out = {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}  # scalars, not repeated
+def _scalars(value, **overrides) -> dict:
+    """The scalar fields of a ``kvstore.wire`` result, in their order (tuples and nested values left out), then ``overrides``."""
+    out = {f.name: getattr(value, f.name) for f in fields(value)}
+    out = {k: v for k, v in out.items() if isinstance(v, (int, float, str, bool))}
     out.update(overrides)
     return out
 

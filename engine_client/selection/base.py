@@ -9,7 +9,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 from ._common import num_chunks, summaries_for_layer
 from .budget import select_chunks

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 from .budget import _check_count, budget_count
 

@@ -34,7 +34,7 @@ import numbers
 
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, num_chunks, row_blocks
 from .budget import _check_count
