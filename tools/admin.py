@@ -28,12 +28,12 @@ import time
 from dataclasses import asdict, fields
 
 from kvstore import cli_flags
-from kvstore.cli import format_table, human_bytes
 from kvstore.config import StoreConfig, parse_bytes
 from kvstore.errors import InvalidArgument, KVStoreError, NotFound
 from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
+from tools.fmt import format_table, human_bytes
 
 SHORT_ID_CHARS = 16
 # Figures of this process's own reads and writes: meaningless for a store opened offline.

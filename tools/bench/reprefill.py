@@ -232,8 +232,7 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--prefix-tokens", type=int, default=16384)
     p.add_argument("--suffix-tokens", type=int, default=64)
-    from kvstore.cli import fractions_arg
-    from kvstore.cli_flags import add_alias, unix_target
+    from kvstore.cli_flags import add_alias, fractions_arg, unix_target
 
     p.add_argument("--budgets", type=fractions_arg, default=[0.05, 0.10, 0.25, 0.50, 1.0])
     p.add_argument("--repeats", type=int, default=3, help="suffixes timed per system")
