@@ -33,7 +33,8 @@ from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.store import ChunkStore
 
 from .fio import find_fio, fio_command, fio_version, parse_fio_json
-from .io_jobs import BenchError, JobSpec, latency_summary_us, machine_info
+from .io_jobs import BenchError, JobSpec, latency_summary_us
+from .machine import machine_info
 
 LAYERS = 32  # four period groups of 8
 SEED = 1234

@@ -28,7 +28,8 @@ import torch
 
 from kvstore.progress import progress
 
-from .io_jobs import BenchError, machine_info
+from .io_jobs import BenchError
+from .machine import machine_info
 
 SYSTEMS_DOC = "full-recompute, full-load, reprefill at each budget"
 

@@ -55,7 +55,8 @@ import torch
 
 from .baselines import chooser, impress_probe, stored_layout
 from .figures import headline_ratios, summarize
-from .io_jobs import BenchError, machine_info
+from .io_jobs import BenchError
+from .machine import machine_info
 
 
 @dataclass(frozen=True)
