@@ -15,6 +15,13 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
+
+Why one file of ~420 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+the request's vocabulary and ``ModelRunner`` its one loop, whose steps
+(``check_request``, ``_select``, ``_run_period``, ``_report``) share the
+runner's resident state (key summaries, quantized probe keys); the dense
+prefill (``prefill``), decoding (``generation``) and the selectors
+(``selection``) already live apart.
 """
 
 from __future__ import annotations
