@@ -1,8 +1,11 @@
 """Protobuf <-> domain objects, both ways, for the daemon and its clients (no I/O).
 
-The daemon builds its replies with the ``*_to_pb`` half and reads requests
-with the ``*_from_pb`` half; the client reads every reply into a type of
-``results`` here, so no protobuf message leaves ``engine_client``.
+The daemon reads requests with it (``geometry_from_pb``, ``tokens_from_pb``,
+``groups_for_layers``) and writes geometry and arrays into its replies
+(``geometry_to_pb``, ``array_frames``); the client does the reverse and
+reads every reply into a value of ``results`` (``*_from_pb``,
+``array_from_frames``, ``read_from_header``), so no protobuf message
+leaves ``engine_client``.
 """
 
 from __future__ import annotations
