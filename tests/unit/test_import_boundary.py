@@ -5,7 +5,8 @@
   its wire contract, ``kvstore.wire``, and ``kvstore.geometry``;
 - no two files import each other, directly or around a loop, counting every
   ``import`` and ``from ... import`` (relative ones, and ones inside
-  functions: a lazy import still runs);
+  functions: a lazy import still runs) but those under ``if TYPE_CHECKING:``,
+  which never run;
 - a file of more than 400 lines says why in its module docstring.
 
 Each check is a function of a source tree, and ``test_each_check_catches_*``
@@ -47,12 +48,21 @@ def modules(root: str) -> dict[str, str]:
 
 
 def imported_names(module: str, path: str) -> list[tuple[str, int]]:
-    """``(dotted name, line)`` of everything a file imports: ``from a import b`` gives ``a.b``."""
+    """``(dotted name, line)`` of everything a file imports when it runs: ``from a import b`` gives ``a.b``."""
     is_package = path.endswith("__init__.py")
     with open(path) as f:
         tree = ast.parse(f.read(), path)
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
     out = []
     for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
         if isinstance(node, ast.Import):
             out += [(alias.name, node.lineno) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -216,6 +226,8 @@ def test_each_check_catches_what_it_is_for(tmp_path):
             "engine_client/runner.py": "def g():\n    import kvstore\n",
             "tools/demo.py": "from .fmt import human_bytes\n",
             "tools/fmt.py": "def h():\n    from . import demo\n",
+            "tools/synthetic.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .admin import x\n",
+            "tools/admin.py": "from .synthetic import y\n",
             "tools/long.py": '"""Short."""\n' + "x = 1\n" * MAX_LINES,
             "tools/long_with_reason.py": '"""Long.\n\nWhy: one table."""\n' + "x = 1\n" * MAX_LINES,
             "kvstore/_proto/stub.py": "x = 1\n" * (MAX_LINES + 1),
