@@ -26,7 +26,7 @@ fio:
 		|| echo "warning: could not install fio; the fio comparison tests will be skipped"
 
 demo: $(STAMP)
-	$(VENV)/bin/kvstore demo
+	$(VENV)/bin/kvstore-demo
 
 test: $(STAMP) fio
 	$(VENV)/bin/ruff check --quiet .

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .model.decoder import Decoder
+from .prefill import chunked_prefill
 
 
 @dataclass
@@ -150,8 +151,6 @@ def dense_generate(
 
     ``prefix_kv [L, 2, Hkv, n, d]`` skips the prefill when the caller has it.
     """
-    from .runner import chunked_prefill
-
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     prefix = torch.as_tensor(np.asarray(prefix_tokens), dtype=torch.long).reshape(-1)
     suffix = torch.as_tensor(np.asarray(suffix_tokens), dtype=torch.long).reshape(-1)

@@ -8,28 +8,10 @@ so splitting a page into its extents is a slice of the layer axis.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.geometry import StoreGeometry
-from kvstore.wire import geometry_from_pb
-
-
-@dataclass(frozen=True)
-class PagesPresent:
-    exists: np.ndarray  # bool, one per key
-    num_leading: int  # keys stored before the first one that is not
-
-
-@dataclass(frozen=True)
-class PagesPut:
-    num_pages: int
-    pages_written: int
-    pages_already_stored: int
-    bytes_written: int
-    batch_id: str  # the entry ListPrefixes shows for the pages written; "" if none
+from kvstore.wire import geometry_from_pb, pb
 
 
 def as_keys(keys) -> list[bytes]:

@@ -5,7 +5,7 @@
             stream.send(p, chunks)                # this period's selection
             for group, kv in stream.groups(p):    # as each SubPeriod arrives
                 ...                               # compute its layers
-    stream.stats                                  # the daemon's PrefetchStats
+    stream.stats                                  # the daemon's figures (kvstore.wire.PrefetchStats)
 
 Group KV arrays are copies (``[layers_in_group, 2, kv_heads, rows, d]``),
 so they stay valid after the stream ends; the stream's pins and buffers in
@@ -28,10 +28,9 @@ import time
 import grpc
 import numpy as np
 
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore.wire import geometry_from_pb
+from kvstore.wire import PrefetchStats, geometry_from_pb, pb, prefetch_stats_from_pb
 
-from .client import KVStoreRpcError
+from .rpc import KVStoreRpcError
 
 _CLOSE = object()
 _EOF = object()
@@ -74,7 +73,7 @@ class PrefetchStream:
             )
         )
         self._closed = False
-        self.stats: pb.PrefetchStats | None = None
+        self.stats: PrefetchStats | None = None
         self.io_wait_s = 0.0
         self._pending: dict = {}  # (group, chunk) -> partial bytes
         self._extents: dict = {}  # (group, chunk) -> uint8 array (this period's)
@@ -163,7 +162,7 @@ class PrefetchStream:
                 self._inbox.put(msg)
             self._inbox.put(_EOF)
         except grpc.RpcError as exc:
-            self._inbox.put(KVStoreRpcError(exc.code(), exc.details() or ""))
+            self._inbox.put(KVStoreRpcError.of(exc))
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
             self._inbox.put(exc)
 
@@ -221,7 +220,7 @@ class PrefetchStream:
         for i, j in enumerate(chunks):
             if refs is not None:
                 ref = refs[i]
-                raw = np.frombuffer(self._client._arena, dtype=np.uint8, count=ref.length, offset=ref.offset)
+                raw = self._client.session.view(ref)
             else:
                 raw = self._extents.pop((group, j))
             parts.append(raw.view(dtype).reshape(geo.extent_shape(group, int(self._chunk_tokens[j]))))
@@ -237,7 +236,7 @@ class PrefetchStream:
         return self._chunk_tokens[self._sets[period]]
 
     # ------------------------------------------------------------ end
-    def close(self) -> pb.PrefetchStats:
+    def close(self) -> PrefetchStats:
         """Half-close; the daemon releases the stream's pins and buffers and sends its stats."""
         if not self._closed:
             self._closed = True
@@ -245,7 +244,7 @@ class PrefetchStream:
             while True:
                 msg = self._message()
                 if msg.HasField("stats"):
-                    self.stats = msg.stats
+                    self.stats = prefetch_stats_from_pb(msg.stats)
                     break
             while self._next() is not _EOF:  # the end of the call
                 pass

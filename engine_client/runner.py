@@ -15,6 +15,13 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
+
+Why one file of ~420 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+the request's vocabulary and ``ModelRunner`` its one loop, whose steps
+(``check_request``, ``_select``, ``_run_period``, ``_report``) share the
+runner's resident state (key summaries, quantized probe keys); the dense
+prefill (``prefill``), decoding (``generation``) and the selectors
+(``selection``) already live apart.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from kvstore.errors import InvalidArgument, NotFound
 from kvstore.geometry import ModelSpec, StoreGeometry
-from kvstore.wire import geometry_from_pb
+from kvstore.wire import InvalidArgument, NotFound
 
 from .client import KVStoreClient, KVStoreRpcError, as_numpy_kv, to_torch
+from .generation import GenerationResult, LayerKV, check_max_new_tokens, decode_greedy, eos_ids
 from .model.decoder import Decoder
+from .prefill import chunked_prefill
 from .selection import PeriodInputs, get_selector, plan_periods, select_chunks
 from .selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
 
@@ -189,7 +197,7 @@ class ModelRunner:
             sink_chunks=cfg.sink_chunks,
             local_chunks=cfg.local_chunks,
         )
-        stored = geometry_from_pb(desc.geometry)
+        stored = desc.geometry
         if stored != self.geometry or desc.model_fingerprint != self.model.fingerprint:
             raise InvalidArgument(
                 "prefix_id",
@@ -392,8 +400,6 @@ class ModelRunner:
         ``GenerationResult``: tokens, text (with a tokenizer), the first
         token's TTFT, per-step seconds and the ``ReprefillResult``.
         """
-        from .generation import GenerationResult, LayerKV, check_max_new_tokens, decode_greedy, eos_ids
-
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         res = self.reprefill(prefix_id, suffix_tokens, cfg, choose=choose, keep_kv=True)
         s = _token_tensor(suffix_tokens, field_name="suffix_tokens").numel()
@@ -413,57 +419,6 @@ class ModelRunner:
         t0 = time.perf_counter()
         logits, _ = chunked_prefill(self.model, toks, progress=progress)
         return logits, time.perf_counter() - t0
-
-
-def chunked_prefill(model: Decoder, tokens: torch.Tensor, block_tokens: int = 1024, *, progress=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Prefill in blocks of ``block_tokens``, each attending to the KV before it.
-
-    The same result as a dense prefill, with attention memory bounded by
-    ``heads x block x n`` instead of ``heads x n x n`` (16k tokens would need
-    gigabytes).  Returns ``(last logits [vocab], kv [L, 2, Hkv, n, d])``.
-    ``progress``: see ``prefill_with_attention``.
-    """
-    logits, kv, _ = prefill_with_attention(model, tokens, (), block_tokens, progress=progress)
-    return logits, kv
-
-
-@torch.inference_mode()
-def prefill_with_attention(
-    model: Decoder, tokens: torch.Tensor, layers, block_tokens: int = 1024, *, progress=None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``chunked_prefill`` that also accumulates H2O's attention scores at ``layers``.
-
-    Returns ``(logits [vocab], kv [L, 2, Hkv, n, d], mass [len(layers), n])``:
-    ``mass[i, t]`` is the causal softmax mass every prefix query pays to
-    token ``t`` at layer ``layers[i]``, summed over query heads (each row
-    sums to ``Hq * n``), accumulated block by block as the prefill runs.
-
-    ``progress(iterable, desc, total=, unit=)`` wraps the (block, layer)
-    steps - a long prefix takes minutes on a CPU, one step a few seconds -
-    e.g. ``kvstore.progress.progress``, a bar on a terminal; None: no bar.
-    """
-    from .selection.tokens import window_attention_mass
-
-    c = model.config
-    n = tokens.numel()
-    watch = {layer: i for i, layer in enumerate(layers)}
-    kv = torch.empty(c.num_hidden_layers, 2, c.num_key_value_heads, n, c.head_dim, dtype=model.dtype)
-    mass = torch.zeros(len(watch), n, dtype=torch.float32)  # [len(layers), n]
-    steps = [(start, layer) for start in range(0, n, block_tokens) for layer in range(c.num_hidden_layers)]
-    if progress is not None:
-        steps = progress(steps, f"prefill {n} tokens", total=len(steps), unit="layer")
-    hidden = positions = None
-    for start, layer in steps:
-        end = min(start + block_tokens, n)
-        if layer == 0:  # a new block
-            positions = torch.arange(start, end)
-            hidden = model.embed(tokens[start:end])
-        q = model.layer_queries(layer, hidden, positions) if layer in watch else None  # [Hq, block, d]
-        prefix = kv[layer, :, :, :start] if start else None
-        hidden, kv[layer, :, :, start:end] = model.layer_forward(layer, hidden, positions, prefix)
-        if q is not None:
-            mass[watch[layer], :end] += window_attention_mass(q, kv[layer, 0, :, :end], start).cpu()
-    return model.final_logits(hidden), kv, mass
 
 
 def _token_tensor(tokens, field_name: str = "tokens") -> torch.Tensor:

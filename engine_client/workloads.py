@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 
 @dataclass(frozen=True)

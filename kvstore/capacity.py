@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import defaultdict
 from collections.abc import Callable
 
 from . import index as ix
@@ -154,12 +153,3 @@ class DiskCapacity:
                     reclaimed += freed
                     self._add(compactions=1, compaction_reclaimed_bytes=freed)
         return {"segments_compacted": compacted, "bytes_reclaimed": reclaimed, "disk_used_bytes": self.used_bytes}
-
-
-def refs_by_segment(manifests: list[dict]) -> dict[int, list[tuple[str, dict]]]:
-    """segment id -> (prefix id, piece) of every manifest piece stored in it."""
-    out: dict[int, list[tuple[str, dict]]] = defaultdict(list)
-    for m in manifests:
-        for p in m["segments"]:
-            out[p["segment_id"]].append((m["prefix_id"], p))
-    return out

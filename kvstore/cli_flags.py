@@ -1,6 +1,6 @@
 """Flags every command line shares: one name per thing, old spellings as hidden aliases.
 
-The names (``kvstore serve``, ``kvstore demo``, ``kvstore-admin``, ``kvstore-bench``):
+The names (``kvstore serve``, ``kvstore-demo``, ``kvstore-admin``, ``kvstore-bench``):
 
     --socket-path PATH       the daemon's unix socket   (old: --socket, --target unix:PATH)
     --auth-token-file FILE   bearer token for TCP        (old: --token-file)
@@ -73,3 +73,32 @@ def find_socket(environ=os.environ) -> tuple[str | None, str]:
         if os.path.exists(path):
             return path, ""
     return None, "looked at " + ", ".join(f"{path} ({why})" for path, why in candidates)
+
+
+def fractions_arg(text: str) -> list[float]:
+    """``--budgets 0.05,0.25``: comma-separated fractions in (0, 1]."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated fractions, got {text!r}") from None
+    if not values or any(not 0 < v <= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"fractions must be in (0, 1], got {text!r}")
+    return values
+
+
+def one_fraction_arg(text: str) -> float:
+    """``--budget F``, the older one-value spelling of ``--budgets``."""
+    values = fractions_arg(text)
+    if len(values) != 1:
+        raise argparse.ArgumentTypeError(f"--budget takes one fraction (--budgets takes a list), got {text!r}")
+    return values[0]
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -15,6 +15,7 @@ while their pieces move.
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 
 import numpy as np
 import xxhash
@@ -32,10 +33,17 @@ from .writer import SegmentImage
 log = logging.getLogger(__name__)
 
 
+def refs_by_segment(manifests: list[dict]) -> dict[int, list[tuple[str, dict]]]:
+    """segment id -> (prefix id, piece) of every manifest piece stored in it."""
+    out: dict[int, list[tuple[str, dict]]] = defaultdict(list)
+    for m in manifests:
+        for p in m["segments"]:
+            out[p["segment_id"]].append((m["prefix_id"], p))
+    return out
+
+
 def segment_uses(store) -> tuple[list[SegmentUse], dict[int, list[tuple[str, dict]]]]:
     """Every healthy segment's referenced chunk spans, and its (prefix, piece) refs."""
-    from .capacity import refs_by_segment
-
     with store.index.read() as txn:
         manifests = [ix.loads(v) for _, v in txn.cursor(db=store.index.manifests)]
         records = {int.from_bytes(k, "big"): ix.loads(v) for k, v in txn.cursor(db=store.index.segments)}

@@ -36,8 +36,9 @@ import numpy as np
 from .errors import Conflict, InvalidArgument, NotFound
 from .geometry import StoreGeometry
 from .hashing import page_hashes
-from .reader import ReadResult, validate_groups
+from .reader import validate_groups
 from .records import PAGES, PrefixView
+from .wire.results import PagesPresent, PagesPutResult, ReadResult
 
 MAX_KEY_BYTES = 64
 READ_BATCH_BYTES = 32 << 20  # GetPages reads this many bytes of pages at a time (at least one page)
@@ -84,21 +85,6 @@ def batch_id(hashes: list[bytes]) -> str:
 class PageLocation:
     view: PrefixView  # the batch (or, never in practice, prefix) holding the page
     chunk: int
-
-
-@dataclass(frozen=True)
-class PagesPresent:
-    exists: list[bool]
-    num_leading: int  # leading keys that are stored: what an engine may load instead of computing
-
-
-@dataclass(frozen=True)
-class PagesPutResult:
-    num_pages: int
-    pages_written: int
-    pages_already_stored: int
-    bytes_written: int
-    batch_id: str  # "" when every page was stored already
 
 
 @dataclass
@@ -154,7 +140,7 @@ class PageStore:
     def exists(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> PagesPresent:
         _, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
         present = [loc is not None for loc in self.locate(hashes)]
-        return PagesPresent(present, present.index(False) if False in present else len(present))
+        return PagesPresent(np.array(present, dtype=bool), present.index(False) if False in present else len(present))
 
     # ------------------------------------------------------------ put
     def begin_put(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "", skip_pages=()) -> PendingPages:

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import xxhash
 
 from .errors import InvalidArgument
-from .geometry import StoreGeometry
 from .io import IOBackend, aligned_buffer
 from .io.inflight import InFlight
 from .io.plan import coalesce
 from .records import PrefixView, SegmentInfo
 from .segment_files import SegmentFiles
+from .wire.results import ReadResult as ReadResult  # what ChunkStore.read returns, the client's read type too
 
 
 @dataclass
@@ -33,50 +33,6 @@ class ExtentRef:
 class ChecksumMismatch:
     segment_id: int
     region: str
-
-
-@dataclass
-class ReadResult:
-    """Extents of ``chunks`` (ascending) x ``groups`` of one prefix.
-
-    ``bytes_read`` counts what came off the disk (padding included);
-    ``bytes_useful`` the extents' own bytes; their ratio is the read
-    amplification.
-    """
-
-    prefix_id: str
-    geometry: StoreGeometry
-    chunks: np.ndarray
-    groups: list[int]
-    chunk_tokens: np.ndarray  # tokens of each selected chunk
-    bytes_read: int = 0
-    bytes_useful: int = 0
-    num_reads: int = 0
-    buffer: memoryview | None = field(default=None, repr=False)  # holds every extent
-    _views: dict = field(default_factory=dict, repr=False)
-
-    def extent_bytes(self, group: int, chunk: int) -> np.ndarray:
-        """The extent's raw bytes (uint8 view into ``buffer``)."""
-        return self._views[(group, chunk)]
-
-    @property
-    def read_amplification(self) -> float:
-        return self.bytes_read / self.bytes_useful if self.bytes_useful else 1.0
-
-    def extent(self, group: int, chunk: int) -> np.ndarray:
-        """``[layers_in_group, 2, kv_heads, tokens, head_dim]`` (numpy KV dtype)."""
-        raw = self._views[(group, chunk)]
-        tokens = int(self.chunk_tokens[np.searchsorted(self.chunks, chunk)])
-        geo = self.geometry
-        return raw.view(geo.model.numpy_dtype()).reshape(geo.extent_shape(group, tokens))
-
-    def group_kv(self, group: int) -> np.ndarray:
-        """The group's selected tokens: ``[layers_in_group, 2, kv_heads, tokens, head_dim]``."""
-        return np.concatenate([self.extent(group, int(j)) for j in self.chunks], axis=3)
-
-    def to_kv(self) -> np.ndarray:
-        """All requested groups' layers: ``[layers, 2, kv_heads, tokens, head_dim]``."""
-        return np.concatenate([self.group_kv(g) for g in self.groups], axis=0)
 
 
 def validate_chunks(chunks, num_chunks: int) -> np.ndarray:

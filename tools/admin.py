@@ -14,7 +14,8 @@ refused with one line).  ``rebuild-index`` (``--data-dir`` only, daemon
 stopped) moves a damaged index aside and rebuilds it from the segments'
 trailers and the manifest files.  Human tables by default, ``--json`` for
 scripts.  Exit status: 0 ok, 1 on an error or when
-``verify`` finds a bad or quarantined segment.
+``verify`` finds a bad or quarantined segment.  Where the operations run,
+a data directory opened here or a daemon, is ``tools.admin_targets``.
 """
 
 from __future__ import annotations
@@ -28,153 +29,14 @@ import time
 from dataclasses import asdict
 
 from kvstore import cli_flags
-from kvstore.cli import format_table, human_bytes
 from kvstore.config import StoreConfig, parse_bytes
-from kvstore.errors import InvalidArgument, KVStoreError, NotFound
+from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.rebuild import rebuild_index
-from kvstore.store import ChunkStore
+from tools.admin_targets import connect
+from tools.fmt import format_table, human_bytes
 
 SHORT_ID_CHARS = 16
-# Figures of this process's own reads and writes: meaningless for a store opened offline.
-PROCESS_COUNTERS = ("bytes_read", "bytes_written", "reads", "puts", "deletes", "read_queue_depth")
-
-
-def open_store(data_dir: str) -> ChunkStore:
-    """Open an existing store; never creates one."""
-    if not any(os.path.exists(os.path.join(data_dir, n)) for n in ("index", "segments", "STORE_ID")):
-        raise NotFound(f"no kvstore data directory at {os.path.abspath(data_dir)}")
-    return ChunkStore(StoreConfig(data_dir=data_dir))
-
-
-class LocalAdmin:
-    """The admin operations on a data directory opened in this process."""
-
-    def __init__(self, store: ChunkStore):
-        self.store = store
-
-    def list_prefixes(self) -> list[dict]:
-        return self.store.list_prefixes()
-
-    def inspect(self, prefix: str) -> dict:
-        return self.store.inspect(self.store.resolve(prefix))
-
-    def stats(self) -> dict:
-        return {k: v for k, v in self.store.stats().items() if k not in PROCESS_COUNTERS}
-
-    def delete(self, prefix: str) -> str:
-        prefix_id = self.store.resolve(prefix)
-        self.store.delete(prefix_id)
-        return prefix_id
-
-    def verify(self, prefix: str | None) -> tuple[str | None, list[dict]]:
-        prefix_id = self.store.resolve(prefix) if prefix else None
-        return prefix_id, self.store.verify(prefix_id, progress=progress)
-
-    def evict(self, to_bytes: int) -> dict:
-        return self.store.capacity.evict_to(to_bytes)
-
-    def compact(self) -> dict:
-        return self.store.capacity.compact(progress=progress)
-
-    def close(self) -> None:
-        self.store.close()
-
-
-ADMIN_RPCS = ("inspect", "verify", "evict", "compact")
-
-
-class AdminDisabled(KVStoreError):
-    """The daemon serves no KVStoreAdmin service (enable_admin is off)."""
-
-
-class RemoteAdmin:
-    """The same operations through a running daemon."""
-
-    def __init__(self, client, where: str):
-        self.client = client
-        self.where = where
-
-    def admin_call(self, name: str, *args):
-        """``client.<name>(*args)``; UNIMPLEMENTED (no admin service) becomes one sentence."""
-        from engine_client.client import KVStoreRpcError
-
-        try:
-            return getattr(self.client, name)(*args)
-        except KVStoreRpcError as exc:
-            if getattr(exc.code, "name", exc.code) != "UNIMPLEMENTED":
-                raise
-            raise AdminDisabled(
-                f"the daemon at {self.where} does not serve admin calls ({', '.join(ADMIN_RPCS)}): "
-                "start it with --enable-admin true (enable_admin = true in [server])"
-            ) from None
-
-    def list_prefixes(self) -> list[dict]:
-        return [_message_dict(p, quarantined=p.quarantined or None) for p in self.client.list_prefixes()]
-
-    def inspect(self, prefix: str) -> dict:
-        return self.admin_call("inspect", prefix)
-
-    def stats(self) -> dict:
-        st = self.client.stats()
-        out = _message_dict(st, read_only=st.read_only or None)
-        out["latency"] = [_message_dict(row) for row in st.latency]
-        return out
-
-    def delete(self, prefix: str) -> str:
-        return self.client.delete(prefix)
-
-    def verify(self, prefix: str | None) -> tuple[str | None, list[dict]]:
-        prefix_id = self.admin_call("inspect", prefix)["prefix_id"] if prefix else None
-        reports = self.admin_call("verify", prefix_id or "")
-        quarantined = {}
-        for p in self.client.list_prefixes():
-            if p.quarantined:
-                quarantined.update({s["segment_id"]: p.quarantined for s in self.client.inspect(p.prefix_id)["segments"]})
-        return prefix_id, [
-            {**_message_dict(r, error=r.error or None), "bad_regions": list(r.bad_regions), "quarantined": quarantined.get(r.segment_id)}
-            for r in reports
-        ]
-
-    def evict(self, to_bytes: int) -> dict:
-        res = self.admin_call("evict", to_bytes)
-        return {**_message_dict(res), "evicted": list(res.evicted)}
-
-    def compact(self) -> dict:
-        return _message_dict(self.admin_call("compact"))
-
-    def close(self) -> None:
-        self.client.close()
-
-
-def _message_dict(msg, **overrides) -> dict:
-    values = {f.name: getattr(msg, f.name) for f in msg.DESCRIPTOR.fields if f.message_type is None}
-    out = {k: v for k, v in values.items() if isinstance(v, (int, float, str, bool))}  # scalars, not repeated
-    out.update(overrides)
-    return out
-
-
-def connect(args):
-    """A RemoteAdmin when a daemon is named or found, else a LocalAdmin on the data directory."""
-    socket_path, looked = args.socket_path, ""
-    if socket_path and not os.path.exists(socket_path):
-        raise NotFound(f"no daemon socket at {socket_path} (--socket-path)")
-    if not (socket_path or args.address or args.data_dir_given):
-        socket_path, looked = cli_flags.find_socket()
-    if args.address or socket_path:
-        from engine_client.client import KVStoreClient
-
-        token = open(args.auth_token_file).read().strip() if args.auth_token_file else None
-        ca = open(args.tls_ca_file, "rb").read() if args.tls_ca_file else None
-        target = args.address or f"unix:{os.path.abspath(socket_path)}"
-        client = KVStoreClient(target, shm=False, token=token, root_certificates=ca, deadline_s=args.timeout)
-        return RemoteAdmin(client, target)
-    try:
-        return LocalAdmin(open_store(args.data_dir))
-    except NotFound as exc:
-        if not looked:
-            raise
-        raise NotFound(f"no daemon found ({looked}) and {exc}; give --socket-path, --address or --data-dir") from None
 
 
 def _when(ts: float) -> str:

@@ -25,6 +25,7 @@ import hashlib
 import itertools
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -150,6 +151,23 @@ def make_checkpoint(
         index = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
     return out
+
+
+def checkpoint_path(args) -> str:
+    """``args.checkpoint``; a pretrained model (``engine_client.model.zoo``) exported once into the model cache;
+    or a seeded checkpoint made once under ``args.directory`` (the benchmarks' default)."""
+    if args.checkpoint:
+        return args.checkpoint
+    from engine_client.model import zoo
+
+    if args.model in zoo.MODELS:
+        return str(zoo.cached_checkpoint(args.model, args.dtype))
+    path = os.path.join(args.directory, "models", f"{args.model}-seed{args.seed}-{args.dtype}")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        t0 = time.perf_counter()
+        make_checkpoint(path, args.model, args.seed, args.dtype, 1)
+        print(f"made checkpoint {path} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
+    return path
 
 
 def _split_by_size(items: list[tuple[str, tuple[int, ...]]], parts: int) -> list[list[tuple[str, tuple[int, ...]]]]:

@@ -121,7 +121,7 @@ def main(argv=None) -> int:
     except ValueError as exc:
         p.error(str(exc))
     from engine_client.model import zoo
-    from engine_client.runner import chunked_prefill
+    from engine_client.prefill import chunked_prefill
     from engine_client.tasks import text
     from kvstore.progress import progress
 

@@ -28,6 +28,12 @@ curriculum from 256 to 2048 tokens at a constant number of tokens per step;
 AdamW with linear warmup and cosine decay.  Everything (initialization, data,
 order) follows from ``--seed``: the same seed and step count give the same
 checkpoint.
+
+Why one file of ~440 lines: it is the whole recipe of one checkpoint (the
+seeded initialization, the autograd forward, the data mix and curriculum,
+the schedule and the loop), which ``checkpoints/recall-small/CARD.md`` cites
+as one command; the forward is checked against ``Decoder`` by its test, and
+the tasks and the model's loader already live in ``engine_client``.
 """
 
 from __future__ import annotations

@@ -11,15 +11,16 @@ a budget into chunk ids, sink and local chunks always included.
 
 from __future__ import annotations
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
+from ._common import summaries_for_layer
 from .base import PeriodInputs, Selector
 from .baselines import FullSelector, RecencySelector
 from .budget import budget_count, select_chunks
 from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
 from .heads import HEAD_AGGREGATIONS, aggregate_heads, check_aggregation, exact_head_chunk_scores, summary_head_chunk_scores
 from .schedule import PeriodPlan, plan_periods
-from .summary import SummarySelector, chunk_upper_bounds, summaries_for_layer, summary_chunk_scores
+from .summary import SummarySelector, chunk_upper_bounds, summary_chunk_scores
 from .tokens import (
     h2o_chunks,
     impress_blocks,

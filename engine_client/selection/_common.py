@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 # Largest float32 score block materialised at once (64 MiB); callers may
 # lower it (tests do, to exercise the blocking).
@@ -50,3 +51,18 @@ def row_blocks(num_rows: int, elems_per_row: int, max_elems: int) -> Iterator[sl
     step = max(1, max_elems // max(1, elems_per_row))
     for start in range(0, num_rows, step):
         yield slice(start, min(start + step, num_rows))
+
+
+def summaries_for_layer(summaries: torch.Tensor | np.ndarray, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the store's summaries of one layer into ``(key_min, key_max)``, each ``[m, Hkv, d]`` float32.
+
+    ``summaries``: ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32,
+    as ``ChunkStore.read_summaries`` returns it (numpy or torch).
+    """
+    summ = torch.as_tensor(summaries)
+    if summ.dim() != 5 or summ.shape[3] != 2:
+        raise InvalidArgument("summaries", f"expected [chunks, layers, kv_heads, 2, head_dim], got {tuple(summ.shape)}")
+    if not 0 <= layer < summ.shape[1]:
+        raise InvalidArgument("layer", f"{layer} out of range for {summ.shape[1]} layers")
+    per_layer = summ[:, layer].float()  # [m, Hkv, 2, d]
+    return per_layer[:, :, 0], per_layer[:, :, 1]

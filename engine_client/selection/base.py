@@ -9,9 +9,9 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
-from ._common import num_chunks
+from ._common import num_chunks, summaries_for_layer
 from .budget import select_chunks
 
 
@@ -33,8 +33,6 @@ class PeriodInputs:
     @classmethod
     def from_store_summaries(cls, queries: torch.Tensor, summaries: torch.Tensor | np.ndarray, layer: int, **kwargs) -> PeriodInputs:
         """Inputs from the store's ``[chunks, layers, kv_heads, 2, head_dim]`` summaries at ``layer``."""
-        from .summary import summaries_for_layer
-
         key_min, key_max = summaries_for_layer(summaries, layer)
         return cls(queries, key_min=key_min, key_max=key_max, **kwargs)
 

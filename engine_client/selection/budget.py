@@ -15,7 +15,7 @@ import numbers
 
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 from ._common import check_queries, num_chunks
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 PROBE_BITS = (0, 4, 8)  # 0: full-precision probe keys fetched at every Period
 

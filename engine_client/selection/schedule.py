@@ -2,7 +2,8 @@
 
 A Re-Prefill budget ``B`` is a fraction of the prefix's KV: of ``m`` chunks
 and ``L`` layers, at most ``floor(B * m * L)`` chunk-layers are loaded, all
-layers counted (an ``int`` budget is a chunk count per layer: ``B * L``).
+layers counted (the project's one rounding rule, ``engine_client.rounding``;
+an ``int`` budget is a chunk count per layer: ``B * L``).
 ``full_layers = F`` loads the first ``F`` layers whole (``F * m``
 chunk-layers, charged to the same total); every other layer loads
 
@@ -19,11 +20,11 @@ full layers the plan is refused, since the full layers are what overspend.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
+from ..rounding import fraction_count
 from .budget import _check_count, budget_count
 
 
@@ -69,7 +70,7 @@ def plan_periods(
     m = _check_count("num_chunks", num_chunks, 1)
     budget_count(m, budget, sink_chunks, local_chunks)  # validates the budget, sink and local
     if isinstance(budget, float):
-        allowed = math.floor(round(budget * m * num_layers, 9))
+        allowed = fraction_count(m * num_layers, budget)
     else:
         allowed = int(budget) * num_layers
     sparse = num_layers - full_layers

@@ -20,29 +20,13 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, check_queries, group_queries, row_blocks
 from .base import PeriodInputs, Selector
 from .heads import aggregate_heads, check_aggregation, summary_head_chunk_scores
-
-
-def summaries_for_layer(summaries: torch.Tensor | np.ndarray, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Split the store's summaries of one layer into ``(key_min, key_max)``, each ``[m, Hkv, d]`` float32.
-
-    ``summaries``: ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32,
-    as ``ChunkStore.read_summaries`` returns it (numpy or torch).
-    """
-    summ = torch.as_tensor(summaries)
-    if summ.dim() != 5 or summ.shape[3] != 2:
-        raise InvalidArgument("summaries", f"expected [chunks, layers, kv_heads, 2, head_dim], got {tuple(summ.shape)}")
-    if not 0 <= layer < summ.shape[1]:
-        raise InvalidArgument("layer", f"{layer} out of range for {summ.shape[1]} layers")
-    per_layer = summ[:, layer].float()  # [m, Hkv, 2, d]
-    return per_layer[:, :, 0], per_layer[:, :, 1]
 
 
 def _check_inputs(queries: torch.Tensor, key_min: torch.Tensor, key_max: torch.Tensor) -> None:

@@ -29,7 +29,7 @@ fetched once per prefix and kept resident by the client
 
 from __future__ import annotations
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 SYSTEMS: dict[str, dict] = {
     "summary": {"selector": "summary", "period_layers": 8},

@@ -4,7 +4,7 @@
   accumulated over the prefix's own prefill - every later prefix query's
   causal softmax mass on it, summed over query heads - at each Period's
   first layer (``window_attention_mass`` applied block by block during the
-  prefill, ``engine_client.runner.prefill_with_attention``).  It is
+  prefill, ``engine_client.prefill.prefill_with_attention``).  It is
   query-agnostic, known when the prefix is stored.
 * **IMPRESS**: a query's important tokens found from *partial* probe keys -
   a subset of KV heads and channels of each Period's first layer, kept
@@ -34,7 +34,7 @@ import numbers
 
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.wire import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, num_chunks, row_blocks
 from .budget import _check_count

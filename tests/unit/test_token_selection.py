@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_client.model import load_checkpoint
-from engine_client.runner import chunked_prefill, prefill_with_attention
+from engine_client.prefill import chunked_prefill, prefill_with_attention
 from engine_client.selection.tokens import (
     h2o_chunks,
     impress_blocks,

@@ -23,7 +23,6 @@ answer-token logits; the accuracy is printed with its Wilson 95% interval.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import shutil
 import sys
@@ -36,9 +35,9 @@ import torch
 
 from kvstore.progress import progress
 
+from .eval_common import CHUNK_TOKENS, SELECTORS, budget_fraction, keep_rows_without, wilson_interval
+
 DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "recall-small")
-SELECTORS = ("summary", "exact", "recent")
-CHUNK_TOKENS = 16
 PERIOD_LAYERS = 4
 
 
@@ -61,28 +60,6 @@ def parse_path(text: str) -> EvalPath:
     if not sep or selector not in SELECTORS:
         raise ValueError(f"path must be full, drop-answer or SELECTOR@BUDGET with SELECTOR in {', '.join(SELECTORS)}; got {text!r}")
     return EvalPath("reprefill", selector, budget_fraction(budget, text))
-
-
-def budget_fraction(budget: str, path: str) -> float:
-    """The BUDGET of a SELECTOR@BUDGET path: a fraction in (0, 1]."""
-    try:
-        value = float(budget)
-    except ValueError:
-        raise ValueError(f"budget of {path!r} is not a number") from None
-    if not 0 < value <= 1:
-        raise ValueError(f"budget of {path!r} must be a fraction in (0, 1]")
-    return value
-
-
-def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, float]:
-    """Wilson score interval of a binomial proportion (95% for z = 1.96)."""
-    if total == 0:
-        return 0.0, 1.0
-    p = correct / total
-    denom = 1 + z * z / total
-    centre = (p + z * z / (2 * total)) / denom
-    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def chance_level(task: str) -> float:
@@ -128,16 +105,8 @@ def answer_logits(
     return model.final_logits(hidden)
 
 
-def keep_rows_without(num_prefix: int, drop_chunks: np.ndarray, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
-    """Prefix row ids outside the chunks ``drop_chunks``."""
-    keep = np.ones(num_prefix, dtype=bool)
-    for c in drop_chunks:
-        keep[c * chunk_tokens : (c + 1) * chunk_tokens] = False
-    return torch.from_numpy(np.flatnonzero(keep))
-
-
 def predict_in_process(model, examples, path: EvalPath):
-    from engine_client.runner import chunked_prefill
+    from engine_client.prefill import chunked_prefill
 
     for ex in progress(examples, f"accuracy {path.kind}", unit="ex"):
         _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix))
@@ -148,25 +117,16 @@ def predict_in_process(model, examples, path: EvalPath):
 # ---------------------------------------------------------------------------- Re-Prefill through a daemon
 
 
-class _DaemonArgs:
-    """What tools.bench.daemon_io._Daemon reads from its args."""
-
-    backend = "auto"
-    iodepth = 16
-    numjobs = 1
-    bs = 1 << 20
-
-
 def predict_reprefill(model, examples, path: EvalPath, directory: str):
     """Store each prefix in a fresh daemon and answer its suffix by ``ModelRunner.reprefill``."""
     from engine_client.client import KVStoreClient
     from engine_client.runner import ModelRunner, ReprefillConfig
 
-    from .daemon_io import _Daemon
+    from .daemon_io import DaemonArgs, _Daemon
 
     os.makedirs(directory, exist_ok=True)
     data_dir = tempfile.mkdtemp(prefix="accuracy-store-", dir=directory)
-    daemon = _Daemon(data_dir, _DaemonArgs())
+    daemon = _Daemon(data_dir, DaemonArgs())
     try:
         with KVStoreClient(f"unix:{daemon.socket}") as client:
             runner = ModelRunner(model, client, chunk_tokens=CHUNK_TOKENS)

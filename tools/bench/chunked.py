@@ -25,11 +25,14 @@ import time
 
 import numpy as np
 
-from kvstore.cli import budget_chunks, clustered_chunks, format_table, human_bytes, synthetic_kv
+from engine_client.rounding import fraction_count
 from kvstore.config import StoreConfig
 from kvstore.errors import InvalidArgument
 from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry, align_up
 from kvstore.store import ChunkStore
+
+from ..fmt import format_table, human_bytes
+from ..synthetic import clustered_chunks, synthetic_kv
 
 MB = 1e6
 MiB = float(1 << 20)
@@ -88,7 +91,7 @@ def _budgets(value) -> list[float]:
 
 def select_chunks(rng: np.random.Generator, num_chunks: int, budget: float, selection: str) -> np.ndarray:
     """Seeded chunk subset: ``random`` (uniform) or ``runs`` (clustered)."""
-    k = budget_chunks(num_chunks, budget)
+    k = fraction_count(num_chunks, budget)
     if selection == "random":
         return np.sort(rng.choice(num_chunks, size=k, replace=False))
     return clustered_chunks(rng, num_chunks, k)
@@ -171,7 +174,7 @@ def run_case(store, prefix_id, layout: SegmentLayout, *, selection, budget, coal
         "selection": selection,
         "budget": budget,
         "coalesce": coalesce,
-        "chunks_per_read": budget_chunks(layout.num_chunks, budget),
+        "chunks_per_read": fraction_count(layout.num_chunks, budget),
         "reads": len(lat_s),
         "seconds": busy_s,
         "useful_mb_per_s": useful / busy_s / MB,

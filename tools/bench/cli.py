@@ -33,7 +33,7 @@ import random
 import sys
 
 from kvstore import cli_flags
-from kvstore.cli import fractions_arg, one_fraction_arg
+from kvstore.cli_flags import fractions_arg, one_fraction_arg
 from kvstore.errors import KVStoreError
 from kvstore.progress import add_progress_flag, set_enabled
 

@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,7 +33,8 @@ from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.store import ChunkStore
 
 from .fio import find_fio, fio_command, fio_version, parse_fio_json
-from .io_jobs import BenchError, JobSpec, latency_summary_us, machine_info
+from .io_jobs import BenchError, JobSpec, latency_summary_us
+from .machine import machine_info
 
 LAYERS = 32  # four period groups of 8
 SEED = 1234
@@ -120,6 +122,16 @@ def _loop_args(args, num_chunks: int, geo: StoreGeometry) -> dict:
         num_groups=geo.num_groups,
         per_request=min(args.iodepth, num_chunks),
     )
+
+
+@dataclass(frozen=True)
+class DaemonArgs:
+    """What ``_Daemon`` reads from its args, for a benchmark that starts a daemon of its own."""
+
+    backend: str = "auto"
+    iodepth: int = 16
+    numjobs: int = 1
+    bs: int = 1 << 20
 
 
 class _Daemon:

@@ -18,6 +18,12 @@ all requests.
 The file is laid out once with real random data (never sparse: reading holes
 or unwritten extents never touches the disk) and reused while it holds
 ``size_bytes``.
+
+Why one file of ~520 lines: it is one fio job end to end (the file's layout,
+the offsets, the submission loops, the job processes and their aggregation,
+the report in fio's shape), each part read against fio's option of the same
+name; fio itself (``fio``) and the machine description (``machine``) are
+apart.
 """
 
 from __future__ import annotations
@@ -27,7 +33,6 @@ import functools
 import gc
 import multiprocessing
 import os
-import platform
 import queue
 import re
 import threading
@@ -41,6 +46,8 @@ import numpy as np
 
 from kvstore.geometry import ALIGN_BYTES
 from kvstore.io import aligned_buffer, make_backend
+
+from .machine import machine_info
 
 RW_MODES = ("read", "randread", "write")
 LAYOUT_CHUNK_BYTES = 8 << 20  # one layout write
@@ -468,59 +475,6 @@ def run_io(spec: JobSpec) -> dict:
     params = asdict(spec)
     params.update(layout=layout, direct_effective=results[0].direct, page_cache=not results[0].direct)
     return {"ours": summarize(results), "params": params, "machine": machine_info(spec.filename)}
-
-
-# ------------------------------------------------------------------ machine
-
-
-def machine_info(path: str) -> dict:
-    """Where the job ran: CPU, kernel, and the file's file system and block device."""
-    return {
-        "cpu_model": _cpu_model(),
-        "num_cpus": os.cpu_count(),
-        "kernel": platform.release(),
-        "python": platform.python_version(),
-        "filesystem": _filesystem_type(path),
-        "block_device": _block_device(path),
-    }
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _filesystem_type(path: str) -> str | None:
-    """Type of the longest mount point that contains ``path`` (from /proc/mounts)."""
-    target, best, fstype = os.path.realpath(path), "", None
-    try:
-        with open("/proc/mounts") as f:
-            for line in f:
-                fields = line.split()
-                mount = fields[1]
-                if (target == mount or target.startswith(mount.rstrip("/") + "/")) and len(mount) > len(best):
-                    best, fstype = mount, fields[2]
-    except OSError:
-        return None
-    return fstype
-
-
-def _block_device(path: str) -> str | None:
-    """Kernel name of the block device holding ``path`` (``vda``, ``nvme0n1``), if any."""
-    dev = os.stat(path).st_dev
-    sys_path = f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}"
-    if not os.path.exists(sys_path):
-        return None
-    real = os.path.realpath(sys_path)
-    if os.path.exists(os.path.join(real, "partition")):
-        real = os.path.dirname(real)
-    return os.path.basename(real)
 
 
 # ------------------------------------------------------------------ report

@@ -76,7 +76,7 @@ def needle_recall(chunks: torch.Tensor, needle: np.ndarray) -> float:
 @torch.inference_mode()
 def example_recall(model, prefix: np.ndarray, suffix: np.ndarray, needle: np.ndarray, budgets) -> dict:
     """Per scorer and budget: ``[layers]`` recall of the layer's own selection, plus the attention reference."""
-    from engine_client.runner import chunked_prefill
+    from engine_client.prefill import chunked_prefill
 
     _, kv = chunked_prefill(model, torch.from_numpy(prefix))  # [L, 2, Hkv, n, d]
     queries = layer_queries_over_full_kv(model, kv, suffix)

@@ -21,8 +21,6 @@ the figures' raw data; ``--plot`` draws TTFT from them (``plots.plot_ttft``).
 from __future__ import annotations
 
 import os
-import sys
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -30,7 +28,8 @@ import torch
 
 from kvstore.progress import progress
 
-from .io_jobs import BenchError, machine_info
+from .io_jobs import BenchError
+from .machine import machine_info
 
 SYSTEMS_DOC = "full-recompute, full-load, reprefill at each budget"
 
@@ -47,23 +46,6 @@ class Sample:
     top1: bool | None = None
     kl: float | None = None
     recall: float | None = None
-
-
-def checkpoint_path(args) -> str:
-    from tools.make_checkpoint import make_checkpoint
-
-    if args.checkpoint:
-        return args.checkpoint
-    from engine_client.model import zoo
-
-    if args.model in zoo.MODELS:  # a pretrained model, exported once into the model cache
-        return str(zoo.cached_checkpoint(args.model, args.dtype))
-    path = os.path.join(args.directory, "models", f"{args.model}-seed{args.seed}-{args.dtype}")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        t0 = time.perf_counter()
-        make_checkpoint(path, args.model, args.seed, args.dtype, 1)
-        print(f"made checkpoint {path} in {time.perf_counter() - t0:.1f}s", file=sys.stderr)
-    return path
 
 
 def summarize(samples: list[Sample]) -> dict:
@@ -92,6 +74,7 @@ def run_reprefill_bench(args) -> dict:
     from engine_client.model.loader import load_checkpoint
     from engine_client.runner import ModelRunner, ReprefillConfig
     from engine_client.selection import exact_chunk_scores
+    from tools.make_checkpoint import checkpoint_path
 
     torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
@@ -103,11 +86,15 @@ def run_reprefill_bench(args) -> dict:
     daemon = None
     target = args.target
     if not target:
-        from .daemon_io import _Daemon
+        from .daemon_io import DaemonArgs, _Daemon
 
         # no CPU tier: every system reads from disk, request after request
         # (the tiers are measured by --workload zipf)
-        daemon = _Daemon(os.path.join(args.directory, "reprefill-store"), _DaemonArgs(args), extra=["--prefetch-reserve-fraction", "1"])
+        daemon = _Daemon(
+            os.path.join(args.directory, "reprefill-store"),
+            DaemonArgs(args.backend, args.iodepth),
+            extra=["--prefetch-reserve-fraction", "1"],
+        )
         target = f"unix:{daemon.socket}"
     try:
         with KVStoreClient(target) as client:
@@ -167,16 +154,6 @@ def _add_system(report: dict, name: str, samples: list[Sample]) -> None:
     """The system's row and the per-request records it is computed from."""
     report["systems"][name] = summarize(samples)
     report["requests"][name] = [asdict(s) for s in samples]
-
-
-class _DaemonArgs:
-    """What daemon_io._Daemon reads from its args."""
-
-    def __init__(self, args):
-        self.backend = args.backend
-        self.iodepth = args.iodepth
-        self.numjobs = 1
-        self.bs = 1 << 20
 
 
 def _sample(res) -> Sample:
@@ -261,8 +238,7 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     p.add_argument("--prefix-tokens", type=int, default=16384)
     p.add_argument("--suffix-tokens", type=int, default=64)
-    from kvstore.cli import fractions_arg
-    from kvstore.cli_flags import add_alias, unix_target
+    from kvstore.cli_flags import add_alias, fractions_arg, unix_target
 
     p.add_argument("--budgets", type=fractions_arg, default=[0.05, 0.10, 0.25, 0.50, 1.0])
     p.add_argument("--repeats", type=int, default=3, help="suffixes timed per system")

@@ -34,7 +34,7 @@ from engine_client.selection.systems import SYSTEMS, system_fields
 from kvstore.progress import bar as progress_bar
 from kvstore.progress import progress
 
-from .accuracy import CHUNK_TOKENS, SELECTORS, _DaemonArgs, budget_fraction, keep_rows_without, wilson_interval
+from .eval_common import CHUNK_TOKENS, SELECTORS, budget_fraction, keep_rows_without, wilson_interval
 
 
 def parse_paths(text: str) -> list[tuple[str, str, float]]:
@@ -85,7 +85,7 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
             }
             kv = None
             if any(name in ("full", "drop-needle") for name, _, _ in paths):
-                from engine_client.runner import chunked_prefill
+                from engine_client.prefill import chunked_prefill
 
                 _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix_tokens), progress=progress)
             handle = runner.store_prefix(ex.prefix_tokens, progress=progress) if runner else None
@@ -142,12 +142,12 @@ def _runner(model, args, stack: ExitStack):
     from engine_client.client import KVStoreClient
     from engine_client.runner import ModelRunner
 
-    from .daemon_io import _Daemon
+    from .daemon_io import DaemonArgs, _Daemon
 
     os.makedirs(args.directory, exist_ok=True)
     data_dir = tempfile.mkdtemp(prefix="accuracy-store-", dir=args.directory)
     stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
-    daemon = _Daemon(data_dir, _DaemonArgs())
+    daemon = _Daemon(data_dir, DaemonArgs())
     stack.callback(daemon.stop)
     client = stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
     return ModelRunner(model, client, chunk_tokens=CHUNK_TOKENS, group_layers=args.group_layers)

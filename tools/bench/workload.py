@@ -65,7 +65,8 @@ import torch
 
 from .baselines import chooser, impress_probe, stored_layout
 from .figures import headline_ratios, summarize
-from .io_jobs import BenchError, machine_info
+from .io_jobs import BenchError
+from .machine import machine_info
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,7 @@ class _Prefix:
 def run_zipf_bench(args) -> dict:
     from engine_client.model.loader import load_checkpoint
     from engine_client.workloads import zipf_requests
-
-    from .reprefill import checkpoint_path
+    from tools.make_checkpoint import checkpoint_path
 
     torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
@@ -204,7 +204,7 @@ def _full_kv_answers(model, prefixes, examples, tokenizer) -> list[bool]:
 def _prefill_all(model, args, examples=None) -> list[_Prefix]:
     """Each prefix's KV and accumulated attention, computed in one prefill and
     cached under --directory (same seed, model and Period)."""
-    from engine_client.runner import prefill_with_attention
+    from engine_client.prefill import prefill_with_attention
     from kvstore.progress import progress
 
     out = []
@@ -302,8 +302,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     from engine_client.runner import ModelRunner, ReprefillConfig, model_geometry
     from engine_client.selection.systems import system_fields
 
-    from .daemon_io import _Daemon
-    from .reprefill import _DaemonArgs
+    from .daemon_io import DaemonArgs, _Daemon
 
     geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers)
     probes = [impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
@@ -319,7 +318,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     shutil.rmtree(data_dir, ignore_errors=True)
     daemon = _Daemon(
         data_dir,
-        _DaemonArgs(args),
+        DaemonArgs(args.backend, args.iodepth),
         extra=[
             "--shm-arena-bytes",
             str(memory),

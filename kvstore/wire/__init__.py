@@ -1,0 +1,119 @@
+"""The daemon's wire contract: everything that crosses its socket, and all a client needs of ``kvstore``.
+
+``engine_client`` imports from the daemon's package only this package and
+``kvstore.geometry`` (``tests/unit/test_import_boundary.py``):
+
+- ``pb``: the generated messages; ``kvstore.wire.rpc``: the gRPC stubs
+  (apart, so that only a gRPC caller loads grpc);
+- the error vocabulary: each class is one status code (``KVStoreError.code``,
+  mapped by ``kvstore.server.status``);
+- ``codec``: geometry, tokens, array frames and layer ranges both ways, and
+  every reply read into a value of ``results``;
+- ``results``: what the calls answer (``LookupResult``, ``PutResult``,
+  ``PrefixDescription``, ``StoreStats``, ``ReadResult``, ...);
+- ``MAX_MESSAGE_BYTES``, the message size limit of both sides.
+"""
+
+from .._proto import kvstore_pb2 as pb
+from ..errors import (
+    BackendUnavailable,
+    Conflict,
+    DataLoss,
+    FailedPrecondition,
+    IndexDamaged,
+    InvalidArgument,
+    KVStoreError,
+    NotFound,
+    PermissionDenied,
+    ReadOnly,
+    StoreFull,
+    StoreLocked,
+)
+from .codec import (
+    MAX_MESSAGE_BYTES,
+    array_frames,
+    array_from_frames,
+    compact_from_pb,
+    description_from_pb,
+    evict_from_pb,
+    geometry_from_pb,
+    geometry_to_pb,
+    groups_for_layers,
+    lookup_from_pb,
+    pages_present_from_pb,
+    pages_put_from_pb,
+    prefetch_stats_from_pb,
+    prefix_info_from_pb,
+    put_from_pb,
+    read_from_header,
+    scores_from_pb,
+    segment_report_from_pb,
+    stats_from_pb,
+    tokens_from_pb,
+)
+from .results import (
+    ChunkScores,
+    CompactResult,
+    EvictResult,
+    LatencySummary,
+    LookupResult,
+    PagesPresent,
+    PagesPutResult,
+    PrefetchStats,
+    PrefixDescription,
+    PrefixInfo,
+    PutResult,
+    ReadResult,
+    SegmentReport,
+    StoreStats,
+)
+
+__all__ = [
+    "MAX_MESSAGE_BYTES",
+    "BackendUnavailable",
+    "ChunkScores",
+    "CompactResult",
+    "Conflict",
+    "DataLoss",
+    "EvictResult",
+    "FailedPrecondition",
+    "IndexDamaged",
+    "InvalidArgument",
+    "KVStoreError",
+    "LatencySummary",
+    "LookupResult",
+    "NotFound",
+    "PagesPresent",
+    "PagesPutResult",
+    "PermissionDenied",
+    "PrefetchStats",
+    "PrefixDescription",
+    "PrefixInfo",
+    "PutResult",
+    "ReadOnly",
+    "ReadResult",
+    "SegmentReport",
+    "StoreFull",
+    "StoreLocked",
+    "StoreStats",
+    "array_frames",
+    "array_from_frames",
+    "compact_from_pb",
+    "description_from_pb",
+    "evict_from_pb",
+    "geometry_from_pb",
+    "geometry_to_pb",
+    "groups_for_layers",
+    "lookup_from_pb",
+    "pages_present_from_pb",
+    "pages_put_from_pb",
+    "pb",
+    "prefetch_stats_from_pb",
+    "prefix_info_from_pb",
+    "put_from_pb",
+    "read_from_header",
+    "scores_from_pb",
+    "segment_report_from_pb",
+    "stats_from_pb",
+    "tokens_from_pb",
+]

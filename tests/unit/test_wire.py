@@ -1,0 +1,66 @@
+"""The client's results carry every field of the replies they are read from."""
+
+from dataclasses import fields
+
+import numpy as np
+import pytest
+
+from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.wire import (
+    ChunkScores,
+    CompactResult,
+    EvictResult,
+    LatencySummary,
+    LookupResult,
+    PagesPresent,
+    PagesPutResult,
+    PrefetchStats,
+    PrefixDescription,
+    PrefixInfo,
+    PutResult,
+    SegmentReport,
+    StoreStats,
+    array_frames,
+    array_from_frames,
+    description_from_pb,
+    geometry_to_pb,
+    pb,
+    read_from_header,
+    stats_from_pb,
+)
+
+PAIRS = [
+    (LookupResult, pb.LookupResponse),
+    (PutResult, pb.PutPrefixResponse),
+    (PagesPresent, pb.PagesExistResponse),
+    (PagesPutResult, pb.PutPagesResponse),
+    (PrefixDescription, pb.DescribeResponse),
+    (PrefixInfo, pb.PrefixInfo),
+    (ChunkScores, pb.GetScoresResponse),
+    (LatencySummary, pb.LatencySummary),
+    (StoreStats, pb.StatsResponse),
+    (PrefetchStats, pb.PrefetchStats),
+    (SegmentReport, pb.SegmentReport),
+    (EvictResult, pb.EvictResponse),
+    (CompactResult, pb.CompactResponse),
+]
+GEO = StoreGeometry(ModelSpec(4, 2, 8, "bfloat16"), chunk_tokens=16, period_layers=2)
+
+
+@pytest.mark.parametrize("result, message", PAIRS, ids=[r.__name__ for r, _ in PAIRS])
+def test_a_result_has_its_messages_fields_in_their_order(result, message):
+    assert [f.name for f in fields(result)] == [f.name for f in message.DESCRIPTOR.fields]
+
+
+def test_replies_become_values_with_nothing_of_protobuf_left():
+    desc = description_from_pb(pb.DescribeResponse(prefix_id="ab", geometry=geometry_to_pb(GEO), num_tokens=40, num_chunks=3))
+    assert desc.geometry == GEO and desc.num_tokens == 40 and desc.kind == ""
+    st = stats_from_pb(pb.StatsResponse(backend="posix", latency=[pb.LatencySummary(rpc="Lookup", count=2, p50_ms=0.5)]))
+    assert st.backend == "posix" and st.latency == (LatencySummary("Lookup", 2, 0.5, 0.0, 0.0),)
+    read = read_from_header("ab", pb.ReadHeader(geometry=geometry_to_pb(GEO), chunks=[0, 2], chunk_tokens=[16, 8], groups=[1]), False)
+    assert read.chunks.tolist() == [0, 2] and read.groups == [1] and read.geometry == GEO
+
+
+def test_array_frames_round_trip():
+    arr = np.arange(3 * 5 * 7, dtype=np.float32).reshape(3, 5, 7)
+    np.testing.assert_array_equal(array_from_frames(array_frames(arr, frame_bytes=64)), arr)
