@@ -195,7 +195,8 @@ class KVStoreClient:
             layer_start=layer_start,
             layer_end=layer_end,
             shm_session=self.session_id if use_shm else 0,
-            no_coalesce=not coalesce,
+            coalesce=coalesce,
+            no_coalesce=not coalesce,  # the older spelling, for a daemon that predates `coalesce`
         )
         yield from read_groups(call(self.stub.ReadChunks, req, **self._kw(timeout)), prefix_id, self.session if use_shm else None)
 

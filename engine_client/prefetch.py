@@ -65,6 +65,9 @@ class PrefetchStream:
                     prefix_id=prefix_id,
                     shm_session=client.session_id if use_shm else 0,
                     period_layers=period_layers,
+                    speculation=speculate,
+                    coalesce=coalesce,
+                    # the older spellings, for a daemon that predates the positive fields
                     no_speculation=not speculate,
                     no_coalesce=not coalesce,
                     hints=hints,

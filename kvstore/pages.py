@@ -36,6 +36,7 @@ import numpy as np
 from .errors import Conflict, InvalidArgument, NotFound
 from .geometry import StoreGeometry
 from .hashing import page_hashes
+from .pending_put import put_with_retries
 from .reader import validate_groups
 from .records import PAGES, PrefixView
 from .wire.results import PagesPresent, PagesPutResult, ReadResult
@@ -177,8 +178,6 @@ class PageStore:
         self, keys, kv_pages: np.ndarray, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = ""
     ) -> PagesPutResult:
         """Store ``kv_pages`` ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` under ``keys``."""
-        from .store import put_with_retries
-
         return put_with_retries(
             lambda: self.begin_put(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint),
             lambda pending: pending.put_pages(kv_pages),

@@ -1,7 +1,8 @@
 """Budget: how many chunks a Period loads, and which.
 
 A budget is a fraction of the prefix's chunks in ``(0, 1]`` (count =
-``ceil(fraction * m)``) or an ``int`` count in ``[1, m]``.  The sink chunks
+``floor(fraction * m)``, at least 1: ``rounding.fraction_count``, the one
+rule every budget is counted by) or an ``int`` count in ``[1, m]``.  The sink chunks
 (the first ``sink_chunks``, attention sinks) and the local chunks (the last
 ``local_chunks``, nearest the suffix) are always loaded and count towards the
 budget, which is raised to ``sink + local`` (capped at ``m``) when smaller.
@@ -10,12 +11,13 @@ Out-of-range budgets are errors, never silently clamped.
 
 from __future__ import annotations
 
-import math
 import numbers
 
 import torch
 
 from kvstore.wire import InvalidArgument
+
+from ..rounding import fraction_count
 
 
 def _check_count(name: str, value: object, minimum: int) -> int:
@@ -27,8 +29,7 @@ def _check_count(name: str, value: object, minimum: int) -> int:
 def budget_count(num_chunks: int, budget: float | int, sink_chunks: int = 1, local_chunks: int = 1) -> int:
     """Number of chunks to load out of ``num_chunks``; see the module docstring.
 
-    A fraction is rounded to 9 decimals before the ceiling, so 0.05 of 100
-    chunks is 5 (not 6, which ``0.05 * 100 == 5.000000000000001`` would give).
+    A fraction counts by ``rounding.fraction_count`` (floor, at least 1).
     """
     m = _check_count("num_chunks", num_chunks, 1)
     sink = _check_count("sink_chunks", sink_chunks, 0)
@@ -42,7 +43,7 @@ def budget_count(num_chunks: int, budget: float | int, sink_chunks: int = 1, loc
     elif isinstance(budget, numbers.Real):
         if not 0.0 < budget <= 1.0:  # also rejects NaN
             raise InvalidArgument("budget", f"fraction {budget!r} out of range (0, 1]")
-        count = math.ceil(round(float(budget) * m, 9))
+        count = fraction_count(m, float(budget))
     else:
         raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int count, got {type(budget).__name__}")
     return min(m, max(count, sink + local))

@@ -36,6 +36,7 @@ import torch
 
 from kvstore.wire import InvalidArgument
 
+from ..rounding import fraction_count
 from ._common import DEFAULT_BLOCK_ELEMS, num_chunks, row_blocks
 from .budget import _check_count
 from .exact import token_attention_mass
@@ -55,7 +56,7 @@ def token_cap(num_tokens: int, budget: float | int, *, chunk_tokens: int = 16, s
 
 
 def token_budget(num_tokens: int, budget: float | int) -> int:
-    """Tokens to select out of ``num_tokens``: ``ceil(fraction * n)`` for a fraction in (0, 1], or an int count in [1, n]."""
+    """Tokens to select out of ``num_tokens``: ``fraction_count`` (floor, at least 1) of a fraction in (0, 1], or an int count in [1, n]."""
     n = _check_count("num_tokens", num_tokens, 1)
     if isinstance(budget, bool):
         raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int token count, got {budget!r}")
@@ -66,7 +67,7 @@ def token_budget(num_tokens: int, budget: float | int) -> int:
     if isinstance(budget, numbers.Real):
         if not 0.0 < budget <= 1.0:  # also rejects NaN
             raise InvalidArgument("budget", f"fraction {budget!r} out of range (0, 1]")
-        return max(1, math.ceil(round(float(budget) * n, 9)))  # 9 decimals: 0.05 of 100 is 5, as in budget.py
+        return fraction_count(n, float(budget))
     raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int token count, got {type(budget).__name__}")
 
 

@@ -23,7 +23,10 @@ the client is done with its period, then goes back (``read_exec.py``).
 
 This module is the stream's protocol: message checks, the order of
 periods, hints and pushes; the decisions are ``read_plan``'s and the work
-``ReadExecutor``'s.
+``ReadExecutor``'s.  Why ~500 lines in one file: the checks, the
+speculation and the pushes all read and change one stream's state (the
+next period, the reads in flight per group, what was pushed and pinned for
+a push), so they stay one class; what could leave it has left.
 """
 
 from __future__ import annotations

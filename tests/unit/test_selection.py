@@ -192,7 +192,8 @@ def test_summary_ranking_agrees_with_exact_on_an_aligned_chunk():
 
 def test_budget_count_examples():
     assert budget_count(100, 0.05) == 5  # not 6: 0.05 * 100 == 5.000000000000001
-    assert budget_count(101, 0.05) == 6
+    assert budget_count(101, 0.05) == 5  # floor: a budget never loads more than its fraction
+    assert budget_count(120, 0.05) == 6
     assert budget_count(10, 0.01) == 2  # raised to sink + local
     assert budget_count(1, 0.5) == 1  # sink and local are the same single chunk
     assert budget_count(3, 1.0) == 3

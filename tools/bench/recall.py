@@ -36,6 +36,7 @@ import time
 import numpy as np
 import torch
 
+from engine_client.rounding import fraction_count
 from engine_client.selection import select_chunks
 from engine_client.selection.heads import aggregate_heads, exact_head_chunk_scores, summary_head_chunk_scores
 
@@ -93,7 +94,7 @@ def example_recall(model, prefix: np.ndarray, suffix: np.ndarray, needle: np.nda
             "summary-max": aggregate_heads(summary, "max"),
         }
         for b in budgets:
-            k = max(1, int(np.ceil(round(b * exact.shape[1], 9))))
+            k = fraction_count(exact.shape[1], b)
             top = torch.topk(scores["exact-sum"], k).indices
             out["attention"][b].append(needle_recall(top, needle))
             for name, s in scores.items():

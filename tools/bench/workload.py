@@ -48,6 +48,11 @@ and decodes its answer greedily after the Re-Prefill, and every system's
 accuracy is reported next to the full KV's on the same requests (decoding
 is not part of TTFT).  Figures and ratios:
 ``figures.py``.
+
+Why ~470 lines in one file: the system table, the memory each system is
+charged, the interleaved request loop and each request's record are one
+experiment's definition, read together when judging whether the comparison
+is fair; the figures, plots, baselines' selection and daemons live apart.
 """
 
 from __future__ import annotations
