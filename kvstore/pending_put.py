@@ -14,7 +14,6 @@ import errno
 import os
 import threading
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,20 +23,11 @@ from .faults import crash_point
 from .io import aligned_buffer
 from .records import PREFIX, Piece
 from .segment_trailer import encode_trailer
+from .wire.results import PutResult
 from .writer import SegmentImage
 
 if TYPE_CHECKING:
     from .store import ChunkStore
-
-
-@dataclass(frozen=True)
-class PutResult:
-    prefix_id: str
-    num_tokens: int
-    num_chunks: int
-    reused_chunks: int
-    bytes_written: int
-    already_stored: bool
 
 
 class PendingPut:

@@ -32,7 +32,6 @@ compaction, holds, pages and rebuild have their own modules.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,17 +59,10 @@ from .records import PrefixView, SegmentInfo
 from .scores import ScoreTable, Unit
 from .segment_files import SegmentFiles
 from .store_state import StoreState
+from .wire.results import LookupResult
 from .writer import SegmentImage
 
 __all__ = ["ChunkStore", "LookupResult", "PendingPut", "PutResult", "put_with_retries"]
-
-
-@dataclass(frozen=True)
-class LookupResult:
-    matched_chunks: int
-    matched_tokens: int
-    num_chunks: int  # chunks of the queried sequence
-    prefix_id: str | None  # a stored prefix holding the matched chunks
 
 
 class ChunkStore:
@@ -189,7 +181,7 @@ class ChunkStore:
         hashes = chunk_hashes(arr, geometry, namespace, model_fingerprint)
         k, holder = self.match(hashes)
         tokens_matched = min(k * geometry.chunk_tokens, arr.size)
-        return LookupResult(k, tokens_matched, len(hashes), holder.prefix_id if holder else None)
+        return LookupResult(k, tokens_matched, len(hashes), holder.prefix_id if holder else "")
 
     def holder(self, chunk_hash: bytes) -> PrefixView | None:
         """A healthy stored prefix (or page batch) holding the chunk, or None."""
