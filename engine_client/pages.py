@@ -59,16 +59,16 @@ def collect_pages(responses) -> np.ndarray:
             geo = geometry_from_pb(msg.header.geometry)
             groups = list(msg.header.groups)
             m = geo.model
-            layers = sum(geo.group_layers(g) for g in groups)
+            layers = sum(geo.layers_in_group(g) for g in groups)
             out = np.empty((msg.header.num_pages, layers, 2, m.num_kv_heads, geo.chunk_tokens, m.head_dim), dtype=m.numpy_dtype())
             at = 0
             for g in groups:
                 first_layer[g] = at
-                at += geo.group_layers(g)
+                at += geo.layers_in_group(g)
         if msg.HasField("extent"):
             e = msg.extent
             lo = first_layer[e.group]
-            dest = out[e.chunk, lo : lo + geo.group_layers(e.group)].reshape(-1).view(np.uint8)
+            dest = out[e.chunk, lo : lo + geo.layers_in_group(e.group)].reshape(-1).view(np.uint8)
             dest[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
     if out is None:
         raise ValueError("GetPages ended without a header")

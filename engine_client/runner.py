@@ -129,7 +129,7 @@ def model_geometry(model: Decoder, *, chunk_tokens: int = 16, group_layers: int 
     """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod)."""
     c = model.config
     spec = ModelSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
-    return StoreGeometry(spec, chunk_tokens=chunk_tokens, period_layers=group_layers, probe_keys=True)
+    return StoreGeometry(spec, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_keys=True)
 
 
 class ModelRunner:
@@ -168,10 +168,8 @@ class ModelRunner:
         """Validate everything before any work; returns (description, suffix tensor)."""
         if isinstance(cfg.budget, bool) or not isinstance(cfg.budget, (int, float)) or not 0 < cfg.budget <= 1:
             raise InvalidArgument("budget", f"must be a fraction in (0, 1], got {cfg.budget!r}")
-        if cfg.period_layers < 1 or cfg.period_layers % self.geometry.period_layers:
-            raise InvalidArgument(
-                "period_layers", f"must be a positive multiple of the stored group ({self.geometry.period_layers} layers)"
-            )
+        if cfg.period_layers < 1 or cfg.period_layers % self.geometry.group_layers:
+            raise InvalidArgument("period_layers", f"must be a positive multiple of the stored group ({self.geometry.group_layers} layers)")
         get_selector(cfg.selector, cfg.head_aggregation)
         if check_probe_bits(cfg.probe_bits) and cfg.selector != "exact":
             raise InvalidArgument("probe_bits", f"quantized probe keys serve the exact selector only, not {cfg.selector!r}")
@@ -295,10 +293,10 @@ class ModelRunner:
             return torch.arange(m)
         inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens)
         if selector.name == "exact" and cfg.probe_bits:
-            keys = self._resident_probe(prefix_id, l0 // self.geometry.period_layers, cfg.probe_bits, out)
+            keys = self._resident_probe(prefix_id, l0 // self.geometry.group_layers, cfg.probe_bits, out)
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, probe_keys=keys.dequantize(self.model.dtype))
         elif selector.name == "exact":
-            probe = self.client.get_probe_keys(prefix_id, l0 // self.geometry.period_layers)  # [Hkv, n, d]
+            probe = self.client.get_probe_keys(prefix_id, l0 // self.geometry.group_layers)  # [Hkv, n, d]
             out.probe_bytes += probe.nbytes
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, probe_keys=_as_torch(probe, self.geometry))
         elif selector.name == "summary":
@@ -373,7 +371,7 @@ class ModelRunner:
 
     def _report(self, prefix_id: str, out: ReprefillResult, cfg: ReprefillConfig) -> int:
         units = 0
-        groups_per_period = cfg.period_layers // self.geometry.period_layers
+        groups_per_period = cfg.period_layers // self.geometry.group_layers
         for p, (chunks, mass) in enumerate(zip(out.selected, out.chunk_attention)):
             first = p * groups_per_period
             for g in range(first, min(first + groups_per_period, self.geometry.num_groups)):

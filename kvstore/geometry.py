@@ -1,12 +1,13 @@
 """Geometry and on-disk layout of stored prefixes (pure functions, no I/O).
 
-Terms (see DESIGN.md, "Geometry and on-disk layout"):
+Terms:
 
 * ``ModelSpec``: layers ``L``, KV heads ``H``, head dim ``d``, dtype.
 * A prefix of ``n`` tokens is ``m = ceil(n / c)`` ContiguousChunks of
   ``c = chunk_tokens`` tokens; only the last chunk may be shorter.
-* A stored period group is ``p = period_layers`` consecutive layers; the last
-  group has ``L - (G-1)*p`` layers when ``p`` does not divide ``L``.
+* A stored group (the SubPeriod) is ``p = group_layers`` consecutive layers;
+  the last group has ``L - (G-1)*p`` layers when ``p`` does not divide ``L``.
+  A selection Period (``ReprefillConfig.period_layers``) is a multiple of it.
 * An **extent** is the KV of one chunk for all layers of one group, laid out
   ``[layer-in-group][K|V][head][token][dim]``.
 
@@ -94,31 +95,35 @@ class ModelSpec:
         return np.dtype(np.uint16) if self.dtype == "bfloat16" else np.dtype(self.dtype)
 
 
+# The stored group's name in persisted records (see ``StoreGeometry.to_record``).
+RECORD_GROUP_KEY = "period_layers"
+
+
 @dataclass(frozen=True)
 class StoreGeometry:
     """How one model's prefixes are cut into chunks and period groups on disk."""
 
     model: ModelSpec
     chunk_tokens: int = 16
-    period_layers: int = 8
+    group_layers: int = 8
     probe_keys: bool = True
 
     def __post_init__(self) -> None:
         _check_int("chunk_tokens", self.chunk_tokens, 1, MAX_CHUNK_TOKENS)
-        _check_int("period_layers", self.period_layers, 1, MAX_LAYERS)
+        _check_int("group_layers", self.group_layers, 1, MAX_LAYERS)
 
     # -- counts -----------------------------------------------------------
     @property
     def num_groups(self) -> int:
-        return ceil_div(self.model.num_layers, self.period_layers)
+        return ceil_div(self.model.num_layers, self.group_layers)
 
-    def group_layers(self, group: int) -> int:
+    def layers_in_group(self, group: int) -> int:
         """Layers in stored period group ``group`` (the last may be short)."""
-        return min(self.period_layers, self.model.num_layers - group * self.period_layers)
+        return min(self.group_layers, self.model.num_layers - group * self.group_layers)
 
     def group_layer_range(self, group: int) -> range:
-        start = group * self.period_layers
-        return range(start, start + self.group_layers(group))
+        start = group * self.group_layers
+        return range(start, start + self.layers_in_group(group))
 
     def num_chunks(self, num_tokens: int) -> int:
         return ceil_div(num_tokens, self.chunk_tokens)
@@ -134,11 +139,11 @@ class StoreGeometry:
     # -- sizes ------------------------------------------------------------
     def extent_bytes(self, group: int, tokens: int) -> int:
         """Unpadded bytes of one extent of ``tokens`` tokens in ``group``."""
-        return self.group_layers(group) * tokens * self.model.token_layer_bytes
+        return self.layers_in_group(group) * tokens * self.model.token_layer_bytes
 
     def extent_shape(self, group: int, tokens: int) -> tuple[int, int, int, int, int]:
         m = self.model
-        return (self.group_layers(group), 2, m.num_kv_heads, tokens, m.head_dim)
+        return (self.layers_in_group(group), 2, m.num_kv_heads, tokens, m.head_dim)
 
     def summary_chunk_bytes(self) -> int:
         """Key summary bytes of one chunk: ``[L][H][2][d]`` float32."""
@@ -152,7 +157,19 @@ class StoreGeometry:
 
     # -- identity ---------------------------------------------------------
     def to_dict(self) -> dict:
+        """The geometry as reports and listings show it."""
         return dataclasses.asdict(self)
+
+    def to_record(self) -> dict:
+        """The geometry as index records, segment trailers and manifest files hold it.
+
+        The stored group is ``period_layers`` there, its name when the format
+        was fixed: records written by any version read back, and the digest
+        (hence every chunk hash and prefix id) does not change.
+        """
+        d = self.to_dict()
+        d[RECORD_GROUP_KEY] = d.pop("group_layers")
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> StoreGeometry:
@@ -165,6 +182,10 @@ class StoreGeometry:
         if unknown:
             raise InvalidArgument("geometry.model", f"unknown fields {sorted(unknown)}")
         rest = {k: v for k, v in d.items() if k != "model"}
+        if RECORD_GROUP_KEY in rest:
+            if "group_layers" in rest:
+                raise InvalidArgument("geometry", f"names the stored group twice ('group_layers' and {RECORD_GROUP_KEY!r})")
+            rest["group_layers"] = rest.pop(RECORD_GROUP_KEY)
         unknown = set(rest) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise InvalidArgument("geometry", f"unknown fields {sorted(unknown)}")
@@ -173,7 +194,7 @@ class StoreGeometry:
     @cached_property
     def digest(self) -> bytes:
         """Stable digest of everything that decides the stored bytes' layout."""
-        blob = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")).encode()
+        blob = json.dumps(self.to_record(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(b"kvstore.geometry.v1\0" + blob).digest()
 
 
@@ -204,7 +225,7 @@ class SegmentLayout:
     def extent_lengths(self) -> np.ndarray:
         """Unpadded extent bytes; ``[groups, chunks]``."""
         g = self.geometry
-        per_token = np.array([g.group_layers(i) * g.model.token_layer_bytes for i in range(g.num_groups)], dtype=np.int64)
+        per_token = np.array([g.layers_in_group(i) * g.model.token_layer_bytes for i in range(g.num_groups)], dtype=np.int64)
         return per_token[:, None] * self.chunk_tokens[None, :]
 
     @cached_property

@@ -165,7 +165,7 @@ class PendingPut:
             "prefix_id": self.prefix_id,
             "namespace": self.namespace,
             "model_fingerprint": self.model_fingerprint,
-            "geometry": self.geometry.to_dict(),
+            "geometry": self.geometry.to_record(),
             "num_tokens": int(self.tokens.size),
             "chunk_hashes": [h.hex() for h in self.hashes],
             "segments": [p.to_dict() for p in pieces],
@@ -177,7 +177,7 @@ class PendingPut:
         img = self.image
         return {
             "segment_id": self.segment_id,
-            "geometry": self.geometry.to_dict(),
+            "geometry": self.geometry.to_record(),
             "num_tokens": img.layout.num_tokens,
             "first_chunk": img.first_chunk,
             "total_bytes": img.layout.total_bytes,

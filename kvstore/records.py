@@ -109,7 +109,7 @@ class PrefixView:
             "prefix_id": self.prefix_id,
             "namespace": self.namespace,
             "model_fingerprint": self.model_fingerprint,
-            "geometry": self.geometry.to_dict(),
+            "geometry": self.geometry.to_record(),
             "num_tokens": self.num_tokens,
             "chunk_hashes": list(self.chunk_hashes),
             "segments": [p.to_dict() for p in self.pieces],

@@ -26,16 +26,16 @@ def make_tokens(num_tokens: int, seed: int) -> np.ndarray:
 
 GEOMETRIES = [
     # odd sizes: n not a multiple of c, L not a multiple of p, one head, head dim 1
-    StoreGeometry(ModelSpec(5, 1, 1, "bfloat16"), chunk_tokens=16, period_layers=2),
-    StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=7, period_layers=3, probe_keys=False),
-    StoreGeometry(ModelSpec(4, 2, 64, "float16"), chunk_tokens=16, period_layers=8),
-    StoreGeometry(ModelSpec(24, 2, 64, "bfloat16"), chunk_tokens=16, period_layers=8),
+    StoreGeometry(ModelSpec(5, 1, 1, "bfloat16"), chunk_tokens=16, group_layers=2),
+    StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=7, group_layers=3, probe_keys=False),
+    StoreGeometry(ModelSpec(4, 2, 64, "float16"), chunk_tokens=16, group_layers=8),
+    StoreGeometry(ModelSpec(24, 2, 64, "bfloat16"), chunk_tokens=16, group_layers=8),
 ]
 
 
 def ids(geo: StoreGeometry) -> str:
     m = geo.model
-    return f"L{m.num_layers}H{m.num_kv_heads}d{m.head_dim}-{m.dtype}-c{geo.chunk_tokens}p{geo.period_layers}"
+    return f"L{m.num_layers}H{m.num_kv_heads}d{m.head_dim}-{m.dtype}-c{geo.chunk_tokens}p{geo.group_layers}"
 
 
 def assert_png(path) -> None:

@@ -82,7 +82,7 @@ def cmd_inspect(admin, args) -> tuple[object, str, int]:
         [
             "geometry",
             f"{m['num_layers']} layers x {m['num_kv_heads']} KV heads x {m['head_dim']} dim {m['dtype']}, "
-            f"chunk {geo['chunk_tokens']}, period {geo['period_layers']}, probe keys {'on' if geo['probe_keys'] else 'off'}",
+            f"chunk {geo['chunk_tokens']}, group {geo['group_layers']} layers, probe keys {'on' if geo['probe_keys'] else 'off'}",
         ],
         ["tokens", f"{info['num_tokens']} ({info['num_chunks']} chunks x {info['num_groups']} groups)"],
         ["KV bytes", human_bytes(info["kv_bytes"])],

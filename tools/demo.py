@@ -44,7 +44,7 @@ VOCAB_SIZE = 151_936  # Qwen2.5 vocabulary; token ids only need to be plausible
 
 def _geometry(args) -> StoreGeometry:
     model = ModelSpec(args.layers, args.kv_heads, args.head_dim, args.dtype)
-    return StoreGeometry(model, chunk_tokens=args.chunk_tokens, period_layers=args.period_layers)
+    return StoreGeometry(model, chunk_tokens=args.chunk_tokens, group_layers=args.group_layers)
 
 
 def _mb_per_s(nbytes: int, seconds: float) -> float:
@@ -235,7 +235,7 @@ def run_demo(args) -> int:
     m = geo.model
     print(
         f"geometry: {m.num_layers} layers x {m.num_kv_heads} KV heads x {m.head_dim} dim {m.dtype}, "
-        f"chunk {geo.chunk_tokens} tokens, period {geo.period_layers} layers; "
+        f"chunk {geo.chunk_tokens} tokens, groups of {geo.group_layers} layers; "
         f"{n} tokens = {geo.num_chunks(n)} chunks x {geo.num_groups} groups, {human_bytes(kv_a.nbytes)} of KV"
     )
     with _demo_target(args, cfg) as target:
@@ -269,7 +269,8 @@ def build_parser() -> OneLineErrorParser:
     g.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES))
     g.add_argument("--tokens", type=positive_int, default=4096)
     g.add_argument("--chunk-tokens", type=positive_int, default=16)
-    g.add_argument("--period-layers", type=positive_int, default=8)
+    g.add_argument("--group-layers", type=positive_int, default=8, help="layers per stored group (the SubPeriod)")
+    cli_flags.add_alias(g, "--period-layers", "group_layers", type=positive_int)  # its older name
     g.add_argument("--seed", type=int, default=0)
     w = p.add_argument_group("where (default: start a daemon on the default socket and use it from this process)")
     w.add_argument("--in-process", action="store_true", help="use the store library in this process, no daemon")

@@ -76,11 +76,11 @@ class PrefetchHandler:
         self.view = view
         geo = self.geometry = view.geometry
         pl = open_msg.period_layers or geo.model.num_layers
-        if pl % geo.period_layers:
+        if pl % geo.group_layers:
             raise InvalidArgument(
-                "open.period_layers", f"must be a positive multiple of the stored group ({geo.period_layers} layers), got {pl}"
+                "open.period_layers", f"must be a positive multiple of the stored group ({geo.group_layers} layers), got {pl}"
             )
-        self.groups_per_period = pl // geo.period_layers
+        self.groups_per_period = pl // geo.group_layers
         self.num_periods = -(-geo.num_groups // self.groups_per_period)
         self.session = open_msg.shm_session
         if self.session:

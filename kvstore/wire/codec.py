@@ -44,7 +44,7 @@ def geometry_from_pb(msg: pb.Geometry, field: str = "geometry") -> StoreGeometry
     m = msg.model
     try:
         spec = ModelSpec(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype or "bfloat16")
-        return StoreGeometry(spec, chunk_tokens=msg.chunk_tokens or 16, period_layers=msg.period_layers or 8, probe_keys=msg.probe_keys)
+        return StoreGeometry(spec, chunk_tokens=msg.chunk_tokens or 16, group_layers=msg.group_layers or 8, probe_keys=msg.probe_keys)
     except InvalidArgument as exc:
         raise InvalidArgument(f"{field}.{'model.' if exc.field in _MODEL_FIELDS else ''}{exc.field}", str(exc).split(": ", 1)[1]) from None
 
@@ -57,7 +57,7 @@ def geometry_to_pb(geo: StoreGeometry) -> pb.Geometry:
     return pb.Geometry(
         model=pb.ModelSpec(num_layers=m.num_layers, num_kv_heads=m.num_kv_heads, head_dim=m.head_dim, dtype=m.dtype),
         chunk_tokens=geo.chunk_tokens,
-        period_layers=geo.period_layers,
+        group_layers=geo.group_layers,
         probe_keys=geo.probe_keys,
     )
 
@@ -74,7 +74,7 @@ def groups_for_layers(geo: StoreGeometry, layer_start: int, layer_end: int) -> l
         raise InvalidArgument("layer_start", f"must be in [0, {num_layers}), got {layer_start}")
     if not layer_start < end <= num_layers:
         raise InvalidArgument("layer_end", f"must be in ({layer_start}, {num_layers}] or 0, got {layer_end}")
-    p = geo.period_layers
+    p = geo.group_layers
     return list(range(layer_start // p, (end - 1) // p + 1))
 
 

@@ -52,7 +52,7 @@ def test_prefetch_period_too_big_for_the_reserve_fails_at_once(small_arena, shm)
     client, pid = small_arena
 
     def stream():
-        with client.prefetch(pid, period_layers=GEO.period_layers, shm=shm) as st:
+        with client.prefetch(pid, period_layers=GEO.group_layers, shm=shm) as st:
             st.send(0, np.arange(GEO.num_chunks(N)))
             for _ in st.groups(0):
                 pass
@@ -62,6 +62,6 @@ def test_prefetch_period_too_big_for_the_reserve_fails_at_once(small_arena, shm)
     msg = str(exc)
     assert "period.chunks: period 0 group 0 needs" in msg and "prefetch reserve (262144 bytes" in msg, msg
     assert took < WAIT_S / 4
-    with client.prefetch(pid, period_layers=GEO.period_layers, shm=shm) as st:  # a set that fits streams
+    with client.prefetch(pid, period_layers=GEO.group_layers, shm=shm) as st:  # a set that fits streams
         st.send(0, np.arange(2))
         assert len(list(st.groups(0))) == 1

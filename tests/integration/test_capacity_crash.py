@@ -22,7 +22,7 @@ from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry
 from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
 
-GEO = StoreGeometry(ModelSpec(4, 1, 16, "float16"), chunk_tokens=16, period_layers=2)
+GEO = StoreGeometry(ModelSpec(4, 1, 16, "float16"), chunk_tokens=16, group_layers=2)
 TOKENS = 256
 SEG_BYTES = SegmentLayout(GEO, TOKENS).total_bytes
 

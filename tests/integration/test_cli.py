@@ -19,8 +19,8 @@ from tools.bench.plots import plot_io
 from tools.synthetic import synthetic_kv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-TINY = ["--tokens", "300", "--layers", "3", "--kv-heads", "1", "--head-dim", "8", "--period-layers", "2"]
-GEO = StoreGeometry(ModelSpec(3, 1, 8, "bfloat16"), chunk_tokens=16, period_layers=2)  # groups of 2 and 1 layers
+TINY = ["--tokens", "300", "--layers", "3", "--kv-heads", "1", "--head-dim", "8", "--group-layers", "2"]
+GEO = StoreGeometry(ModelSpec(3, 1, 8, "bfloat16"), chunk_tokens=16, group_layers=2)  # groups of 2 and 1 layers
 NUM_TOKENS = 100  # 7 chunks, the last one 4 tokens
 
 
@@ -66,7 +66,7 @@ def test_demo_in_process(tmp_path):
 def test_demo_bad_geometry_is_an_error(tmp_path):
     proc = run_module("tools.demo", "--in-process", "--data-dir", str(tmp_path), *TINY, "--period-layers", "5000")
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: period_layers")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: group_layers")
 
 
 def test_serve_rejects_an_invalid_configuration():
@@ -174,7 +174,7 @@ def bench_args(data_dir, **over) -> argparse.Namespace:
         dtype="bfloat16",
         tokens=512,
         chunk_tokens=16,
-        period_layers=8,
+        group_layers=8,
         selection="both",
         data_dir=str(data_dir),
         runtime=0.2,

@@ -16,7 +16,7 @@ from kvstore._proto import kvstore_pb2_grpc as pb_grpc
 from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.wire import geometry_to_pb
 
-GEO = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=16, period_layers=2)
+GEO = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=16, group_layers=2)
 UNKNOWN = "ab" * 32
 
 

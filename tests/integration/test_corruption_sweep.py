@@ -52,7 +52,7 @@ def _read_back(store: ChunkStore, stored: dict) -> tuple[int, int]:
         attempts = [
             (lambda: store.read(pid, range(n)).to_kv(), kv),
             (lambda: store.read_summaries(pid), None),
-            *[(lambda g=g: store.read_probe_keys(pid, g), kv[g * GEO.period_layers, 0]) for g in range(GEO.num_groups)],
+            *[(lambda g=g: store.read_probe_keys(pid, g), kv[g * GEO.group_layers, 0]) for g in range(GEO.num_groups)],
         ]
         for read, expected in attempts:
             try:

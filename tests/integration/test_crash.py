@@ -16,7 +16,7 @@ from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.hashing import chunk_hashes
 from kvstore.store import ChunkStore
 
-GEO = StoreGeometry(ModelSpec(24, 2, 64, "bfloat16"), chunk_tokens=16, period_layers=8)
+GEO = StoreGeometry(ModelSpec(24, 2, 64, "bfloat16"), chunk_tokens=16, group_layers=8)
 NUM_PUTS = 400
 TOKENS = 400
 
@@ -122,7 +122,7 @@ def test_sigkill_during_concurrent_puts(tmp_path):
 
 
 # ------------------------------------------------------------ kill sweep over every step
-SWEEP_GEO = StoreGeometry(ModelSpec(4, 2, 64, "float16"), chunk_tokens=16, period_layers=2)
+SWEEP_GEO = StoreGeometry(ModelSpec(4, 2, 64, "float16"), chunk_tokens=16, group_layers=2)
 SWEEP_OPS = 24
 
 

@@ -63,7 +63,7 @@ def test_roundtrip_both_data_paths(daemon, geo):
             # a layer range returns the period groups that cover it
             last = geo.model.num_layers - 1
             with client.read_chunks(res.prefix_id, [0], layer_start=last, shm=shm) as got:
-                g = last // geo.period_layers
+                g = last // geo.group_layers
                 assert got.groups == [g]
                 np.testing.assert_array_equal(got.group_kv(g), kv[list(geo.group_layer_range(g))][:, :, :, : geo.chunk_tokens])
         np.testing.assert_array_equal(client.get_probe_keys(res.prefix_id, 0), kv[0, 0]) if geo.probe_keys else None
@@ -452,7 +452,7 @@ def test_tcp_listener_requires_credentials(daemon_factory, tmp_path):
         with pytest.raises(KVStoreRpcError) as err:
             bad.stats()
         assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
-    geo = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=4, period_layers=1)
+    geo = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=4, group_layers=1)
     kv = make_kv(geo, 10, 1)
     with KVStoreClient(target, token="s3cret-token-0123456789") as ok:
         assert not ok.shm  # remote clients get bytes in the stream

@@ -127,6 +127,7 @@ NEAR_VALID = {
     "layer_start": st.integers(0, 6),
     "layer_end": st.integers(0, 6),
     "period_layers": st.sampled_from([0, 2, 4, 6]),
+    "group_layers": st.sampled_from([0, 2, 4, 6]),
     "lease_ids": st.lists(st.integers(0, 64), max_size=8),
     "covered_groups": st.lists(st.integers(0, 3), max_size=3),
     "tokens": st.lists(st.integers(0, 50_000), min_size=1, max_size=48),
@@ -385,7 +386,7 @@ def _run_fuzz(d, service, method, *, raw: bool, examples: int, derandomize: bool
     # guarded prefix throughout, so not even Evict may take that one.
     with grpc.insecure_channel(d.target) as channel, KVStoreClient(d.target, shm=True) as session:
         fuzzer = Fuzzer(sorted(exposed), geometry_to_pb(GEO), session.session_id)
-        reader = session.prefetch(next(iter(guarded)), period_layers=GEO.period_layers)
+        reader = session.prefetch(next(iter(guarded)), period_layers=GEO.group_layers)
         reader.send(0, [0])
         list(reader.groups(0))
         strategy = _raw_requests(method) if raw else _requests(fuzzer, method)

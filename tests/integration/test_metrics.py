@@ -116,7 +116,7 @@ def test_prefetch_tier_bytes_and_speculation_reach_metrics(daemon_factory):
         pid = client.put_prefix(tokens, kv, geo).prefix_id
         sets = [np.arange(0, 10)]
         for _ in range(2):  # cold (disk), then the CPU tier
-            with client.prefetch(pid, period_layers=geo.period_layers) as st:
+            with client.prefetch(pid, period_layers=geo.group_layers) as st:
                 st.send(0, sets[0])
                 for _g, _kv in st.groups(0):
                     pass

@@ -91,7 +91,7 @@ def test_pages_put_by_one_process_read_back_byte_exact_by_another(daemon, geo_in
         # the same keys under another model, namespace or geometry are other pages
         for kw in ({"namespace": "other", "model_fingerprint": "m1"}, {"namespace": "rag", "model_fingerprint": "m2"}):
             assert client.pages_exist(keys, geo, **kw).num_leading == 0
-        other = StoreGeometry(geo.model, chunk_tokens=geo.chunk_tokens, period_layers=geo.period_layers + 1)
+        other = StoreGeometry(geo.model, chunk_tokens=geo.chunk_tokens, group_layers=geo.group_layers + 1)
         assert client.pages_exist(keys, other, namespace="rag", model_fingerprint="m1").num_leading == 0
 
 
@@ -303,7 +303,7 @@ def test_a_cut_put_pages_stream_leaves_nothing(daemon_factory):
 
 def test_pages_and_prefixes_stay_apart(tmp_path):
     """Store level: a prefix's Lookup never matches pages, and pages never reuse a prefix's chunks."""
-    geo = StoreGeometry(ModelSpec(2, 1, 4, "float32"), chunk_tokens=4, period_layers=1)
+    geo = StoreGeometry(ModelSpec(2, 1, 4, "float32"), chunk_tokens=4, group_layers=1)
     with ChunkStore(StoreConfig(data_dir=str(tmp_path / "d"), min_free_bytes=0, index_map_bytes=1 << 20)) as store:
         tokens = np.arange(12)
         kv = make_kv(geo, 12, 1)

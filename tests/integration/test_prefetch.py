@@ -19,7 +19,7 @@ GEO24 = GEOMETRIES[3]  # 24 layers in groups of 8: 3 groups, bf16
 
 
 def one_shot(client, pid, chunks, group, geo):
-    layer = group * geo.period_layers
+    layer = group * geo.group_layers
     with client.read_chunks(pid, chunks, layer_start=layer, layer_end=layer + 1, shm=False) as got:
         return got.group_kv(group)
 
@@ -45,7 +45,7 @@ def test_stream_bytes_equal_one_shot_reads_cold_and_cached(daemon_factory, geo, 
     d = daemon_factory()
     n = 300
     kv, tokens = make_kv(geo, n, 3), make_tokens(n, 3)
-    pl = geo.period_layers  # one group per period: 3 periods
+    pl = geo.group_layers  # one group per period: 3 periods
     with KVStoreClient(d.target) as client:
         pid = client.put_prefix(tokens, kv, geo).prefix_id
         m = geo.num_chunks(n)

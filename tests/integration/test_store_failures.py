@@ -163,7 +163,7 @@ def small_fs(tmp_path):
 
 def test_real_full_disk(small_fs):
     cfg = StoreConfig(data_dir=str(small_fs / "data"), min_free_bytes=0, index_map_bytes=1 << 20)
-    geo = StoreGeometry(ModelSpec(4, 2, 64, "float16"), chunk_tokens=16, period_layers=4)
+    geo = StoreGeometry(ModelSpec(4, 2, 64, "float16"), chunk_tokens=16, group_layers=4)
     stored = {}
     with ChunkStore(cfg) as store:
         with pytest.raises(StoreFull, match="full"):
@@ -185,7 +185,7 @@ def test_real_full_disk(small_fs):
 
 def test_index_map_growth_loses_no_put(tmp_path):
     cfg = StoreConfig(data_dir=str(tmp_path / "d"), min_free_bytes=0, index_map_bytes=64 * 1024)
-    geo = StoreGeometry(ModelSpec(1, 1, 1, "float32"), chunk_tokens=1, period_layers=1, probe_keys=False)
+    geo = StoreGeometry(ModelSpec(1, 1, 1, "float32"), chunk_tokens=1, group_layers=1, probe_keys=False)
     ids = []
     with ChunkStore(cfg) as store:
         for i in range(30):  # 200 one-token chunks each: manifests + refs outgrow 64 KiB

@@ -39,7 +39,7 @@ def test_roundtrip_bit_exact(store_config, geo, num_tokens):
             np.testing.assert_array_equal(summ[j, layers.start : layers.stop], key_summary(ext, geo.model.dtype))
         if geo.probe_keys:
             for g in range(geo.num_groups):
-                np.testing.assert_array_equal(store.read_probe_keys(res.prefix_id, g), kv[g * geo.period_layers, 0])
+                np.testing.assert_array_equal(store.read_probe_keys(res.prefix_id, g), kv[g * geo.group_layers, 0])
 
 
 def test_read_amplification_is_padding_only(store_config):

@@ -14,10 +14,10 @@ def test_token_bytes_of_qwen7b_bf16_is_2kib_per_layer():
 
 def test_odd_sizes_layout_exact_offsets():
     # L=5 not a multiple of p=2 (groups of 2, 2, 1); n=37 not a multiple of c=16 (16, 16, 5)
-    geo = StoreGeometry(ModelSpec(5, 1, 1, "bfloat16"), chunk_tokens=16, period_layers=2)
+    geo = StoreGeometry(ModelSpec(5, 1, 1, "bfloat16"), chunk_tokens=16, group_layers=2)
     lay = SegmentLayout(geo, 37)
     assert geo.num_groups == 3
-    assert [geo.group_layers(g) for g in range(3)] == [2, 2, 1]
+    assert [geo.layers_in_group(g) for g in range(3)] == [2, 2, 1]
     assert lay.chunk_tokens.tolist() == [16, 16, 5]
     # one token of one layer: 2 (K,V) * 1 head * 1 dim * 2 bytes = 4 bytes
     assert lay.extent_lengths.tolist() == [[128, 128, 40], [128, 128, 40], [64, 64, 20]]
@@ -33,7 +33,7 @@ def test_odd_sizes_layout_exact_offsets():
 
 
 def test_period_major_adjacent_chunks_are_adjacent_on_disk():
-    geo = StoreGeometry(ModelSpec(28, 4, 128, "bfloat16"), chunk_tokens=16, period_layers=8)
+    geo = StoreGeometry(ModelSpec(28, 4, 128, "bfloat16"), chunk_tokens=16, group_layers=8)
     lay = SegmentLayout(geo, 16 * 100)
     # one extent = 8 layers * 16 tokens * 2 KiB = 256 KiB, already aligned
     assert lay.extent_lengths[0, 0] == 256 * 1024
@@ -57,7 +57,7 @@ def test_period_major_adjacent_chunks_are_adjacent_on_disk():
     probe=st.booleans(),
 )
 def test_layout_regions_aligned_disjoint_and_cover_payload(layers, heads, dim, dtype, chunk, period, tokens, probe):
-    geo = StoreGeometry(ModelSpec(layers, heads, dim, dtype), chunk_tokens=chunk, period_layers=period, probe_keys=probe)
+    geo = StoreGeometry(ModelSpec(layers, heads, dim, dtype), chunk_tokens=chunk, group_layers=period, probe_keys=probe)
     lay = SegmentLayout(geo, tokens)
     regions = [(int(o), int(n)) for o, n in zip(lay.extent_offsets.ravel(), lay.extent_lengths.ravel())]
     regions.append((lay.summaries_offset, lay.summaries_length))
@@ -70,7 +70,7 @@ def test_layout_regions_aligned_disjoint_and_cover_payload(layers, heads, dim, d
     assert lay.total_bytes % ALIGN_BYTES == 0
     assert sum(n for _, n in regions) == lay.payload_bytes
     assert int(lay.chunk_tokens.sum()) == tokens
-    assert sum(geo.group_layers(g) for g in range(geo.num_groups)) == layers
+    assert sum(geo.layers_in_group(g) for g in range(geo.num_groups)) == layers
 
 
 @pytest.mark.parametrize(
@@ -92,21 +92,21 @@ def test_invalid_model_spec_names_field(kwargs, field):
 def test_invalid_geometry_names_field():
     with pytest.raises(InvalidArgument, match="chunk_tokens"):
         StoreGeometry(ModelSpec(2, 1, 1), chunk_tokens=0)
-    with pytest.raises(InvalidArgument, match="period_layers"):
-        StoreGeometry(ModelSpec(2, 1, 1), period_layers=True)
+    with pytest.raises(InvalidArgument, match="group_layers"):
+        StoreGeometry(ModelSpec(2, 1, 1), group_layers=True)
     with pytest.raises(InvalidArgument, match="geometry.model"):
         StoreGeometry.from_dict({"model": {"num_layers": 2, "num_kv_heads": 1, "head_dim": 1, "bogus": 1}})
 
 
 def test_geometry_roundtrip_and_digest_depends_on_layout():
-    geo = StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=7, period_layers=3)
+    geo = StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=7, group_layers=3)
     assert StoreGeometry.from_dict(geo.to_dict()) == geo
-    other = StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=8, period_layers=3)
+    other = StoreGeometry(ModelSpec(3, 2, 4, "float32"), chunk_tokens=8, group_layers=3)
     assert geo.digest != other.digest
 
 
 def test_split_extents_and_key_summary():
-    geo = StoreGeometry(ModelSpec(3, 1, 2, "float32"), chunk_tokens=4, period_layers=2)
+    geo = StoreGeometry(ModelSpec(3, 1, 2, "float32"), chunk_tokens=4, group_layers=2)
     kv = np.arange(3 * 2 * 1 * 6 * 2, dtype=np.float32).reshape(3, 2, 1, 6, 2)
     ext = {(g, j): e for g, j, e in split_extents(geo, kv)}
     assert sorted(ext) == [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -123,3 +123,21 @@ def test_bfloat16_summary_widens_bits_exactly():
     ext = np.concatenate([bf, bf], axis=1)  # K and V
     s = key_summary(ext, "bfloat16")
     assert s[0, 0, 0, 0] == -2.0 and s[0, 0, 1, 0] == 1.5
+
+
+def test_records_keep_the_stored_group_under_its_first_name_so_ids_do_not_change():
+    import hashlib
+    import json
+
+    geo = StoreGeometry(ModelSpec(30, 3, 64, "float32"), chunk_tokens=16, group_layers=2)
+    rec = geo.to_record()
+    assert rec["period_layers"] == 2 and "group_layers" not in rec
+    assert geo.to_dict()["group_layers"] == 2 and "period_layers" not in geo.to_dict()
+    assert StoreGeometry.from_dict(rec) == StoreGeometry.from_dict(geo.to_dict()) == geo
+    # the digest (in every chunk hash and prefix id) is the one records written before the rename give
+    old = {"model": {"num_layers": 30, "num_kv_heads": 3, "head_dim": 64, "dtype": "float32"}}
+    old |= {"chunk_tokens": 16, "period_layers": 2, "probe_keys": True}
+    blob = json.dumps(old, sort_keys=True, separators=(",", ":")).encode()
+    assert geo.digest == hashlib.sha256(b"kvstore.geometry.v1\0" + blob).digest()
+    with pytest.raises(InvalidArgument, match="twice"):
+        StoreGeometry.from_dict(rec | {"group_layers": 2})

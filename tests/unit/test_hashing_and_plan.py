@@ -8,7 +8,7 @@ from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.hashing import chunk_hashes, validate_tokens
 from kvstore.io.plan import coalesce
 
-GEO = StoreGeometry(ModelSpec(2, 1, 4, "float16"), chunk_tokens=4, period_layers=1)
+GEO = StoreGeometry(ModelSpec(2, 1, 4, "float16"), chunk_tokens=4, group_layers=1)
 
 
 def test_chain_shares_leading_chunks_only():
@@ -24,7 +24,7 @@ def test_hash_depends_on_namespace_fingerprint_geometry_and_earlier_tokens():
     base = chunk_hashes(t, GEO, "tenant-a", "m")
     assert chunk_hashes(t, GEO, "tenant-b", "m")[0] != base[0]
     assert chunk_hashes(t, GEO, "tenant-a", "m2")[0] != base[0]
-    other_geo = StoreGeometry(ModelSpec(2, 1, 4, "float16"), chunk_tokens=4, period_layers=2)
+    other_geo = StoreGeometry(ModelSpec(2, 1, 4, "float16"), chunk_tokens=4, group_layers=2)
     assert chunk_hashes(t, other_geo, "tenant-a", "m")[0] != base[0]
     changed = t.copy()
     changed[0] = 7

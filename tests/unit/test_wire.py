@@ -44,7 +44,7 @@ PAIRS = [
     (EvictResult, pb.EvictResponse),
     (CompactResult, pb.CompactResponse),
 ]
-GEO = StoreGeometry(ModelSpec(4, 2, 8, "bfloat16"), chunk_tokens=16, period_layers=2)
+GEO = StoreGeometry(ModelSpec(4, 2, 8, "bfloat16"), chunk_tokens=16, group_layers=2)
 
 
 @pytest.mark.parametrize("result, message", PAIRS, ids=[r.__name__ for r, _ in PAIRS])

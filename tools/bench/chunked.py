@@ -47,7 +47,7 @@ DEFAULTS = {
     "dtype": "bfloat16",
     "tokens": 32768,
     "chunk_tokens": 16,
-    "period_layers": 8,
+    "group_layers": 8,
     "selection": "runs",
     "groups": "all",
     "data_dir": ".kvstore/bench/store",
@@ -100,7 +100,7 @@ def select_chunks(rng: np.random.Generator, num_chunks: int, budget: float, sele
 # ------------------------------------------------------------ setup
 def bench_geometry(args) -> StoreGeometry:
     model = ModelSpec(int(_arg(args, "layers")), int(_arg(args, "kv_heads")), int(_arg(args, "head_dim")), _arg(args, "dtype"))
-    return StoreGeometry(model, chunk_tokens=int(_arg(args, "chunk_tokens")), period_layers=int(_arg(args, "period_layers")))
+    return StoreGeometry(model, chunk_tokens=int(_arg(args, "chunk_tokens")), group_layers=int(_arg(args, "group_layers")))
 
 
 def ensure_prefix(store: ChunkStore, geo: StoreGeometry, num_tokens: int, seed: int) -> dict:
@@ -124,8 +124,8 @@ def padding_table(geo: StoreGeometry, num_tokens: int) -> list[dict]:
     counts = geo.chunk_token_counts(num_tokens)
     kinds = sorted({int(t) for t in counts}, reverse=True)
     out = []
-    for layers in sorted({geo.group_layers(g) for g in range(geo.num_groups)}, reverse=True):
-        num_groups = sum(geo.group_layers(g) == layers for g in range(geo.num_groups))
+    for layers in sorted({geo.layers_in_group(g) for g in range(geo.num_groups)}, reverse=True):
+        num_groups = sum(geo.layers_in_group(g) == layers for g in range(geo.num_groups))
         for tokens in kinds:
             nbytes = layers * tokens * geo.model.token_layer_bytes
             padded = align_up(nbytes)
@@ -256,7 +256,7 @@ def format_report(report: dict) -> str:
     lines = [
         f"chunked read: {m['num_layers']} layers x {m['num_kv_heads']} KV heads x {m['head_dim']} dim {m['dtype']}, "
         f"{g['num_tokens']} tokens = {g['num_chunks']} chunks of {g['chunk_tokens']} x {g['num_groups']} groups of "
-        f"{g['period_layers']} layers, {human_bytes(g['kv_bytes'])} of KV",
+        f"{g['group_layers']} layers, {human_bytes(g['kv_bytes'])} of KV",
         f"store: {s['data_dir']}  backend {s['backend']}  O_DIRECT {'on' if s['direct_io'] else 'off (page cache)'}  "
         f"queue depth {s['io_queue_depth']}  max run {human_bytes(s['max_read_run_bytes'])}  prefix {s['prefix_id'][:16]} "
         + (f"(stored now in {s['put_seconds']:.1f} s)" if s["stored_now"] else "(already stored)"),

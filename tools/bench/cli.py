@@ -105,7 +105,8 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     chk.add_argument("--dtype")
     chk.add_argument("--tokens", type=int, help="tokens of the stored prefix")
     chk.add_argument("--chunk-tokens", type=int)
-    chk.add_argument("--period-layers", type=int)
+    chk.add_argument("--group-layers", type=int, help="layers per stored group (the SubPeriod)")
+    cli_flags.add_alias(chk, "--period-layers", "group_layers", type=int)  # its older name
     chk.add_argument("--selection", choices=("random", "runs", "both"))
     chk.add_argument("--groups", choices=("all", "period"), help="one read for all period groups, or one per group")
 

@@ -46,7 +46,7 @@ def geometry_for_extent(block_bytes: int) -> StoreGeometry:
         raise BenchError("--via-daemon needs --bs to be a multiple of 8k (one extent per block)")
     head_dim = min(128, block_bytes // 512)
     heads = block_bytes // (512 * head_dim)
-    return StoreGeometry(ModelSpec(LAYERS, heads, head_dim, "bfloat16"), chunk_tokens=16, period_layers=8, probe_keys=False)
+    return StoreGeometry(ModelSpec(LAYERS, heads, head_dim, "bfloat16"), chunk_tokens=16, group_layers=8, probe_keys=False)
 
 
 def ensure_prefix(data_dir: str, geo: StoreGeometry, size_bytes: int) -> tuple[str, int]:
@@ -189,7 +189,7 @@ def run_via_daemon(target: str, prefix_id: str, args, num_chunks: int, geo: Stor
         if not hasattr(local, "client"):
             with lock:
                 local.client = clients[next(ids)]
-        layer = group * geo.period_layers
+        layer = group * geo.group_layers
         with local.client.read_chunks(prefix_id, chunks, layer_start=layer, layer_end=layer + 1, coalesce=False) as got:
             return got.bytes_useful
 
