@@ -1,6 +1,6 @@
 """The chunk store: prefixes of KV cache as segment files plus an LMDB index.
 
-Write order (DESIGN.md, "Integrity and failure"): segment data -> fdatasync ->
+Write order (docs/ARCHITECTURE.md, "Durability and safety invariants"): segment data -> fdatasync ->
 directory fsync -> LMDB commit of the manifest -> acknowledge.  A crash at
 any point before the commit leaves only an unreferenced segment file, which
 the startup scan removes; a listed prefix always has all of its bytes.  A
