@@ -1,7 +1,9 @@
 """I/O backends and their selection.
 
 ``make_backend("auto")`` picks kvikio when a CUDA driver and kvikio are both
-present, else the POSIX O_DIRECT backend, and logs which and why.
+present, else io_uring when the kernel allows it (a ring is set up and does
+a tiny read, once per process), else the POSIX O_DIRECT thread pool, and
+logs which and why.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from .posix import PosixBackend
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "posix", "kvikio")
+BACKENDS = ("auto", "posix", "uring", "kvikio")
 
 __all__ = [
     "BACKENDS",
@@ -25,23 +27,54 @@ __all__ = [
     "aligned_buffer",
     "check_aligned",
     "make_backend",
+    "resolve_backend",
 ]
 
 
-def make_backend(name: str = "auto", *, queue_depth: int = 16, direct: bool = True) -> IOBackend:
-    """Build the named backend; ``auto`` falls back to posix with a log line."""
+def resolve_backend(name: str = "auto") -> tuple[str, list[str]]:
+    """The backend ``make_backend(name)`` builds, and why the ones before it were skipped.
+
+    Raises InvalidArgument for an unknown name, BackendUnavailable when the
+    named backend (not ``auto``) cannot run here.
+    """
     if name not in BACKENDS:
         raise InvalidArgument("backend", f"must be one of {BACKENDS}, got {name!r}")
+    if name == "posix":
+        return "posix", []
+    skipped = []
     if name in ("auto", "kvikio"):
-        from .kvikio_backend import KvikioBackend, unavailable_reason
+        from .kvikio_backend import unavailable_reason
 
         reason = unavailable_reason()
         if reason is None:
-            log.info("I/O backend: kvikio (CuFile), queue depth %d", queue_depth)
-            return KvikioBackend(queue_depth=queue_depth, direct=direct)
+            return "kvikio", skipped
         if name == "kvikio":
             raise BackendUnavailable(f"backend 'kvikio' was requested but cannot run: {reason}")
-        log.info("I/O backend: posix (O_DIRECT preadv/pwritev, queue depth %d); kvikio skipped: %s", queue_depth, reason)
-    else:
-        log.info("I/O backend: posix (forced), queue depth %d", queue_depth)
+        skipped.append(f"kvikio skipped: {reason}")
+    from .uring import unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is None:
+        return "uring", skipped
+    if name == "uring":
+        raise BackendUnavailable(f"backend 'uring' was requested but cannot run: {reason}")
+    skipped.append(f"uring skipped: {reason}")
+    return "posix", skipped
+
+
+def make_backend(name: str = "auto", *, queue_depth: int = 16, direct: bool = True) -> IOBackend:
+    """Build the named backend; ``auto`` takes the first that runs here, with a log line."""
+    chosen, skipped = resolve_backend(name)
+    why = "forced" if name != "auto" else "; ".join(skipped) or "first choice"
+    if chosen == "kvikio":
+        from .kvikio_backend import KvikioBackend
+
+        log.info("I/O backend: kvikio (CuFile), queue depth %d; %s", queue_depth, why)
+        return KvikioBackend(queue_depth=queue_depth, direct=direct)
+    if chosen == "uring":
+        from .uring import UringBackend
+
+        log.info("I/O backend: uring (io_uring, batched submission, queue depth %d); %s", queue_depth, why)
+        return UringBackend(queue_depth=queue_depth, direct=direct)
+    log.info("I/O backend: posix (O_DIRECT preadv/pwritev, queue depth %d); %s", queue_depth, why)
     return PosixBackend(queue_depth=queue_depth, direct=direct)
