@@ -48,6 +48,9 @@ from .posix import FdBackend
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_MS = 2000  # the probe's read of a page-cache file takes microseconds
+# Completions handled between two submits: requests resubmitted by the first
+# callbacks reach the device while the rest of the batch is still completed.
+RESUBMIT_EVERY = 4
 BACKLOG_RETRY_MS = 1  # submission refused for now (EAGAIN, EBUSY): try again this soon
 _READ, _WRITE = 0, 1
 # io_uring_submit errors that mean "reap first, then submit again"
@@ -184,7 +187,8 @@ def _serve(st: _Ring) -> None:
         (prep_readv if req[1] == _READ else prep_writev)(sqe, req[2], iov, req[4] + done)
         sqe.user_data = tag
 
-    while True:
+    def push() -> bool:
+        """Move queued requests into the ring and submit them; True when some stayed behind."""
         while queue and free_tags:
             req = queue.popleft()
             tag = free_tags.pop()
@@ -192,15 +196,18 @@ def _serve(st: _Ring) -> None:
             prep(tag, req)
         if len(pending) > st.peak_in_flight:
             st.peak_in_flight = len(pending)
-        backlog = False
-        if sq_ready(ring):
-            try:
-                st.submitted += submit(ring)  # one io_uring_enter for the whole batch
-                st.enters += 1
-            except OSError as exc:
-                if exc.errno not in _RETRY_SUBMIT:
-                    raise
-            backlog = sq_ready(ring) > 0  # the kernel took part of the batch: submit the rest soon
+        if not sq_ready(ring):
+            return False
+        try:
+            st.submitted += submit(ring)  # one io_uring_enter for the whole batch
+            st.enters += 1
+        except OSError as exc:
+            if exc.errno not in _RETRY_SUBMIT:
+                raise
+        return sq_ready(ring) > 0  # the kernel took part of the batch: submit the rest soon
+
+    while True:
+        backlog = push()
         completions = []
         for _ in CqeIter(ring, cqe):
             entry = cqe[0]
@@ -210,6 +217,7 @@ def _serve(st: _Ring) -> None:
                 completions.append((entry.user_data, None, exc))
         if completions:
             cq_advance(ring, len(completions))
+            n_done = 0
             for tag, res, error in completions:
                 req = pending[tag]
                 if error is None:
@@ -229,6 +237,9 @@ def _serve(st: _Ring) -> None:
                 future = req[0]
                 req.clear()  # hold no buffer past completion
                 future._complete(res, error)
+                n_done += 1
+                if n_done % RESUBMIT_EVERY == 0 and queue:
+                    push()  # what the callbacks queued so far goes down before the rest are completed
             continue  # callbacks may have queued more
         if st.stopping and not queue and not pending:
             return
