@@ -200,3 +200,19 @@ def test_random_offsets_visit_every_block_once_per_pass():
     assert first != second
     sequential = iter_offsets("read", 4096, 3 * 4096 + 100, seed=0)
     assert [next(sequential) for _ in range(4)] == [0, 4096, 8192, 0]
+
+
+def test_chunked_max_read_run_reaches_the_store(capsys, tmp_path):
+    """``--max-read-run`` bounds coalescing: at one padded extent (4 KiB here) no runs merge."""
+    tiny = ["io", "--chunked", "--data-dir", str(tmp_path), "--layers", "4", "--kv-heads", "1", "--head-dim", "8", "--tokens", "512"]
+    tiny += ["--runtime", "0.2", "--budgets", "0.25", "--selection", "runs", "--seed", "3", "--json"]
+    reports = []
+    for extra in ([], ["--max-read-run", "4k"]):
+        assert main([*tiny, *extra]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    default, one_extent = reports
+    assert default["store"]["max_read_run_bytes"] == 8 << 20 and one_extent["store"]["max_read_run_bytes"] == 4096
+    on, off = default["cases"]
+    assert on["io_requests_per_read"] < off["io_requests_per_read"]
+    on, off = one_extent["cases"]
+    assert on["io_requests_per_read"] == off["io_requests_per_read"]

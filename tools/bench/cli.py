@@ -114,6 +114,9 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     chk.add_argument("--period-layers", type=int)
     chk.add_argument("--selection", choices=("random", "runs", "both"))
     chk.add_argument("--groups", choices=("all", "period"), help="one read for all period groups, or one per group")
+    chk.add_argument(
+        "--max-read-run", type=_size, help="largest coalesced read (the store's max_read_run_bytes; default: the store's default)"
+    )
 
 
 # Subcommands whose modules import torch: their parsers are built only when chosen,
