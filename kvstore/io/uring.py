@@ -13,35 +13,54 @@ All ring access on one thread also means the kernel runs the completion
 task work on the thread that waits for it, and no lock guards the ring.
 Short reads and writes are continued until done, as the posix backend does.
 
-Binding: ``liburing`` from PyPI.  Two of its limits, measured, set the shape:
+Binding: the two system calls through ctypes (``_Ring``: ``io_uring_setup``,
+the rings mapped with ``mmap``, 64-byte SQEs and 16-byte CQEs packed with
+``struct``; IORING_OP_READ/WRITE, kernel 5.6 or later).  The ``liburing``
+package on PyPI (2026.3.30) was tried first and measured unusable here:
 
+- it leaks a buffer export per ``Iovec``: after 100 ``Iovec([view])`` the
+  memoryview reported 100 exported buffers, so no buffer read through it is
+  ever freed - the chunked-read benchmark, which reads into fresh buffers,
+  grew to 18 GB of shared memory and was killed by the OOM killer;
 - its blocking waits (``io_uring_wait_cqe``, ``io_uring_submit_and_wait``)
   hold the GIL: a thread waiting in ``io_uring_wait_cqe`` on an idle ring
   stopped the whole process (a million-iteration loop on the main thread had
-  not finished after 10 s).  So nothing here blocks inside liburing: the ring
-  thread waits in ``select.poll`` (which releases the GIL) and only submits
-  and peeks through liburing;
+  not finished after 10 s);
 - ``io_uring_prep_read``/``prep_write`` take a ``bytearray`` only (mmap
-  memory, memoryviews and numpy arrays are refused), while ``Iovec`` takes
-  any contiguous buffer, so requests go as READV/WRITEV of one ``iovec``.
+  memory, memoryviews and numpy arrays are refused).
 
-On a 2-vCPU VM a 32 KiB O_DIRECT random read costs ~13 us of process CPU
-this way, against ~45 us on the posix thread pool.
+ctypes releases the GIL around ``syscall``, buffer addresses come from
+``base.buffer_address`` (no export kept), and the ring thread still waits in
+``select.poll``.  The rings are read and written without memory barriers,
+which x86-64's store and load ordering makes safe; other architectures fall
+back to posix (``unavailable_reason`` says so).
+
+Measured on the shared 2-vCPU development VM (README, "Raw I/O against
+fio"): a 32 KiB O_DIRECT random read costs 13-18 us of process CPU this
+way, the posix pool 13-16 us (most of it is the kernel's either way); at
+256 KiB-1 MiB up to a third less than posix.  One thread doing everything
+is also the weak point: when CPUs are oversubscribed the ring thread waits
+in the run queue with the whole batch, and there posix's 16 threads kept
+closer to fio.
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import functools
 import logging
+import mmap
 import os
+import platform
 import select
+import struct
 import tempfile
 import threading
 import weakref
 from collections import deque
 
-from .base import FileHandle, aligned_nbytes
+from .base import FileHandle, aligned_nbytes, buffer_address
 from .future import Future
 from .posix import FdBackend
 
@@ -52,64 +71,165 @@ PROBE_TIMEOUT_MS = 2000  # the probe's read of a page-cache file takes microseco
 # callbacks reach the device while the rest of the batch is still completed.
 RESUBMIT_EVERY = 4
 BACKLOG_RETRY_MS = 1  # submission refused for now (EAGAIN, EBUSY): try again this soon
-_READ, _WRITE = 0, 1
-# io_uring_submit errors that mean "reap first, then submit again"
+# io_uring_enter errors that mean "reap first, then submit again"
 _RETRY_SUBMIT = (errno.EINTR, errno.EAGAIN, errno.EBUSY)
+
+# <linux/io_uring.h>; the syscall numbers are the same on every architecture
+_NR_SETUP, _NR_ENTER = 425, 426
+_OP_READ, _OP_WRITE = 22, 23
+_OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
+_FEAT_SINGLE_MMAP = 1
+_SQE = struct.Struct(
+    "<BBHiQQIIQHHiQQ"
+)  # opcode flags ioprio fd off addr len rw_flags user_data buf_index personality splice_fd_in addr3 pad
+_CQE = struct.Struct("<QiI")  # user_data res flags
+_U32 = struct.Struct("<I")
+_MASK32 = 0xFFFFFFFF
+
+
+class _SqOffsets(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint32) for n in ("head", "tail", "ring_mask", "ring_entries", "flags", "dropped", "array", "resv1")] + [
+        ("user_addr", ctypes.c_uint64)
+    ]
+
+
+class _CqOffsets(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_uint32) for n in ("head", "tail", "ring_mask", "ring_entries", "overflow", "cqes", "flags", "resv1")] + [
+        ("user_addr", ctypes.c_uint64)
+    ]
+
+
+class _Params(ctypes.Structure):
+    _fields_ = [
+        *((n, ctypes.c_uint32) for n in ("sq_entries", "cq_entries", "flags", "sq_thread_cpu", "sq_thread_idle", "features", "wq_fd")),
+        ("resv", ctypes.c_uint32 * 3),
+        ("sq_off", _SqOffsets),
+        ("cq_off", _CqOffsets),
+    ]
+
+
+_libc = ctypes.CDLL(None, use_errno=True)  # CDLL: the GIL is released during each call
+_setup = _libc["syscall"]  # [] makes a function object of its own, with its own argtypes
+_setup.restype, _setup.argtypes = ctypes.c_long, (ctypes.c_long, ctypes.c_long, ctypes.c_void_p)
+_enter = _libc["syscall"]
+_enter.restype = ctypes.c_long
+_enter.argtypes = (ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_long)
+
+
+def _check(ret: int) -> int:
+    if ret < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return ret
+
+
+class _Ring:
+    """One io_uring: its fd and mapped rings; used by one thread at a time."""
+
+    def __init__(self, entries: int):
+        params = _Params()
+        self.fd = _check(_setup(_NR_SETUP, entries, ctypes.addressof(params)))
+        try:
+            sq, cq = params.sq_off, params.cq_off
+            sq_size = sq.array + params.sq_entries * 4
+            cq_size = cq.cqes + params.cq_entries * _CQE.size
+            if params.features & _FEAT_SINGLE_MMAP:
+                self.sq_mm = self.cq_mm = self._map(max(sq_size, cq_size), _OFF_SQ_RING)
+            else:
+                self.sq_mm, self.cq_mm = self._map(sq_size, _OFF_SQ_RING), self._map(cq_size, _OFF_CQ_RING)
+            self.sqes = self._map(params.sq_entries * _SQE.size, _OFF_SQES)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self.sq_entries = params.sq_entries
+        self.sq_mask = _U32.unpack_from(self.sq_mm, sq.ring_mask)[0]
+        self.cq_mask = _U32.unpack_from(self.cq_mm, cq.ring_mask)[0]
+        self.sq_head_off, self.sq_tail_off = sq.head, sq.tail
+        self.cq_head_off, self.cq_tail_off, self.cqes_off = cq.head, cq.tail, cq.cqes
+        for i in range(params.sq_entries):  # SQE i always sits at index i of the array
+            _U32.pack_into(self.sq_mm, sq.array + 4 * i, i)
+        self.sq_tail = _U32.unpack_from(self.sq_mm, sq.tail)[0]  # ours, written to the ring at submit
+        self.cq_head = _U32.unpack_from(self.cq_mm, cq.head)[0]
+
+    def _map(self, size: int, offset: int) -> mmap.mmap:
+        return mmap.mmap(self.fd, size, mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0), mmap.PROT_READ | mmap.PROT_WRITE, offset=offset)
+
+    def prep(self, opcode: int, fd: int, addr: int, nbytes: int, offset: int, user_data: int) -> None:
+        """Write one SQE; the caller keeps fewer than sq_entries unsubmitted."""
+        _SQE.pack_into(
+            self.sqes, (self.sq_tail & self.sq_mask) * _SQE.size, opcode, 0, 0, fd, offset, addr, nbytes, 0, user_data, 0, 0, 0, 0, 0
+        )
+        self.sq_tail = (self.sq_tail + 1) & _MASK32
+
+    def unsubmitted(self) -> int:
+        return (self.sq_tail - _U32.unpack_from(self.sq_mm, self.sq_head_off)[0]) & _MASK32
+
+    def submit(self) -> int:
+        """Publish the new SQEs and hand them to the kernel with one io_uring_enter."""
+        _U32.pack_into(self.sq_mm, self.sq_tail_off, self.sq_tail)
+        return _check(_enter(_NR_ENTER, self.fd, self.unsubmitted(), 0, 0, None, 0))
+
+    def reap(self) -> list[tuple[int, int]]:
+        """The completions posted so far, as ``(user_data, res)``, and free their slots."""
+        tail = _U32.unpack_from(self.cq_mm, self.cq_tail_off)[0]
+        head = self.cq_head
+        if head == tail:
+            return []
+        mm, base, mask = self.cq_mm, self.cqes_off, self.cq_mask
+        out = [_CQE.unpack_from(mm, base + ((head + i) & mask) * _CQE.size)[:2] for i in range((tail - head) & _MASK32)]
+        self.cq_head = tail
+        _U32.pack_into(mm, self.cq_head_off, tail)
+        return out
+
+    def close(self) -> None:
+        """Unmap and close; the kernel cancels whatever is still in flight."""
+        for mm in {id(m): m for m in (self.sqes, self.sq_mm, self.cq_mm)}.values():
+            mm.close()
+        os.close(self.fd)
 
 
 @functools.cache
 def unavailable_reason() -> str | None:
     """None when io_uring works here (a ring was set up and did a tiny read), else why not.
 
-    Probed once per process: liburing importable, ``io_uring_setup``
+    Probed once per process: an x86-64 machine, ``io_uring_setup``
     permitted (``kernel.io_uring_disabled`` and container seccomp profiles
-    refuse it), and a READV through the ring returning the bytes written.
+    refuse it), and an IORING_OP_READ through the ring returning the bytes
+    written.
     """
-    try:
-        import liburing  # noqa: F401
-    except Exception as exc:  # ImportError, or no wheel for this platform
-        return f"liburing is not importable ({exc.__class__.__name__}: {exc})"
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"the io_uring backend runs on x86-64 only (its rings are read without memory barriers), not {platform.machine()}"
     try:
         return _probe_read()
     except OSError as exc:
-        return _setup_error(exc)
-
-
-def _setup_error(exc: OSError) -> str:
-    if exc.errno == errno.ENOSYS:
-        return "the kernel has no io_uring (io_uring_setup: ENOSYS)"
-    if exc.errno == errno.EPERM:
-        return "io_uring is not permitted here (io_uring_setup: EPERM; sysctl kernel.io_uring_disabled or a seccomp profile)"
-    return f"io_uring failed ({exc.__class__.__name__}: {exc})"
+        if exc.errno == errno.ENOSYS:
+            return "the kernel has no io_uring (io_uring_setup: ENOSYS)"
+        if exc.errno == errno.EPERM:
+            return "io_uring is not permitted here (io_uring_setup: EPERM; sysctl kernel.io_uring_disabled or a seccomp profile)"
+        return f"io_uring failed ({exc.__class__.__name__}: {exc})"
 
 
 def _probe_read() -> str | None:
-    import liburing as L
-
-    ring = L.Ring()
-    L.io_uring_queue_init(2, ring)
+    expected = b"kvstore io_uring probe"
+    ring = _Ring(2)
     try:
         with tempfile.TemporaryFile() as f:
-            f.write(b"kvstore io_uring probe")
+            f.write(expected)
             f.flush()
-            buf = bytearray(22)
-            iov = L.Iovec([buf])
-            sqe = L.io_uring_get_sqe(ring)
-            L.io_uring_prep_readv(sqe, f.fileno(), iov, 0)
-            sqe.user_data = 1
-            L.io_uring_submit(ring)
+            buf = bytearray(len(expected))
+            ring.prep(_OP_READ, f.fileno(), buffer_address(buf), len(buf), 0, 7)
+            ring.submit()
             poller = select.poll()
-            poller.register(ring.ring_fd, select.POLLIN)
+            poller.register(ring.fd, select.POLLIN)
             if not poller.poll(PROBE_TIMEOUT_MS):
                 return f"a probe read through io_uring did not complete in {PROBE_TIMEOUT_MS} ms"
-            cqe = L.Cqe()
-            L.io_uring_peek_cqe(ring, cqe)
-            n = cqe[0].res
-            L.io_uring_cqe_seen(ring, cqe[0])
-            if bytes(buf[:n]) != b"kvstore io_uring probe":
-                return f"a probe read through io_uring returned {bytes(buf[:n])!r}"
+            ((tag, res),) = ring.reap()
+            if res < 0:
+                return f"a probe read through io_uring failed: {os.strerror(-res)} (IORING_OP_READ needs kernel 5.6)"
+            if bytes(buf[:res]) != expected:
+                return f"a probe read through io_uring returned {bytes(buf[:res])!r}"
     finally:
-        L.io_uring_queue_exit(ring)
+        ring.close()
     return None
 
 
@@ -119,21 +239,16 @@ class UringFuture(Future):
     __slots__ = ()
 
 
-class _Ring:
+class _Shared:
     """What the ring thread and the submitters share; never the backend itself,
     so a backend dropped without ``shutdown`` is collected and lets its thread go."""
 
     def __init__(self, depth: int, lock: threading.Lock):
-        import liburing
-
-        self.L = liburing
-        self.ring = liburing.Ring()
-        liburing.io_uring_queue_init(depth, self.ring)
-        self.cqe = liburing.Cqe()
+        self.ring = _Ring(depth)
         self.wake_fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.depth = depth
         self.lock = lock  # the backend's submit lock
-        self.queue: deque = deque()  # [future, op, fd, view, offset, nbytes, done, iovec]
+        self.queue: deque = deque()  # [future, opcode, fd, view, offset, nbytes, done]
         self.pending: dict[int, list] = {}  # tag (user_data) -> request, while the kernel has it
         self.sleeping = False  # the ring thread is (about to be) in poll: wake it
         self.stopping = False
@@ -144,7 +259,7 @@ class _Ring:
         self.peak_in_flight = 0  # most requests the ring held at once
 
 
-def _stop(st: _Ring) -> None:
+def _stop(st: _Shared) -> None:
     """Ask the ring thread to finish the queued requests and exit."""
     with st.lock:
         if st.closed or st.stopping:
@@ -153,39 +268,33 @@ def _stop(st: _Ring) -> None:
         os.eventfd_write(st.wake_fd, 1)
 
 
-def _ring_loop(st: _Ring) -> None:
+def _ring_loop(st: _Shared) -> None:
     """The ring thread: submit what is queued, reap, complete; sleep when idle."""
     try:
         _serve(st)
     except BaseException as exc:  # a bug or a broken ring: fail every request rather than hang it
-        # (requests still in the kernel are cancelled when the ring is torn down)
+        # (requests still in the kernel are cancelled when the ring is closed)
         log.exception("io_uring ring thread failed")
         _fail_all(st, exc)
     finally:
         with st.lock:
             st.closed = True
             os.close(st.wake_fd)
-            st.L.io_uring_queue_exit(st.ring)
+            st.ring.close()
 
 
-def _serve(st: _Ring) -> None:
-    L, ring, cqe, queue = st.L, st.ring, st.cqe, st.queue
-    get_sqe, prep_readv, prep_writev, Iovec = L.io_uring_get_sqe, L.io_uring_prep_readv, L.io_uring_prep_writev, L.Iovec
-    sq_ready, submit, CqeIter, cq_advance = L.io_uring_sq_ready, L.io_uring_submit, L.CqeIter, L.io_uring_cq_advance
-    pending = st.pending
+def _serve(st: _Shared) -> None:
+    ring, queue, pending = st.ring, st.queue, st.pending
     free_tags = list(range(st.depth))
     poller = select.poll()
-    poller.register(ring.ring_fd, select.POLLIN)
+    poller.register(ring.fd, select.POLLIN)
     poller.register(st.wake_fd, select.POLLIN)
     wake_fd = st.wake_fd
+    prep_sqe = ring.prep
 
     def prep(tag: int, req: list) -> None:
         done = req[6]
-        view = req[3] if not done else req[3][done:]
-        req[7] = iov = Iovec([view])  # kept until completion
-        sqe = get_sqe(ring)  # never None: no more than depth requests are in the ring
-        (prep_readv if req[1] == _READ else prep_writev)(sqe, req[2], iov, req[4] + done)
-        sqe.user_data = tag
+        prep_sqe(req[1], req[2], buffer_address(req[3]) + done, req[5] - done, req[4] + done, tag)
 
     def push() -> bool:
         """Move queued requests into the ring and submit them; True when some stayed behind."""
@@ -196,47 +305,39 @@ def _serve(st: _Ring) -> None:
             prep(tag, req)
         if len(pending) > st.peak_in_flight:
             st.peak_in_flight = len(pending)
-        if not sq_ready(ring):
+        if not ring.unsubmitted():
             return False
         try:
-            st.submitted += submit(ring)  # one io_uring_enter for the whole batch
+            st.submitted += ring.submit()  # one io_uring_enter for the whole batch
             st.enters += 1
         except OSError as exc:
             if exc.errno not in _RETRY_SUBMIT:
                 raise
-        return sq_ready(ring) > 0  # the kernel took part of the batch: submit the rest soon
+        return ring.unsubmitted() > 0  # the kernel took part of the batch: submit the rest soon
 
     while True:
         backlog = push()
-        completions = []
-        for _ in CqeIter(ring, cqe):
-            entry = cqe[0]
-            try:
-                completions.append((entry.user_data, entry.res, None))
-            except OSError as exc:  # res < 0: the kernel's error
-                completions.append((entry.user_data, None, exc))
+        completions = ring.reap()
         if completions:
-            cq_advance(ring, len(completions))
             n_done = 0
-            for tag, res, error in completions:
+            for tag, res in completions:
                 req = pending[tag]
-                if error is None:
-                    remaining = req[5] - req[6]
-                    if res == remaining:
-                        res = req[5]
-                    elif res == 0:
-                        error = _short_error(req)
-                    else:  # short: continue from where it stopped, same tag
-                        req[6] += res
-                        if req[6] == res:  # first time short: slice by bytes from now on
-                            req[3] = req[3].cast("B")
-                        prep(tag, req)
-                        continue
+                error = None
+                if res < 0:
+                    error = OSError(-res, os.strerror(-res))
+                elif res == req[5] - req[6]:
+                    res = req[5]
+                elif res == 0:
+                    error = _short_error(req)
+                else:  # short: continue from where it stopped, same tag
+                    req[6] += res
+                    prep(tag, req)
+                    continue
                 del pending[tag]
                 free_tags.append(tag)
                 future = req[0]
                 req.clear()  # hold no buffer past completion
-                future._complete(res, error)
+                future._complete(None if error else res, error)
                 n_done += 1
                 if n_done % RESUBMIT_EVERY == 0 and queue:
                     push()  # what the callbacks queued so far goes down before the rest are completed
@@ -258,13 +359,13 @@ def _serve(st: _Ring) -> None:
 
 def _short_error(req: list) -> BaseException:
     at = req[4] + req[6]
-    if req[1] == _READ:
+    if req[1] == _OP_READ:
         return EOFError(f"read past end of file at offset {at}")
     return OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (write of 0 bytes at offset {at})")
 
 
-def _fail_all(st: _Ring, exc: BaseException) -> None:
-    """Complete every queued request with ``exc``; later submits raise."""
+def _fail_all(st: _Shared, exc: BaseException) -> None:
+    """Complete every request not yet completed with ``exc``; later submits raise."""
     with st.lock:
         st.error = exc
         requests = [*st.pending.values(), *st.queue]
@@ -284,7 +385,7 @@ class UringBackend(FdBackend):
         super().__init__(queue_depth=queue_depth, direct=direct)
         self._lock = threading.Lock()  # orders submits against shutdown
         self._shut_down = False
-        self._ring = _Ring(queue_depth, self._lock)
+        self._ring = _Shared(queue_depth, self._lock)
         self._thread = threading.Thread(target=_ring_loop, args=(self._ring,), name="kvstore-io-uring", daemon=True)
         self._thread.start()
         # a backend dropped without shutdown() still lets its ring thread go
@@ -294,16 +395,18 @@ class UringBackend(FdBackend):
         nbytes = aligned_nbytes(buf, offset) if fh.direct else memoryview(buf).nbytes
         view = memoryview(buf)
         if view.readonly:
-            raise TypeError("pread needs a writable buffer")
-        return self._submit(_READ, fh.raw, view, offset, nbytes)
+            raise BufferError("pread needs a writable buffer")
+        return self._submit(_OP_READ, fh.raw, view, offset, nbytes)
 
     def pwrite(self, fh: FileHandle, buf, offset: int) -> UringFuture:
         if not fh.writable:
             raise ValueError(f"{fh.path} is not open for writing")
         nbytes = aligned_nbytes(buf, offset) if fh.direct else memoryview(buf).nbytes
-        return self._submit(_WRITE, fh.raw, memoryview(buf), offset, nbytes)
+        return self._submit(_OP_WRITE, fh.raw, memoryview(buf), offset, nbytes)
 
-    def _submit(self, op: int, fd: int, view: memoryview, offset: int, nbytes: int) -> UringFuture:
+    def _submit(self, opcode: int, fd: int, view: memoryview, offset: int, nbytes: int) -> UringFuture:
+        if not view.c_contiguous:
+            raise ValueError("io_uring I/O needs one contiguous buffer")
         future = UringFuture()
         if not nbytes:
             future._complete(0, None)
@@ -314,7 +417,7 @@ class UringBackend(FdBackend):
                 raise RuntimeError("cannot submit I/O after shutdown")
             if st.error is not None:
                 raise RuntimeError(f"the io_uring ring thread failed: {st.error.__class__.__name__}: {st.error}")
-            st.queue.append([future, op, fd, view, offset, nbytes, 0, None])
+            st.queue.append([future, opcode, fd, view, offset, nbytes, 0])
             if st.sleeping:
                 st.sleeping = False  # one wake-up is enough
                 os.eventfd_write(st.wake_fd, 1)

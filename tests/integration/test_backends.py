@@ -10,6 +10,7 @@ import functools
 import gc
 import logging
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -120,6 +121,13 @@ def test_buffered_mode_takes_unaligned_requests(tmp_path, backend_cls):
         out = bytearray(5)
         b.pread(fh, out, 9).result()
         assert out == b"world"
+        immutable = b"xxxxx"
+        with pytest.raises(BufferError):  # never read into bytes: at submit (uring) or from the future (posix)
+            b.pread(fh, immutable, 9).result()
+        assert immutable == b"xxxxx"
+        column = np.zeros((8, 2), np.uint8)[:, 0]  # not one contiguous block
+        with pytest.raises(ValueError, match="contiguous"):
+            b.pread(fh, column, 0).result()
         b.close(fh)
 
 
@@ -334,6 +342,28 @@ def test_backend_dropped_without_shutdown_lets_workers_go(tmp_path, backend_cls)
         assert not t.is_alive()
 
 
+def test_buffers_are_let_go_once_the_request_completes(tmp_path, backend_cls):
+    """No export of a caller's buffer outlives its request: the memory can be unmapped."""
+    import mmap
+
+    path = str(tmp_path / "f")
+    data = _data_file(path, 1 << 16)
+    with backend_cls(queue_depth=2) as b:
+        fh = b.open(path)
+        for i in range(8):
+            mem = mmap.mmap(-1, 8192)
+            assert b.pread(fh, memoryview(mem)[4096:], i * 4096).result(timeout=10) == 4096
+            assert mem[4096:] == data[i * 4096 : (i + 1) * 4096].tobytes()
+            for _ in range(1000):  # posix's worker drops its reference just after completing
+                try:
+                    mem.close()
+                    break
+                except BufferError:
+                    time.sleep(0.001)
+            assert mem.closed
+        b.close(fh)
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only choice")
 @pytest.mark.skipif(URING_REASON is not None, reason=f"io_uring: {URING_REASON}")
 def test_auto_picks_uring_without_cuda_and_says_why(caplog):
@@ -346,24 +376,45 @@ def test_auto_picks_uring_without_cuda_and_says_why(caplog):
     assert unavailable_reason() is not None
 
 
-@pytest.fixture
-def no_liburing(monkeypatch):
-    """This process as if liburing were not installed (the io_uring probe runs again, then is reset)."""
-    monkeypatch.setitem(sys.modules, "liburing", None)
-    uring_module.unavailable_reason.cache_clear()
-    yield
-    uring_module.unavailable_reason.cache_clear()
+# A child process that installs a seccomp filter refusing io_uring_setup with
+# EPERM (what container runtimes' default profiles do), then asks for a backend.
+_NO_IO_URING = r"""
+import ctypes, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="%(message)s")
+class Filter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_ushort), ("jt", ctypes.c_ubyte), ("jf", ctypes.c_ubyte), ("k", ctypes.c_uint)]
+class Prog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(Filter))]
+prog = (Filter * 4)(
+    (0x20, 0, 0, 0),             # load the syscall number
+    (0x15, 0, 1, 425),           # io_uring_setup?
+    (0x06, 0, 0, 0x00050000 | 1),  # yes: fail with EPERM
+    (0x06, 0, 0, 0x7FFF0000),    # no: allow
+)
+libc = ctypes.CDLL(None, use_errno=True)
+assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
+assert libc.prctl(22, 2, ctypes.byref(Prog(4, prog)), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, filter
+from kvstore.errors import BackendUnavailable
+from kvstore.io import make_backend
+with make_backend("auto") as b:
+    print("chose", b.name)
+try:
+    make_backend("uring")
+except BackendUnavailable as exc:
+    print("forced:", exc)
+"""
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only fallback")
-def test_auto_falls_back_to_posix_without_io_uring_and_says_why(caplog, no_liburing):
-    caplog.set_level(logging.INFO, logger="kvstore.io")
-    with make_backend("auto") as b:
-        assert b.name == "posix"
-    assert "I/O backend: posix" in caplog.text
-    assert "kvikio skipped" in caplog.text and "uring skipped: liburing is not importable" in caplog.text
-    with pytest.raises(BackendUnavailable, match="backend 'uring' was requested but cannot run: liburing is not importable"):
-        make_backend("uring")
+def test_auto_falls_back_to_posix_where_io_uring_is_refused_and_says_why():
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", _NO_IO_URING], cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "chose posix" in out
+    assert "I/O backend: posix (O_DIRECT preadv/pwritev, queue depth 16); kvikio skipped: no CUDA driver" in out
+    assert "uring skipped: io_uring is not permitted here (io_uring_setup: EPERM" in out
+    assert "forced: backend 'uring' was requested but cannot run: io_uring is not permitted here" in out
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="checks the CPU-only fallback")
