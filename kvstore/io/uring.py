@@ -300,9 +300,14 @@ def _serve(st: _Shared) -> None:
         """Move queued requests into the ring and submit them; True when some stayed behind."""
         while queue and free_tags:
             req = queue.popleft()
-            tag = free_tags.pop()
-            pending[tag] = req
-            prep(tag, req)
+            try:
+                prep(free_tags[-1], req)
+            except Exception as exc:  # a buffer whose address cannot be read: that request fails, the ring goes on
+                future = req[0]
+                req.clear()
+                future._complete(None, exc)
+                continue
+            pending[free_tags.pop()] = req
         if len(pending) > st.peak_in_flight:
             st.peak_in_flight = len(pending)
         if not ring.unsubmitted():
