@@ -79,6 +79,8 @@ _NR_SETUP, _NR_ENTER = 425, 426
 _OP_READ, _OP_WRITE = 22, 23
 _OFF_SQ_RING, _OFF_CQ_RING, _OFF_SQES = 0, 0x8000000, 0x10000000
 _FEAT_SINGLE_MMAP = 1
+_SQ_CQ_OVERFLOW = 1 << 1  # sq ring flag: completions wait in the kernel's overflow list
+_ENTER_GETEVENTS = 1
 _SQE = struct.Struct(
     "<BBHiQQIIQHHiQQ"
 )  # opcode flags ioprio fd off addr len rw_flags user_data buf_index personality splice_fd_in addr3 pad
@@ -144,7 +146,7 @@ class _Ring:
         self.sq_entries = params.sq_entries
         self.sq_mask = _U32.unpack_from(self.sq_mm, sq.ring_mask)[0]
         self.cq_mask = _U32.unpack_from(self.cq_mm, cq.ring_mask)[0]
-        self.sq_head_off, self.sq_tail_off = sq.head, sq.tail
+        self.sq_head_off, self.sq_tail_off, self.sq_flags_off = sq.head, sq.tail, sq.flags
         self.cq_head_off, self.cq_tail_off, self.cqes_off = cq.head, cq.tail, cq.cqes
         for i in range(params.sq_entries):  # SQE i always sits at index i of the array
             _U32.pack_into(self.sq_mm, sq.array + 4 * i, i)
@@ -170,7 +172,14 @@ class _Ring:
         return _check(_enter(_NR_ENTER, self.fd, self.unsubmitted(), 0, 0, None, 0))
 
     def reap(self) -> list[tuple[int, int]]:
-        """The completions posted so far, as ``(user_data, res)``, and free their slots."""
+        """The completions posted so far, as ``(user_data, res)``, and free their slots.
+
+        Completions the kernel could not post to the ring wait in its overflow
+        list (and every later one queues behind them, while the ring fd polls
+        readable) until an io_uring_enter with GETEVENTS moves them over.
+        """
+        if _U32.unpack_from(self.sq_mm, self.sq_flags_off)[0] & _SQ_CQ_OVERFLOW:
+            _check(_enter(_NR_ENTER, self.fd, 0, 0, _ENTER_GETEVENTS, None, 0))
         tail = _U32.unpack_from(self.cq_mm, self.cq_tail_off)[0]
         head = self.cq_head
         if head == tail:

@@ -342,6 +342,27 @@ def test_backend_dropped_without_shutdown_lets_workers_go(tmp_path, backend_cls)
         assert not t.is_alive()
 
 
+@pytest.mark.parametrize(
+    "backend", ["posix", pytest.param("uring", marks=pytest.mark.skipif(URING_REASON is not None, reason="no io_uring"))]
+)
+def test_process_exits_with_a_backend_never_shut_down(tmp_path, backend):
+    """Not even a request that never completes (a read of an empty pipe) keeps the process alive."""
+    script = f"""
+import os
+from kvstore.io import FileHandle, aligned_buffer, make_backend
+b = make_backend({backend!r}, queue_depth=2)
+fh = b.open({str(tmp_path / "f")!r}, write=True)
+assert b.pwrite(fh, aligned_buffer(4096), 0).result(timeout=10) == 4096
+rfd, wfd = os.pipe()
+if {backend!r} == "uring":  # posix cannot pread a pipe: it just stays idle
+    b.pread(FileHandle(path="pipe", writable=False, direct=False, raw=rfd), bytearray(1), 0)
+print("leaving")
+"""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run([sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "leaving", proc.stderr
+
+
 def test_buffers_are_let_go_once_the_request_completes(tmp_path, backend_cls):
     """No export of a caller's buffer outlives its request: the memory can be unmapped."""
     import mmap
@@ -500,6 +521,36 @@ def test_uring_continues_short_reads_and_writes(tmp_path):
         assert fut.result(timeout=10) == len(payload) and got == payload
     os.close(rfd)
     os.close(wfd)
+
+
+@needs_uring
+def test_uring_ring_hands_over_completions_that_overflowed(tmp_path):
+    """More completions than the completion ring holds (4 here) wait in the kernel's
+    overflow list; reaping moves them over instead of leaving the ring fd readable forever."""
+    from kvstore.io.base import buffer_address
+    from kvstore.io.uring import _OP_READ, _Ring
+
+    path = str(tmp_path / "f")
+    data = _data_file(path, 4096)
+    ring = _Ring(2)
+    fd = os.open(path, os.O_RDONLY)
+    bufs = [bytearray(16) for _ in range(10)]
+    try:
+        for i, buf in enumerate(bufs):  # one at a time, none reaped: 4 fit in the ring, 6 overflow
+            ring.prep(_OP_READ, fd, buffer_address(buf), 16, i * 16, i)
+            ring.submit()
+            time.sleep(0.005)
+        got = {}
+        for _ in range(200):
+            got.update(ring.reap())
+            if len(got) == 10:
+                break
+            time.sleep(0.01)
+        assert got == {i: 16 for i in range(10)}
+        assert all(bytes(buf) == data[i * 16 : (i + 1) * 16].tobytes() for i, buf in enumerate(bufs))
+    finally:
+        ring.close()
+        os.close(fd)
 
 
 @needs_uring
