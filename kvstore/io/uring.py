@@ -60,11 +60,14 @@ import threading
 import weakref
 from collections import deque
 
+from ..faults import armed, crash_point
 from .base import FileHandle, aligned_nbytes, buffer_address
 from .future import Future
 from .posix import FdBackend
 
 log = logging.getLogger(__name__)
+
+_READ_STEP_ARMED = armed("read:io")  # read once at import, like the fault variables
 
 PROBE_TIMEOUT_MS = 2000  # the probe's read of a page-cache file takes microseconds
 # Completions handled between two submits: requests resubmitted by the first
@@ -309,6 +312,8 @@ def _serve(st: _Shared) -> None:
         """Move queued requests into the ring and submit them; True when some stayed behind."""
         while queue and free_tags:
             req = queue.popleft()
+            if _READ_STEP_ARMED and req[1] == _OP_READ:  # a test holds the read here (KVSTORE_PAUSE_AT=read:io:<seconds>)
+                crash_point("read:io")  # on the ring thread: later requests wait behind it
             try:
                 prep(free_tags[-1], req)
             except Exception as exc:  # a buffer whose address cannot be read: that request fails, the ring goes on
