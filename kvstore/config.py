@@ -27,7 +27,10 @@ def _opt(default, help: str):
 @dataclass(frozen=True)
 class StoreConfig:
     data_dir: str = _opt(".kvstore/data", "directory holding segment files and the LMDB index")
-    backend: str = _opt("auto", "I/O backend: auto (kvikio when a CUDA driver is present, else posix), posix, kvikio")
+    backend: str = _opt(
+        "auto",
+        "I/O backend: auto (kvikio when a CUDA driver is present, else posix), posix, uring (io_uring, batched submission), kvikio",
+    )
     io_queue_depth: int = _opt(16, "I/O requests kept in flight by the backend")
     direct_io: bool = _opt(True, "bypass the page cache with O_DIRECT (falls back, with a warning, where unsupported)")
     max_read_run_bytes: int = _opt(8 * MiB, "largest single read when adjacent extents are coalesced")

@@ -22,11 +22,11 @@ import logging
 import os
 import threading
 import weakref
-from _thread import allocate_lock
 from queue import SimpleQueue
 
 from ..faults import armed, crash_point
 from .base import FileHandle, IOBackend, aligned_nbytes
+from .future import Future
 
 log = logging.getLogger(__name__)
 
@@ -34,10 +34,6 @@ _READ_STEP_ARMED = armed("read:io")  # read once at import, like the fault varia
 
 _preadv = os.preadv
 _pwritev = os.pwritev
-
-# Guards each future's done-flag against add_done_callback / result() racing
-# its completion; held for a few bytecodes only.
-_state_lock = allocate_lock()
 
 
 def _direct_supported(directory: str) -> bool:
@@ -54,82 +50,10 @@ def _direct_supported(directory: str) -> bool:
     return True
 
 
-class PosixFuture:
-    """The future of one request: ``result``, ``done``, ``exception``, ``add_done_callback``.
+class PosixFuture(Future):
+    """A request's future, completed (and its callbacks run) on the worker thread."""
 
-    Callbacks receive the future and run on the worker thread that completed
-    it (at once, on the caller's thread, when it is already done), like
-    ``concurrent.futures.Future``; an exception in one is logged.
-    """
-
-    __slots__ = ("_done", "_result", "_error", "_gate", "_callbacks")
-
-    def __init__(self):
-        self._done = False
-        self._result = None
-        self._error: BaseException | None = None
-        self._gate = None  # a held lock, made by the first waiter; released on completion
-        self._callbacks: list | None = None
-
-    def done(self) -> bool:
-        return self._done
-
-    def result(self, timeout: float | None = None) -> int:
-        if not self._done:
-            self._wait(timeout)
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        if not self._done:
-            self._wait(timeout)
-        return self._error
-
-    def add_done_callback(self, fn) -> None:
-        if not self._done:
-            with _state_lock:
-                if not self._done:
-                    if self._callbacks is None:
-                        self._callbacks = [fn]
-                    else:
-                        self._callbacks.append(fn)
-                    return
-        _call(fn, self)
-
-    def _wait(self, timeout: float | None) -> None:
-        with _state_lock:
-            if self._done:
-                return
-            gate = self._gate
-            if gate is None:
-                gate = self._gate = allocate_lock()
-                gate.acquire()
-        if not gate.acquire(True, -1 if timeout is None else max(timeout, 0.0)):
-            raise TimeoutError(f"I/O not done after {timeout} s")
-        gate.release()  # open for the next waiter
-
-    def _complete(self, result, error: BaseException | None) -> None:
-        with _state_lock:
-            self._result, self._error, self._done = result, error, True
-            gate, callbacks = self._gate, self._callbacks
-            self._callbacks = None
-        if gate is not None:
-            gate.release()
-        if callbacks is not None:
-            for fn in callbacks:
-                _call(fn, self)
-
-    def __repr__(self) -> str:
-        state = "pending" if not self._done else ("error" if self._error is not None else "done")
-        return f"<PosixFuture {state}>"
-
-
-def _call(fn, future: PosixFuture) -> None:
-    try:
-        fn(future)
-    except Exception:
-        log.exception("exception in a callback of %r", future)
+    __slots__ = ()
 
 
 def _worker(queue: SimpleQueue) -> None:
@@ -155,22 +79,18 @@ def _stop(pool: SimpleQueue, threads: list) -> None:
         pool.put(None)
 
 
-class PosixBackend(IOBackend):
-    name = "posix"
+class FdBackend(IOBackend):
+    """What every file-descriptor backend shares: O_DIRECT opens, probed per
+    directory (buffered where the file system refuses it), fdatasync,
+    fallocate and close; subclasses move the bytes."""
 
-    def __init__(self, *, queue_depth: int = 16, direct: bool = True):
+    def __init__(self, *, queue_depth: int, direct: bool):
         if queue_depth < 1:
             raise ValueError("queue_depth must be >= 1")
         self.queue_depth = queue_depth
         self.direct = direct
         self._direct_checked: dict[str, bool] = {}  # directory -> O_DIRECT works there
         self._probe_lock = threading.Lock()  # one probe per directory, however many first opens race
-        self._queue: SimpleQueue = SimpleQueue()
-        self._threads: list[threading.Thread] = []  # started on demand, up to queue_depth
-        self._lock = threading.Lock()  # orders submits against shutdown
-        self._shut_down = False
-        # a backend dropped without shutdown() still lets its workers go
-        self._finalizer = weakref.finalize(self, _stop, self._queue, self._threads)
 
     def _use_direct(self, path: str) -> bool:
         if not self.direct:
@@ -194,6 +114,29 @@ class PosixBackend(IOBackend):
             flags |= os.O_DIRECT
         fd = os.open(path, flags | os.O_CLOEXEC, 0o640)
         return FileHandle(path=path, writable=write, direct=direct, raw=fd)
+
+    def fdatasync(self, fh: FileHandle) -> None:
+        os.fdatasync(fh.raw)
+
+    def allocate(self, fh: FileHandle, nbytes: int) -> None:
+        if nbytes > 0:
+            os.posix_fallocate(fh.raw, 0, nbytes)
+
+    def close(self, fh: FileHandle) -> None:
+        os.close(fh.raw)
+
+
+class PosixBackend(FdBackend):
+    name = "posix"
+
+    def __init__(self, *, queue_depth: int = 16, direct: bool = True):
+        super().__init__(queue_depth=queue_depth, direct=direct)
+        self._queue: SimpleQueue = SimpleQueue()
+        self._threads: list[threading.Thread] = []  # started on demand, up to queue_depth
+        self._lock = threading.Lock()  # orders submits against shutdown
+        self._shut_down = False
+        # a backend dropped without shutdown() still lets its workers go
+        self._finalizer = weakref.finalize(self, _stop, self._queue, self._threads)
 
     def pread(self, fh: FileHandle, buf, offset: int) -> PosixFuture:
         nbytes = aligned_nbytes(buf, offset) if fh.direct else memoryview(buf).nbytes
@@ -219,16 +162,6 @@ class PosixBackend(IOBackend):
         thread = threading.Thread(target=_worker, args=(self._queue,), name=f"kvstore-io_{len(self._threads)}", daemon=True)
         thread.start()
         self._threads.append(thread)
-
-    def fdatasync(self, fh: FileHandle) -> None:
-        os.fdatasync(fh.raw)
-
-    def allocate(self, fh: FileHandle, nbytes: int) -> None:
-        if nbytes > 0:
-            os.posix_fallocate(fh.raw, 0, nbytes)
-
-    def close(self, fh: FileHandle) -> None:
-        os.close(fh.raw)
 
     def shutdown(self) -> None:
         """Finish the requests already submitted, then join the workers."""

@@ -9,13 +9,16 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 from helpers import assert_png
 
+from kvstore.io import resolve_backend
+from kvstore.io import uring as uring_module
 from kvstore.io.kvikio_backend import unavailable_reason
 from tools.bench.cli import main
-from tools.bench.io_jobs import format_bytes, iter_offsets, parse_size
+from tools.bench.io_jobs import busy_core, format_bytes, iter_offsets, parse_size
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL_JOB = ["--size", "8m", "--runtime", "1", "--bs", "64k", "--iodepth", "4", "--seed", "7"]
@@ -33,6 +36,7 @@ def check_row(row: dict, block_bytes: int) -> None:
         assert row[key] > 0, key
     for key in CLAT_KEYS:
         assert row["clat_us"][key] > 0, key
+    assert row["cpu_us_per_io"] > 0 and row["cpu_user_s"] + row["cpu_sys_s"] > 0
     assert row["clat_us"]["p50"] <= row["clat_us"]["p99"] <= row["clat_us"]["p99.9"]
     assert row["bw_mb_per_s"] == pytest.approx(row["bw_bytes_per_s"] / 1e6)
     if block_bytes:
@@ -59,9 +63,47 @@ def test_file_is_reused_and_text_output_looks_like_fio(capsys, tmp_path):
     rc, out, _ = run_io(capsys, tmp_path)
     assert rc == 0
     assert "(8192KiB, reused)" in out
-    assert "kvstore(posix): rw=randread, bs=64.0KiB, iodepth=4, numjobs=1" in out
+    assert f"kvstore({resolve_backend('auto')[0]}): rw=randread, bs=64.0KiB, iodepth=4, numjobs=1" in out
     assert "  read: IOPS=" in out and "MiB/s (" in out and "msec)" in out
     assert "    clat (usec): p50=" in out and "p99.9=" in out
+    assert "  cpu: " in out and " us per I/O (user " in out
+    assert "load average (1, 5, 15 min): " in out
+
+
+@pytest.mark.parametrize(
+    "backend",
+    ["posix", pytest.param("uring", marks=pytest.mark.skipif(uring_module.unavailable_reason() is not None, reason="no io_uring"))],
+)
+def test_each_host_backend_runs_the_job(capsys, tmp_path, backend):
+    rc, out, _ = run_io(capsys, tmp_path, "--backend", backend, "--json")
+    assert rc == 0
+    report = json.loads(out)
+    assert report["ours"]["engine"] == f"kvstore({backend})" and report["params"]["backend"] == backend
+    check_row(report["ours"], 64 << 10)
+    assert len(report["machine"]["loadavg_before"]) == 3 and not report["params"]["busy_core"]
+
+
+def test_busy_core_spins_a_competing_process_while_the_job_runs():
+    with busy_core() as proc:
+        ticks = _cpu_ticks(proc.pid)
+        deadline = time.monotonic() + 10
+        while _cpu_ticks(proc.pid) - ticks < 20 and time.monotonic() < deadline:  # 0.2 s of CPU
+            time.sleep(0.05)
+        assert proc.poll() is None and _cpu_ticks(proc.pid) - ticks >= 20
+    assert proc.returncode is not None  # gone once the block ends
+    with busy_core(False) as nothing:
+        assert nothing is None
+
+
+def _cpu_ticks(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])  # utime + stime
+
+
+def test_busy_core_is_reported(capsys, tmp_path):
+    rc, out, _ = run_io(capsys, tmp_path, "--busy-core", "--runtime", "0.5")
+    assert rc == 0 and ", one core busy" in out
 
 
 def test_numjobs_two_aggregates_like_group_reporting(capsys, tmp_path):
@@ -130,7 +172,7 @@ def test_compare_fio(capsys, tmp_path):
     check_row(report["ours"], 64 << 10)
     check_row(report["fio"], 64 << 10)
     assert report["fio"]["engine"] == "fio(libaio)" and report["machine"]["fio_version"].startswith("fio")
-    for name in ("bw", "iops", "clat_p50", "clat_p99"):
+    for name in ("bw", "iops", "clat_p50", "clat_p99", "cpu_per_io"):
         assert report["ratio"][name] > 0
     assert report["ratio"]["bw"] == pytest.approx(report["ours"]["bw_bytes_per_s"] / report["fio"]["bw_bytes_per_s"])
 
@@ -158,3 +200,19 @@ def test_random_offsets_visit_every_block_once_per_pass():
     assert first != second
     sequential = iter_offsets("read", 4096, 3 * 4096 + 100, seed=0)
     assert [next(sequential) for _ in range(4)] == [0, 4096, 8192, 0]
+
+
+def test_chunked_max_read_run_reaches_the_store(capsys, tmp_path):
+    """``--max-read-run`` bounds coalescing: at one padded extent (4 KiB here) no runs merge."""
+    tiny = ["io", "--chunked", "--data-dir", str(tmp_path), "--layers", "4", "--kv-heads", "1", "--head-dim", "8", "--tokens", "512"]
+    tiny += ["--runtime", "0.2", "--budgets", "0.25", "--selection", "runs", "--seed", "3", "--json"]
+    reports = []
+    for extra in ([], ["--max-read-run", "4k"]):
+        assert main([*tiny, *extra]) == 0
+        reports.append(json.loads(capsys.readouterr().out))
+    default, one_extent = reports
+    assert default["store"]["max_read_run_bytes"] == 8 << 20 and one_extent["store"]["max_read_run_bytes"] == 4096
+    on, off = default["cases"]
+    assert on["io_requests_per_read"] < off["io_requests_per_read"]
+    on, off = one_extent["cases"]
+    assert on["io_requests_per_read"] == off["io_requests_per_read"]

@@ -13,6 +13,7 @@ import pytest
 from helpers import assert_png
 
 from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.io import resolve_backend
 from kvstore.store import ChunkStore
 from tools.bench.chunked import run_chunked
 from tools.bench.plots import plot_io
@@ -49,7 +50,7 @@ def test_demo_through_a_daemon_stores_shares_reads_and_verifies(tmp_path):
     assert [r[:2] for r in rows] == [[b, p] for b in ("5%", "25%", "100%") for p in ("shm", "bytes")]
     assert [r[-1] for r in rows] == ["yes"] * 6  # bit-exact on both data paths
     assert "verify: 2 segments" in out and "all ok" in out
-    assert "I/O backend: posix" in proc.stderr and "stopped" in proc.stderr  # the daemon's log, then its drain
+    assert f"I/O backend: {resolve_backend('auto')[0]} (" in proc.stderr and "stopped" in proc.stderr  # the daemon's log, then its drain
 
     again = run_module(*args)
     assert again.returncode == 0, again.stderr

@@ -22,6 +22,7 @@ from helpers import GEOMETRIES, data_root, ids, make_kv, make_tokens
 from engine_client.client import KVStoreClient, KVStoreRpcError, to_torch
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.io import resolve_backend
 from kvstore.wire import geometry_to_pb
 
 GEO = GEOMETRIES[2]  # 4 layers, 2 heads, dim 64, fp16, one period group
@@ -291,7 +292,7 @@ def test_admin_through_the_daemon(daemon):
     assert inspect.returncode == 0 and pid in inspect.stdout and "seg-" in inspect.stdout
     stats = _admin(daemon, "stats", "--json")
     st = json.loads(stats.stdout)
-    assert st["num_prefixes"] == 1 and st["backend"] == "posix" and any(r["rpc"] == "PutPrefix" for r in st["latency"])
+    assert st["num_prefixes"] == 1 and st["backend"] == resolve_backend("auto")[0] and any(r["rpc"] == "PutPrefix" for r in st["latency"])
     assert _admin(daemon, "verify", pid).returncode == 0
     gone = _admin(daemon, "delete", pid[:10])
     assert gone.returncode == 0 and pid in gone.stdout
@@ -509,7 +510,7 @@ def test_mtls_listener(daemon_factory, tmp_path):
         assert err.value.code == grpc.StatusCode.UNAVAILABLE  # the TLS handshake fails
     cert = ((tmp_path / "client.key").read_bytes(), (tmp_path / "client.pem").read_bytes())
     with KVStoreClient(target, root_certificates=ca, client_cert=cert) as client:
-        assert client.stats().backend == "posix"
+        assert client.stats().backend == resolve_backend("auto")[0]
 
 
 def test_attention_reports_and_accesses_make_scores_that_survive_restart(daemon_factory):

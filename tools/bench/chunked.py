@@ -57,6 +57,7 @@ DEFAULTS = {
     "backend": "auto",
     "iodepth": 16,
     "direct": True,
+    "max_read_run": None,  # StoreConfig's max_read_run_bytes
 }
 
 
@@ -192,11 +193,13 @@ def run_case(store, prefix_id, layout: SegmentLayout, *, selection, budget, coal
 
 
 def store_config(args) -> StoreConfig:
+    max_run = _arg(args, "max_read_run")
     return StoreConfig(
         data_dir=_arg(args, "data_dir"),
         backend=_arg(args, "backend"),
         io_queue_depth=int(_arg(args, "iodepth")),
         direct_io=_as_bool(_arg(args, "direct")),
+        **({} if max_run is None else {"max_read_run_bytes": int(max_run)}),
     )
 
 

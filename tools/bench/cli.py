@@ -35,10 +35,11 @@ import sys
 from kvstore import cli_flags
 from kvstore.cli_flags import fractions_arg, one_fraction_arg
 from kvstore.errors import KVStoreError
+from kvstore.io import BACKENDS
 from kvstore.progress import add_progress_flag, set_enabled
 
 from .fio import compare_with_fio, format_comparison
-from .io_jobs import RW_MODES, BenchError, JobSpec, UsageError, format_run, parse_size, run_io
+from .io_jobs import RW_MODES, BenchError, JobSpec, UsageError, busy_core, format_run, parse_size, run_io
 from .plots import add_plot_flag, check_plot_path
 
 DEFAULT_DIRECTORY = ".kvstore/bench"
@@ -63,7 +64,12 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--size", type=_size, default=parse_size("1g"), help="file bytes each job covers")
     job.add_argument("--runtime", type=float, default=10.0, help="seconds (time based, like fio --time_based)")
     job.add_argument("--direct", type=int, choices=(0, 1), default=1, help="1: O_DIRECT, no page cache")
-    job.add_argument("--backend", choices=("auto", "posix", "kvikio"), default="auto")
+    job.add_argument("--backend", choices=BACKENDS, default="auto", help="the store's I/O backend (auto: as the daemon chooses)")
+    job.add_argument(
+        "--busy-core",
+        action="store_true",
+        help="keep one core busy with a competing process (python -c 'while True: pass') during our run and fio's",
+    )
     job.add_argument(
         "--data-dir",
         dest="directory",
@@ -109,6 +115,9 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     cli_flags.add_alias(chk, "--period-layers", "group_layers", type=int)  # its older name
     chk.add_argument("--selection", choices=("random", "runs", "both"))
     chk.add_argument("--groups", choices=("all", "period"), help="one read for all period groups, or one per group")
+    chk.add_argument(
+        "--max-read-run", type=_size, help="largest coalesced read (the store's max_read_run_bytes; default: the store's default)"
+    )
 
 
 # Subcommands whose modules import torch: their parsers are built only when chosen,
@@ -197,10 +206,12 @@ def _run_io_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
         report = run_daemon_comparison(args)
         _print_json(report) if args.json else print(format_daemon_report(report))
         return report
-    if args.compare_fio:
-        report = compare_with_fio(spec, ioengine=args.fio_ioengine)  # checks for fio before our run
-    else:
-        report = run_io(spec)
+    with busy_core(args.busy_core):
+        if args.compare_fio:
+            report = compare_with_fio(spec, ioengine=args.fio_ioengine)  # checks for fio before our run
+        else:
+            report = run_io(spec)
+    report["params"]["busy_core"] = args.busy_core
     if args.json:
         _print_json(report)
     else:

@@ -17,6 +17,7 @@ uses the page cache; with ``direct=0`` both do, and the report says so.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 
@@ -24,14 +25,16 @@ from .io_jobs import (
     PAGE_CACHE_NOTE,
     BenchError,
     JobSpec,
+    cpu_fields,
     format_file_line,
+    format_load_line,
     format_result,
     run_io,
 )
 
 FIO_INSTALL_HINT = "fio is not on PATH; install it (Debian/Ubuntu: apt-get install -y fio) or drop --compare-fio"
 FIO_TIMEOUT_EXTRA_S = 120.0  # fio's layout check and teardown beyond --runtime
-RATIO_KEYS = (("bw", "bw_bytes_per_s"), ("iops", "iops"))
+RATIO_KEYS = (("bw", "bw_bytes_per_s"), ("iops", "iops"), ("cpu_per_io", "cpu_us_per_io"))
 LATENCY_RATIO_KEYS = (("clat_p50", "p50"), ("clat_p99", "p99"))
 
 
@@ -72,7 +75,10 @@ def parse_fio_json(text: str, rw: str, engine: str) -> dict:
     """fio's JSON (one group-reported job) in ``io_jobs.summarize``'s shape."""
     try:
         data = json.loads(text[text.index("{") :])  # fio may print warnings first
-        section = data["jobs"][0]["write" if rw == "write" else "read"]
+        job = data["jobs"][0]
+        section = job["write" if rw == "write" else "read"]
+        cpu_s = job.get("job_runtime", section["runtime"]) / 1e3 / 100
+        cpu = cpu_fields(job.get("usr_cpu", 0.0) * cpu_s, job.get("sys_cpu", 0.0) * cpu_s, section.get("total_ios", 0))
     except (ValueError, KeyError, IndexError) as exc:
         raise BenchError(f"cannot read fio's JSON output ({exc.__class__.__name__}: {exc}): {text[:300]!r}") from None
     clat_ns = section["clat_ns"]
@@ -90,6 +96,7 @@ def parse_fio_json(text: str, rw: str, engine: str) -> dict:
         "bw_mb_per_s": bw_bytes_per_s / 1e6,
         "iops": float(section["iops"]),
         "clat_us": clat_us,
+        **cpu,
     }
 
 
@@ -121,6 +128,7 @@ def compare_with_fio(spec: JobSpec, ioengine: str = "libaio") -> dict:
     fio = find_fio()
     report = run_io(spec)
     fio_row = run_fio(fio, spec, ioengine)
+    report["machine"]["loadavg_after"] = list(os.getloadavg())
     report["fio"] = fio_row
     report["ratio"] = ratios(report["ours"], fio_row)
     report["params"].update(fio_ioengine=ioengine, fio_command=" ".join(fio_command(fio, spec, ioengine)))
@@ -135,13 +143,17 @@ def format_comparison(report: dict) -> str:
         format_file_line(params),
         format_result(ours, params),
         format_result(fio, params),
+        format_load_line(report["machine"]),
         "",
-        f"{'':16}{'BW MiB/s':>10}{'IOPS':>10}{'p50 us':>10}{'p99 us':>10}",
+        f"{'':16}{'BW MiB/s':>10}{'IOPS':>10}{'p50 us':>10}{'p99 us':>10}{'CPU us/IO':>10}",
     ]
     for row in (ours, fio):
         clat = row["clat_us"]
-        lines.append(f"{row['engine']:16}{row['bw_mib_per_s']:>10.1f}{row['iops']:>10.0f}{clat['p50']:>10.0f}{clat['p99']:>10.0f}")
-    cells = [ratio[name] for name in ("bw", "iops", "clat_p50", "clat_p99")]
+        lines.append(
+            f"{row['engine']:16}{row['bw_mib_per_s']:>10.1f}{row['iops']:>10.0f}{clat['p50']:>10.0f}{clat['p99']:>10.0f}"
+            f"{row['cpu_us_per_io']:>10.1f}"
+        )
+    cells = [ratio[name] for name in ("bw", "iops", "clat_p50", "clat_p99", "cpu_per_io")]
     lines.append(f"{'ours/fio':16}" + "".join(f"{c:>10.2f}" if c is not None else f"{'-':>10}" for c in cells))
     lines.append("(latency ratios above 1: ours slower; ours includes the submit call, fio's clat does not)")
     if params["page_cache"]:

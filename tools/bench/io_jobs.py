@@ -15,6 +15,13 @@ file, started together, and aggregates like fio's ``group_reporting``: bytes
 and I/Os summed over jobs, runtime the longest job's, latency percentiles over
 all requests.
 
+CPU per I/O: the process's user and system CPU time (``os.times``: every
+thread, and the kernel's io_uring workers, which are threads of the
+process) over the timed loop, divided by the I/Os completed; fio's row takes
+its ``usr_cpu``/``sys_cpu`` the same way.  ``busy_core()`` keeps one core
+busy with a competing process (``--busy-core``), to see what the backends
+cost when the CPU is contended.
+
 The file is laid out once with real random data (never sparse: reading holes
 or unwritten extents never touches the disk) and reused while it holds
 ``size_bytes``.
@@ -35,6 +42,8 @@ import multiprocessing
 import os
 import queue
 import re
+import subprocess
+import sys
 import threading
 import time
 from array import array
@@ -55,7 +64,7 @@ LAYOUT_IN_FLIGHT = 4
 MAX_PERMUTED_BLOCKS = 1 << 22  # above this, random offsets are drawn with replacement
 OFFSET_BATCH = 1 << 16  # offsets converted to Python ints at a time
 COMPLETION_TIMEOUT_S = 60.0  # I/Os still in flight this long after the deadline: an error
-CALLBACK_BACKENDS = ("posix",)  # backends whose futures take add_done_callback
+CALLBACK_BACKENDS = ("posix", "uring")  # backends whose futures take add_done_callback
 JOB_START_TIMEOUT_S = 120.0  # spawn + setup of a job process
 PERCENTILES = (("p50", 50.0), ("p90", 90.0), ("p99", 99.0), ("p99.9", 99.9))
 _SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -81,7 +90,7 @@ class JobSpec:
     size_bytes: int  # bytes of the file the job covers (per job; jobs share the file)
     runtime_s: float
     direct: bool
-    backend: str  # auto | posix | kvikio
+    backend: str  # auto | posix | uring | kvikio
     filename: str
     seed: int
 
@@ -113,6 +122,8 @@ class JobResult:
     latencies_ns: np.ndarray  # [num_ios] int64
     backend: str
     direct: bool  # O_DIRECT really used (a file system may refuse it)
+    cpu_user_s: float = 0.0  # process CPU over the timed loop
+    cpu_sys_s: float = 0.0
 
 
 # ------------------------------------------------------------------ sizes
@@ -376,7 +387,9 @@ def run_job(spec: JobSpec, job_index: int = 0, barrier=None) -> JobResult:
             if barrier is not None:
                 barrier.wait(timeout=JOB_START_TIMEOUT_S)
             with _gc_paused():
+                cpu0 = os.times()
                 latencies_ns, elapsed_ns = _run_loop(spec, backend, fh, buffers, offsets)
+                cpu1 = os.times()
             direct = fh.direct
         finally:
             backend.close(fh)
@@ -389,6 +402,8 @@ def run_job(spec: JobSpec, job_index: int = 0, barrier=None) -> JobResult:
         latencies_ns=np.frombuffer(latencies_ns, dtype=np.int64).copy(),
         backend=backend.name,
         direct=direct,
+        cpu_user_s=cpu1.user - cpu0.user,
+        cpu_sys_s=cpu1.system - cpu0.system,
     )
 
 
@@ -438,6 +453,8 @@ def summarize(results: list[JobResult]) -> dict:
     io_bytes = sum(r.io_bytes for r in results)
     num_ios = sum(r.num_ios for r in results)
     elapsed_s = max(r.elapsed_ns for r in results) / 1e9
+    cpu_user_s = sum(r.cpu_user_s for r in results)
+    cpu_sys_s = sum(r.cpu_sys_s for r in results)
     return {
         "engine": f"kvstore({results[0].backend})",
         "io_bytes": io_bytes,
@@ -448,7 +465,17 @@ def summarize(results: list[JobResult]) -> dict:
         "bw_mb_per_s": io_bytes / elapsed_s / 1e6,
         "iops": num_ios / elapsed_s,
         "clat_us": latency_summary_us(latencies_ns),
+        **cpu_fields(cpu_user_s, cpu_sys_s, num_ios),
         "per_job": [{"io_bytes": r.io_bytes, "num_ios": r.num_ios, "runtime_ms": round(r.elapsed_ns / 1e6, 3)} for r in results],
+    }
+
+
+def cpu_fields(user_s: float, sys_s: float, num_ios: int) -> dict:
+    """CPU seconds (user, system) and microseconds of CPU per I/O."""
+    return {
+        "cpu_user_s": user_s,
+        "cpu_sys_s": sys_s,
+        "cpu_us_per_io": (user_s + sys_s) / num_ios * 1e6 if num_ios else 0.0,
     }
 
 
@@ -468,13 +495,34 @@ def run_io(spec: JobSpec) -> dict:
     """Lay the file out, run the job(s); ``{"ours", "params", "machine"}``."""
     spec.check()
     layout = prepare_file(spec)
+    load_before = os.getloadavg()
     if spec.numjobs == 1:
         results = [run_job(spec)]
     else:
         results = run_jobs_in_processes(spec)
     params = asdict(spec)
     params.update(layout=layout, direct_effective=results[0].direct, page_cache=not results[0].direct)
-    return {"ours": summarize(results), "params": params, "machine": machine_info(spec.filename)}
+    machine = machine_info(spec.filename)
+    machine.update(loadavg_before=list(load_before), loadavg_after=list(os.getloadavg()))
+    return {"ours": summarize(results), "params": params, "machine": machine}
+
+
+BUSY_LOOP = "while True: pass"
+
+
+@contextlib.contextmanager
+def busy_core(enabled: bool = True):
+    """A competing process spinning on one core while the block runs (``--busy-core``)."""
+    if not enabled:
+        yield None
+        return
+    proc = subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.2)  # running before the first I/O
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 # ------------------------------------------------------------------ report
@@ -507,6 +555,7 @@ def format_result(result: dict, params: dict) -> str:
             f"BW={format_bytes(result['bw_bytes_per_s'])}/s ({format_bytes(result['bw_bytes_per_s'], base=1000)}/s)"
             f"({format_bytes(result['io_bytes'])}/{result['runtime_ms']:.0f}msec)",
             "    clat (usec): " + ", ".join(f"{name}={_num(clat[name])}" for name in ("p50", "p90", "p99", "p99.9", "mean")),
+            f"  cpu: {result['cpu_us_per_io']:.1f} us per I/O (user {result['cpu_user_s']:.2f} s, sys {result['cpu_sys_s']:.2f} s)",
         ]
     )
 
@@ -515,13 +564,19 @@ def format_file_line(params: dict) -> str:
     return (
         f"file: {params['filename']} ({format_bytes(params['size_bytes'])}, {params['layout']}), "
         f"direct={int(params['direct_effective'])}, runtime={params['runtime_s']:g}s, seed={params['seed']}"
+        + (", one core busy" if params.get("busy_core") else "")
     )
+
+
+def format_load_line(machine: dict) -> str:
+    before, after = machine["loadavg_before"], machine["loadavg_after"]
+    return f"load average (1, 5, 15 min): {before[0]:.2f} {before[1]:.2f} {before[2]:.2f} before, {after[0]:.2f} {after[1]:.2f} {after[2]:.2f} after"
 
 
 def format_run(report: dict) -> str:
     """The human report of ``run_io``: file line, result, page-cache note."""
     params = report["params"]
-    lines = [format_file_line(params), format_result(report["ours"], params)]
+    lines = [format_file_line(params), format_result(report["ours"], params), format_load_line(report["machine"])]
     if params["page_cache"]:
         lines.append(PAGE_CACHE_NOTE)
     return "\n".join(lines)
