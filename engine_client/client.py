@@ -139,7 +139,8 @@ class KVStoreClient:
         """Store ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``; sends only chunks not yet stored."""
         arr = as_numpy_kv(kv)
         toks = _ints(tokens)
-        for attempt in range(1, PUT_ATTEMPTS + 1):
+
+        def attempt():
             reuse = self.lookup(toks, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
             header = pb.PutHeader(
                 namespace=namespace,
@@ -148,13 +149,9 @@ class KVStoreClient:
                 tokens=toks,
                 reuse_chunks=reuse.matched_chunks,
             )
-            try:
-                res = call(self.stub.PutPrefix, _put_stream(header, arr, geometry, reuse.matched_chunks), **self._kw(timeout))
-                return put_from_pb(res)
-            except KVStoreRpcError as exc:
-                if not retryable(exc) or attempt == PUT_ATTEMPTS:
-                    raise
-            time.sleep(backoff(attempt))
+            return put_from_pb(call(self.stub.PutPrefix, _put_stream(header, arr, geometry, reuse.matched_chunks), **self._kw(timeout)))
+
+        return _with_put_retries(attempt)
 
     def describe(self, prefix_id: str, *, timeout=None) -> PrefixDescription:
         """Geometry, token count and model of a stored prefix (NOT_FOUND if unknown)."""
@@ -260,7 +257,8 @@ class KVStoreClient:
         arr = as_numpy_kv(kv_pages)
         keys = page_wire.as_keys(keys)
         page_wire.check_pages(arr, geometry, len(keys))
-        for attempt in range(1, PUT_ATTEMPTS + 1):
+
+        def attempt():
             present = self.pages_exist(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
             header = pb.PutPagesHeader(
                 namespace=namespace,
@@ -269,13 +267,11 @@ class KVStoreClient:
                 keys=keys,
                 skip_pages=np.flatnonzero(present.exists).tolist(),
             )
-            try:
-                res = call(self.stub.PutPages, page_wire.put_stream(header, arr, geometry, FRAME_BYTES), **self._kw(timeout))
-                return pages_put_from_pb(res)
-            except KVStoreRpcError as exc:
-                if not retryable(exc) or attempt == PUT_ATTEMPTS:
-                    raise
-            time.sleep(backoff(attempt))
+            return pages_put_from_pb(
+                call(self.stub.PutPages, page_wire.put_stream(header, arr, geometry, FRAME_BYTES), **self._kw(timeout))
+            )
+
+        return _with_put_retries(attempt)
 
     def get_pages(
         self, keys, geometry: StoreGeometry, *, namespace="", model_fingerprint="", layer_start=0, layer_end=0, timeout=None
@@ -349,3 +345,15 @@ def _put_stream(header: pb.PutHeader, kv: np.ndarray, geo: StoreGeometry, first_
             for off in range(0, len(ext), FRAME_BYTES):
                 frame = pb.ExtentFrame(group=g, chunk=j, offset=off, data=bytes(ext[off : off + FRAME_BYTES]))
                 yield pb.PutPrefixRequest(extent=frame)
+
+
+def _with_put_retries(attempt):
+    """``attempt()`` up to ``PUT_ATTEMPTS`` times: a put stream that fails retryably is sent again whole,
+    after a fresh look at what is stored (the lookup or existence check is part of the attempt)."""
+    for n in range(1, PUT_ATTEMPTS + 1):
+        try:
+            return attempt()
+        except KVStoreRpcError as exc:
+            if not retryable(exc) or n == PUT_ATTEMPTS:
+                raise
+        time.sleep(backoff(n))
