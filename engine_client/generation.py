@@ -39,7 +39,8 @@ class GenerationResult:
     first_logits: torch.Tensor  # [vocab] float32
     text: str | None = None  # decoded ``tokens`` without special tokens, when a tokenizer was given
     reprefill: object | None = None  # the ReprefillResult of the Re-Prefill path (selected chunks, bytes, ...)
-    rows_attended: list[int] = field(default_factory=list)  # per layer: prefix rows decoding attends to
+    rows_attended: list[int] = field(default_factory=list)  # per layer: prefix rows the first token attended to
+    reselect: object | None = None  # ReselectStats when decoding re-selected (ReprefillConfig.reselect_every)
 
     @property
     def total_s(self) -> float:
@@ -73,6 +74,17 @@ class LayerKV:
             raise ValueError(f"layer {layer}: no room for {t} more rows (capacity {self._buf[layer].shape[2]})")
         self._buf[layer][:, :, n : n + t] = kv
         self._len[layer] = n + t
+
+    def replace_head(self, layer: int, old_rows: int, head: torch.Tensor) -> None:
+        """Put ``head [2, Hkv, r, d]`` in place of the layer's first ``old_rows`` rows, keeping the rest and the spare room."""
+        buf, n = self._buf[layer], self._len[layer]
+        if not 0 <= old_rows <= n:
+            raise ValueError(f"layer {layer}: old_rows {old_rows} outside [0, {n}]")
+        tail, spare = buf[:, :, old_rows:n], buf.shape[2] - n
+        new = buf.new_empty(buf.shape[0], buf.shape[1], head.shape[2] + tail.shape[2] + spare, buf.shape[3])
+        new[:, :, : head.shape[2]] = head
+        new[:, :, head.shape[2] : head.shape[2] + tail.shape[2]] = tail
+        self._buf[layer], self._len[layer] = new, head.shape[2] + tail.shape[2]
 
 
 def check_max_new_tokens(max_new_tokens) -> int:

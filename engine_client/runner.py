@@ -16,12 +16,13 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
 
-Why one file of ~420 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+Why one file of ~480 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
 the request's vocabulary and ``ModelRunner`` its one loop, whose steps
 (``check_request``, ``_select``, ``_run_period``, ``_report``) share the
-runner's resident state (key summaries, quantized probe keys); the dense
-prefill (``prefill``), decoding (``generation``) and the selectors
-(``selection``) already live apart.
+runner's resident state (key summaries, quantized probe keys), which
+decoding's re-selection (``_decode_reselecting``) scores with too; the dense
+prefill (``prefill``), decoding (``generation``, ``reselect``) and the
+selectors (``selection``) already live apart.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from .client import KVStoreClient, KVStoreRpcError, as_numpy_kv, to_torch
 from .generation import GenerationResult, LayerKV, check_max_new_tokens, decode_greedy, eos_ids
 from .model.decoder import Decoder
 from .prefill import chunked_prefill
+from .reselect import WorkingSet, check_every, decode_reselecting
 from .selection import PeriodInputs, get_selector, plan_periods, select_chunks
 from .selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
 
@@ -78,6 +80,12 @@ class ReprefillConfig:
     # memory and the client computes on them without asking (shared memory
     # only); off, every group is asked for by a round trip.
     push: bool = True
+    # reselect_every > 0 (generate only): while decoding, every that many
+    # generated tokens each Period selects again from the last tokens'
+    # queries and fetches the chunks it lacks (engine_client.reselect).
+    # Needs scores from resident state: the summary selector, or exact with
+    # probe_bits.  0: decoding attends to the first token's sets.
+    reselect_every: int = 0
 
 
 @dataclass
@@ -179,6 +187,12 @@ class ModelRunner:
             raise InvalidArgument("full_layers", f"must be an int, got {cfg.full_layers!r}")
         if isinstance(cfg.lookahead, bool) or not isinstance(cfg.lookahead, (int, float)) or not 0 <= cfg.lookahead <= 1 / cfg.budget:
             raise InvalidArgument("lookahead", f"must be in [0, 1 / budget = {1 / cfg.budget:g}], got {cfg.lookahead!r}")
+        if check_every(cfg.reselect_every) and not (cfg.selector == "summary" or (cfg.selector == "exact" and cfg.probe_bits)):
+            raise InvalidArgument(
+                "reselect_every",
+                f"re-selecting while decoding needs scores kept in client memory (the summary selector, or exact with probe_bits), not {cfg.selector!r}"
+                + (" without probe_bits" if cfg.selector == "exact" else ""),
+            )
         suffix = _token_tensor(suffix_tokens, field_name="suffix_tokens")
         try:
             desc = self.client.describe(prefix_id)
@@ -186,15 +200,7 @@ class ModelRunner:
             if exc.code.name == "NOT_FOUND":
                 raise NotFound(f"prefix_id: {exc.message}") from None
             raise
-        plan_periods(  # refuses a full_layers the budget cannot pay for
-            self.model.num_layers,
-            desc.num_chunks,
-            cfg.budget,
-            period_layers=cfg.period_layers,
-            full_layers=cfg.full_layers,
-            sink_chunks=cfg.sink_chunks,
-            local_chunks=cfg.local_chunks,
-        )
+        self._plan(desc.num_chunks, cfg)  # refuses a full_layers the budget cannot pay for
         stored = desc.geometry
         if stored != self.geometry or desc.model_fingerprint != self.model.fingerprint:
             raise InvalidArgument(
@@ -226,15 +232,7 @@ class ModelRunner:
         positions = torch.arange(n, n + suffix.numel())
         hidden = model.embed(suffix)  # [s, hidden]
         selector = get_selector(cfg.selector, cfg.head_aggregation)
-        plan = plan_periods(
-            model.num_layers,
-            m,
-            cfg.budget,
-            period_layers=cfg.period_layers,
-            full_layers=cfg.full_layers,
-            sink_chunks=cfg.sink_chunks,
-            local_chunks=cfg.local_chunks,
-        )
+        plan = self._plan(m, cfg)
         out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=n)
         if keep_kv:
             out.layer_kv = [None] * model.num_layers
@@ -286,6 +284,18 @@ class ModelRunner:
         if cfg.report_attention:
             out.reported_units = self._report(desc.prefix_id, out, cfg)
         return out
+
+    def _plan(self, num_chunks: int, cfg: ReprefillConfig):
+        """The request's Periods and the chunks each loads (selection.schedule.plan_periods)."""
+        return plan_periods(
+            self.model.num_layers,
+            num_chunks,
+            cfg.budget,
+            period_layers=cfg.period_layers,
+            full_layers=cfg.full_layers,
+            sink_chunks=cfg.sink_chunks,
+            local_chunks=cfg.local_chunks,
+        )
 
     def _select(self, selector, prefix_id, q, l0, m, cfg, out) -> torch.Tensor:
         """``cfg.budget``: a fraction of the chunks, or an int chunk count (from the Period plan)."""
@@ -399,16 +409,59 @@ class ModelRunner:
         token's TTFT, per-step seconds and the ``ReprefillResult``.
         """
         max_new_tokens = check_max_new_tokens(max_new_tokens)
+        if cfg.reselect_every and choose is not None:
+            raise InvalidArgument("reselect_every", "re-selecting while decoding uses the configured selector; it cannot follow choose=")
         res = self.reprefill(prefix_id, suffix_tokens, cfg, choose=choose, keep_kv=True)
         s = _token_tensor(suffix_tokens, field_name="suffix_tokens").numel()
         kv = LayerKV(res.layer_kv, max_new_tokens)
-        res.layer_kv = []
         rows = [kv.rows(i) - s for i in range(len(kv))]
-        tokens, steps, stop = decode_greedy(
-            self.model, res.logits, kv, res.num_prefix_tokens + s, max_new_tokens, eos_ids(tokenizer, eos_token_ids)
-        )
+        stops, start = eos_ids(tokenizer, eos_token_ids), res.num_prefix_tokens + s
+        if cfg.reselect_every:
+            tokens, steps, stop, stats = self._decode_reselecting(prefix_id, res, cfg, kv, start, max_new_tokens, stops)
+        else:
+            (tokens, steps, stop), stats = decode_greedy(self.model, res.logits, kv, start, max_new_tokens, stops), None
+        res.layer_kv = []
         text = None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
-        return GenerationResult(tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows)
+        return GenerationResult(tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows, reselect=stats)
+
+    def _decode_reselecting(self, prefix_id, res: ReprefillResult, cfg: ReprefillConfig, kv, start, max_new_tokens, stops):
+        """``decode_reselecting`` over this request's loaded rows, re-selecting with the request's selector."""
+        geo, n = self.geometry, res.num_prefix_tokens
+        m = geo.num_chunks(n)
+        plan = self._plan(m, cfg)
+        sets = [sorted(int(c) for c in chunks.tolist()) for chunks in res.selected]
+        tokens = [[min(geo.chunk_tokens, n - c * geo.chunk_tokens) for c in chunks] for chunks in sets]
+        working = WorkingSet.from_loaded(res.layer_kv, [(l0, k) for l0, k, _ in plan.periods], sets, tokens)
+        selector = get_selector(cfg.selector, cfg.head_aggregation)
+
+        def select(p, l0, q, count):
+            return self._select(selector, prefix_id, q, l0, m, replace(cfg, budget=count), res)
+
+        def fetch(l0, layers, chunks):
+            with self.client.read_chunks(prefix_id, sorted(chunks), layer_start=l0, layer_end=l0 + layers, shm=False) as read:
+                rows: dict[int, dict[int, torch.Tensor]] = {}
+                for g in read.groups:
+                    for c in chunks:
+                        ext = _as_torch(read.extent(g, c), geo)  # [layers in group, 2, Hkv, tokens, d]
+                        for i, layer in enumerate(geo.group_layer_range(g)):
+                            rows.setdefault(layer, {})[c] = ext[i].clone()
+                return rows, read.bytes_read, read.bytes_useful
+
+        return decode_reselecting(
+            self.model,
+            res.logits,
+            kv,
+            periods=plan.periods,
+            sets=sets,
+            working=working,
+            select=select,
+            fetch=fetch,
+            num_chunks=m,
+            next_position=start,
+            max_new_tokens=max_new_tokens,
+            every=cfg.reselect_every,
+            stop_ids=stops,
+        )
 
     # ------------------------------------------------------------ baselines
     def full_recompute(self, prefix_tokens, suffix_tokens, *, progress=None) -> tuple[torch.Tensor, float]:

@@ -117,6 +117,14 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                         "state_bytes_fetched": res.state_bytes_fetched,
                         "resident_bytes": resident,
                     }
+                    if gen.reselect is not None:  # re-selection while decoding (reselect_every): what it read and cost
+                        st = gen.reselect
+                        extra["decode_bytes_read"] = st.bytes_read
+                        extra["decode_bytes_fetched"] = st.bytes_fetched
+                        extra["decode_chunks_fetched"] = st.chunks_fetched
+                        extra["decode_sets_changed"] = st.sets_changed
+                        extra["decode_select_s"] = st.select_s
+                        extra["decode_fetch_s"] = st.fetch_s
                 rows[name].append(
                     {
                         **base,
@@ -184,7 +192,15 @@ def run_text_accuracy(args) -> dict:
             "ttft_s_mean": float(np.mean([r["ttft_s"] for r in rs])),
             "rows": rs,
         }
-        for key in ("kv_fraction", "bytes_read", "probe_bytes", "state_bytes_fetched", "resident_bytes"):
+        for key in (
+            "kv_fraction",
+            "bytes_read",
+            "probe_bytes",
+            "state_bytes_fetched",
+            "resident_bytes",
+            "decode_s",
+            "decode_bytes_fetched",
+        ):
             if rs and key in rs[0]:
                 results[name][f"{key}_mean"] = float(np.mean([r[key] for r in rs]))
         loaded = [r["needle_loaded"] for r in rs if r.get("needle_loaded")]
@@ -217,6 +233,9 @@ def format_text_report(r: dict) -> str:
                 f" + probe keys {p['probe_bytes_mean'] / 1e6:.2f} MB + state {p['state_bytes_fetched_mean'] / 1e6:.2f} MB"
                 f", resident {p['resident_bytes_mean'] / 1e6:.2f} MB"
             )
+        line += f", decode {p['decode_s_mean']:.2f}s"
+        if "decode_bytes_fetched_mean" in p:
+            line += f" (re-selection fetched {p['decode_bytes_fetched_mean'] / 1e6:.2f} MB while decoding)"
         if "needle_loaded_per_period" in p:
             line += "; needle chunks loaded per Period " + " ".join(f"{x:.0%}" for x in p["needle_loaded_per_period"])
         lines.append(line)
