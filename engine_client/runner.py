@@ -54,6 +54,9 @@ class ReprefillConfig:
     selector: str = "summary"  # exact | summary | full | recent
     head_aggregation: str = "sum"  # sum | max over query heads of each chunk's score (selection.heads)
     follow: int = 0  # each selected chunk brings this many chunks after it (selection.budget.select_chunks)
+    # page_chunks > 1: select whole physical pages of that many chunks, each
+    # scored by its best chunk (LServe's hierarchical pages; select_chunks)
+    page_chunks: int = 1
     # probe_bits 4 or 8: exact scores use probe keys quantized to that many bits,
     # fetched once per prefix and kept resident (selection.probes); 0: fetched
     # in full precision at every Period.
@@ -183,6 +186,10 @@ class ModelRunner:
             raise InvalidArgument("probe_bits", f"quantized probe keys serve the exact selector only, not {cfg.selector!r}")
         if isinstance(cfg.follow, bool) or not isinstance(cfg.follow, int) or cfg.follow < 0:
             raise InvalidArgument("follow", f"must be an int >= 0, got {cfg.follow!r}")
+        if isinstance(cfg.page_chunks, bool) or not isinstance(cfg.page_chunks, int) or cfg.page_chunks < 1:
+            raise InvalidArgument("page_chunks", f"must be an int >= 1, got {cfg.page_chunks!r}")
+        if cfg.page_chunks > 1 and cfg.follow:
+            raise InvalidArgument("page_chunks", f"selects whole pages; it does not combine with follow={cfg.follow}")
         if isinstance(cfg.full_layers, bool) or not isinstance(cfg.full_layers, int):
             raise InvalidArgument("full_layers", f"must be an int, got {cfg.full_layers!r}")
         if isinstance(cfg.lookahead, bool) or not isinstance(cfg.lookahead, (int, float)) or not 0 <= cfg.lookahead <= 1 / cfg.budget:
@@ -315,7 +322,12 @@ class ModelRunner:
         elif selector.name == "recent":
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, key_min=torch.zeros(m, 1, 1), key_max=torch.zeros(m, 1, 1))
         return select_chunks(
-            selector.score(inputs), cfg.budget, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks, follow=cfg.follow
+            selector.score(inputs),
+            cfg.budget,
+            sink_chunks=cfg.sink_chunks,
+            local_chunks=cfg.local_chunks,
+            follow=cfg.follow,
+            page_chunks=cfg.page_chunks,
         )
 
     def summaries(self, prefix_id: str, period_layers: int, out: ReprefillResult | None = None) -> torch.Tensor:

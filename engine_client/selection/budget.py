@@ -50,7 +50,7 @@ def budget_count(num_chunks: int, budget: float | int, sink_chunks: int = 1, loc
 
 
 def select_chunks(
-    scores: torch.Tensor, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1, follow: int = 0
+    scores: torch.Tensor, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1, follow: int = 0, page_chunks: int = 1
 ) -> torch.Tensor:
     """Chunk ids to load, ascending ``LongTensor`` of exactly ``budget_count`` ids.
 
@@ -62,12 +62,23 @@ def select_chunks(
     score order, until the budget is spent.  A question's queries find the
     text that names what it asks for ("the number for Lagos is"); the answer
     is the tokens after it, often across a chunk boundary, and scores less.
+
+    ``page_chunks = P > 1`` (LServe's hierarchical pages): the chunks are
+    logical pages, grouped into physical pages of ``P`` consecutive chunks
+    (the unit a read fetches); a physical page scores the max of its
+    chunks' scores (``page_scores``) and the budget goes to whole physical
+    pages in that order (the last one taken in part when the count ends
+    inside it), so coarse reads keep the fine ranking of each page's best
+    chunk.  ``follow`` and ``page_chunks`` do not combine.
     """
     if scores.dim() != 1:
         raise InvalidArgument("scores", f"expected [chunks], got shape {tuple(scores.shape)}")
     if torch.isnan(scores).any():
         raise InvalidArgument("scores", "contains NaN")
     follow = _check_count("follow", follow, 0)
+    page_chunks = _check_count("page_chunks", page_chunks, 1)
+    if follow and page_chunks > 1:
+        raise InvalidArgument("page_chunks", f"selects whole pages; it does not combine with follow={follow}")
     m = scores.shape[0]
     count = budget_count(m, budget, sink_chunks, local_chunks)
     forced = torch.zeros(m, dtype=torch.bool, device=scores.device)  # [m]
@@ -77,12 +88,26 @@ def select_chunks(
     num_rest = count - int(forced.sum())
     # A stable descending sort keeps equal scores in index order: ties -> lower index.
     order = candidates[torch.sort(scores[candidates], descending=True, stable=True).indices]
-    if follow == 0:
+    if page_chunks > 1:
+        pages = torch.sort(page_scores(scores, page_chunks), descending=True, stable=True).indices  # ties: lower page
+        fixed = forced.tolist()
+        chunks = [c for p in pages.tolist() for c in range(p * page_chunks, min(m, (p + 1) * page_chunks)) if not fixed[c]]
+        order = torch.tensor(chunks, dtype=torch.long)
+        taken = order[:num_rest]
+    elif follow == 0:
         taken = order[:num_rest]
     else:
         taken = _with_followers(order.tolist(), forced.tolist(), num_rest, follow)
     chosen = torch.cat([torch.nonzero(forced).squeeze(1), taken.to(forced.device)])
     return torch.sort(chosen).values
+
+
+def page_scores(scores: torch.Tensor, page_chunks: int) -> torch.Tensor:
+    """``[ceil(m / page_chunks)]``: each physical page's score, the max over its chunks (the last page may be short)."""
+    m = scores.shape[0]
+    pad = -m % page_chunks
+    padded = torch.cat([scores, scores.new_full((pad,), float("-inf"))]) if pad else scores
+    return padded.reshape(-1, page_chunks).amax(dim=1)
 
 
 def _with_followers(order: list[int], forced: list[bool], num_rest: int, follow: int) -> torch.Tensor:

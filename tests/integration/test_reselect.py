@@ -143,3 +143,21 @@ def test_reselect_cannot_follow_a_caller_choice(runner):
     cfg = ReprefillConfig(budget=0.5, period_layers=1, selector="summary", reselect_every=1)
     with pytest.raises(InvalidArgument, match="reselect_every.*choose"):
         runner.generate(handle.prefix_id, suffix, cfg, 4, choose=lambda p, l0, q, m: np.arange(m))
+
+
+def test_lserve_style_pages_with_reused_selection_through_the_daemon(runner):
+    """Summary scores, 4-chunk physical pages, a selection reused for 4 tokens: each set is whole pages."""
+    prefix, suffix = _prompt(4, n=640)  # 40 chunks, 10 pages
+    handle = runner.store_prefix(prefix)
+    cfg = ReprefillConfig(budget=0.25, period_layers=1, selector="summary", head_aggregation="max", page_chunks=4, reselect_every=4)
+    gen = runner.generate(handle.prefix_id, suffix, cfg, 9)
+    assert gen.reselect.reselections == 2 * 2  # at 4 and 8 generated tokens, 2 Periods
+    for chunks in gen.reprefill.selected:
+        free = sorted(set(chunks.tolist()) - {0, 39})  # sink and local are forced
+        pages = {c // 4 for c in free}
+        assert len(free) == 8 and len(pages) <= 3  # 10 chunks - 2 forced: two whole pages (a page holding 0 or 39 gives 3)
+        assert sum(1 for p in pages if all(c in free for c in range(4 * p, 4 * p + 4) if c not in (0, 39))) >= len(pages) - 1
+    with pytest.raises(InvalidArgument, match="page_chunks.*follow"):
+        runner.generate(
+            handle.prefix_id, suffix, ReprefillConfig(budget=0.25, selector="summary", page_chunks=4, follow=1, period_layers=1), 2
+        )
