@@ -24,7 +24,11 @@ half of its KV bytes): ``probe_bytes`` in every report says so.
 ``perlayer-follow-int4`` scores with the same keys quantized to 4 bits,
 fetched once per prefix and kept resident by the client
 (``selection/probes.py``): 7% of a float32 KV in client memory instead of
-50% of it read at every request.
+50% of it read at every request.  ``perlayer-follow-int4-reselect`` and
+``-reselect4`` are that selection for the first token, then every generated
+token (every 4th) each layer selects again from the generated tokens'
+queries with the same resident keys and fetches the chunks it lacks
+(``engine_client.reselect``).
 """
 
 from __future__ import annotations
@@ -41,6 +45,8 @@ SYSTEMS: dict[str, dict] = {
     "perlayer-follow": {"selector": "exact", "period_layers": 1, "head_aggregation": "max", "follow": 1},
     "perlayer-follow-int4": {"selector": "exact", "period_layers": 1, "head_aggregation": "max", "follow": 1, "probe_bits": 4},
 }
+SYSTEMS["perlayer-follow-int4-reselect"] = {**SYSTEMS["perlayer-follow-int4"], "reselect_every": 1}
+SYSTEMS["perlayer-follow-int4-reselect4"] = {**SYSTEMS["perlayer-follow-int4"], "reselect_every": 4}
 
 # The stored group (SubPeriod) the layerwise systems need: their Period is one group.
 LAYERWISE_GROUP_LAYERS = 2
