@@ -20,6 +20,11 @@ A **segment** is a run of consecutive chunks written in one data file::
     probe keys of group 0  [head][token][dim] in the KV dtype   (padded)
     probe keys of group 1  ...                                  (optional)
 
+The probe keys are the keys of each group's first layer.  With ``probe_bits``
+4 or 8 they are stored quantized instead, each (head, token) row packed as
+``[codes (d*bits/8 bytes) | scale (float32)]`` (``kvstore.wire.probes``), so
+a group's region is ``[head][token][row_bytes]`` uint8, still sliced by token.
+
 Period-major order puts the chunks of one group next to each other, so chunks
 selected together for a Period are adjacent on disk and coalesce into one
 read.  Every region starts on a 4 KiB boundary, as O_DIRECT and GDS require.
@@ -48,6 +53,9 @@ MAX_KV_HEADS = 1024
 MAX_HEAD_DIM = 4096
 MAX_CHUNK_TOKENS = 65536
 
+PROBE_BITS = (0, 4, 8)  # 0: probe keys in the KV dtype; 4 or 8: quantized (kvstore.wire.probes)
+PROBE_SCALE_BYTES = 4  # the float32 scale closing each quantized probe row
+
 
 def align_up(nbytes: int, align: int = ALIGN_BYTES) -> int:
     return (nbytes + align - 1) // align * align
@@ -55,6 +63,11 @@ def align_up(nbytes: int, align: int = ALIGN_BYTES) -> int:
 
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def quantized_row_bytes(head_dim: int, bits: int) -> int:
+    """Bytes of one packed row of ``bits``-bit probe keys: ``head_dim * bits / 8`` codes and a float32 scale."""
+    return head_dim * bits // 8 + PROBE_SCALE_BYTES
 
 
 def _check_int(field: str, value, lo: int, hi: int) -> int:
@@ -107,10 +120,19 @@ class StoreGeometry:
     chunk_tokens: int = 16
     group_layers: int = 8
     probe_keys: bool = True
+    # 4 or 8: probe keys stored quantized to that many bits (module docstring); 0: in the KV dtype
+    probe_bits: int = 0
 
     def __post_init__(self) -> None:
         _check_int("chunk_tokens", self.chunk_tokens, 1, MAX_CHUNK_TOKENS)
         _check_int("group_layers", self.group_layers, 1, MAX_LAYERS)
+        bits = self.probe_bits
+        if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits not in PROBE_BITS:
+            raise InvalidArgument("probe_bits", f"must be one of {', '.join(map(str, PROBE_BITS))}, got {bits!r}")
+        if bits and not self.probe_keys:
+            raise InvalidArgument("probe_bits", f"quantizes the stored probe keys; {bits} needs probe_keys on")
+        if bits == 4 and self.model.head_dim % 2:
+            raise InvalidArgument("probe_bits", f"4-bit codes pack two channels to a byte; head_dim {self.model.head_dim} is odd")
 
     # -- counts -----------------------------------------------------------
     @property
@@ -150,10 +172,22 @@ class StoreGeometry:
         m = self.model
         return m.num_layers * m.num_kv_heads * 2 * m.head_dim * SUMMARY_DTYPE().itemsize
 
-    def probe_bytes(self, tokens: int) -> int:
-        """Probe-key bytes of one group over ``tokens`` tokens: ``[H][tokens][d]``."""
+    def probe_row_bytes(self) -> int:
+        """Bytes of one (head, token) row of probe keys: ``d`` keys in the KV dtype, or packed codes and scale."""
         m = self.model
-        return m.num_kv_heads * tokens * m.head_dim * m.itemsize
+        return quantized_row_bytes(m.head_dim, self.probe_bits) if self.probe_bits else m.head_dim * m.itemsize
+
+    def probe_bytes(self, tokens: int) -> int:
+        """Probe-key bytes of one group over ``tokens`` tokens: ``[H][tokens][row]``."""
+        return self.model.num_kv_heads * tokens * self.probe_row_bytes()
+
+    def probe_array(self, region: np.ndarray, tokens: int) -> np.ndarray:
+        """A probe region's bytes (uint8, ``probe_bytes(tokens)`` of them) as its array, a view:
+        keys ``[H, tokens, d]`` in the KV dtype, or packed rows ``[H, tokens, row_bytes]`` uint8."""
+        m = self.model
+        if self.probe_bits:
+            return region.reshape(m.num_kv_heads, tokens, self.probe_row_bytes())
+        return region.view(m.numpy_dtype()).reshape(m.num_kv_heads, tokens, m.head_dim)
 
     # -- identity ---------------------------------------------------------
     def to_dict(self) -> dict:
@@ -165,10 +199,13 @@ class StoreGeometry:
 
         The stored group is ``period_layers`` there, its name when the format
         was fixed: records written by any version read back, and the digest
-        (hence every chunk hash and prefix id) does not change.
+        (hence every chunk hash and prefix id) does not change.  For the same
+        reason ``probe_bits`` appears only when it is not 0.
         """
         d = self.to_dict()
         d[RECORD_GROUP_KEY] = d.pop("group_layers")
+        if not d["probe_bits"]:
+            del d["probe_bits"]
         return d
 
     @classmethod

@@ -141,3 +141,43 @@ def test_records_keep_the_stored_group_under_its_first_name_so_ids_do_not_change
     assert geo.digest == hashlib.sha256(b"kvstore.geometry.v1\0" + blob).digest()
     with pytest.raises(InvalidArgument, match="twice"):
         StoreGeometry.from_dict(rec | {"group_layers": 2})
+    # probe keys stored quantized are another layout, hence another digest; the
+    # record names probe_bits only then, so a default geometry's digest above holds
+    quantized = StoreGeometry(ModelSpec(30, 3, 64, "float32"), chunk_tokens=16, group_layers=2, probe_bits=4)
+    assert quantized.to_record() == rec | {"probe_bits": 4} and "probe_bits" not in rec
+    assert quantized.digest != geo.digest
+    assert StoreGeometry.from_dict(quantized.to_record()) == quantized
+    assert StoreGeometry.from_dict(old) == geo  # a record written before probe_bits existed
+
+
+def test_quantized_probe_region_is_packed_rows_of_codes_and_a_scale():
+    # SmolLM2-135M: 3 KV heads of 64 dims, float32; a 4-bit row is 32 bytes of codes + 4 of scale
+    full = StoreGeometry(ModelSpec(30, 3, 64, "float32"), group_layers=1)
+    q4 = StoreGeometry(ModelSpec(30, 3, 64, "float32"), group_layers=1, probe_bits=4)
+    q8 = StoreGeometry(ModelSpec(30, 3, 64, "float32"), group_layers=1, probe_bits=8)
+    assert full.probe_bytes(37) == 3 * 37 * 64 * 4
+    assert q4.probe_bytes(37) == 3 * 37 * 36 and q8.probe_bytes(37) == 3 * 37 * 68
+    lay, lay4 = SegmentLayout(full, 37), SegmentLayout(q4, 37)
+    assert lay4.probe_length == 3 * 37 * 36 and lay4.probe_offsets[0] == lay.probe_offsets[0]  # regions follow the summaries
+    assert all(o % ALIGN_BYTES == 0 for o in lay4.probe_offsets) and lay4.total_bytes < lay.total_bytes
+    region = np.zeros(lay4.probe_length, dtype=np.uint8)
+    assert q4.probe_array(region, 37).shape == (3, 37, 36)
+    assert full.probe_array(np.zeros(lay.probe_length, dtype=np.uint8), 37).dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"probe_bits": 2}, "must be one of 0, 4, 8"),
+        ({"probe_bits": True}, "must be one of"),
+        ({"probe_bits": "4"}, "must be one of"),
+        ({"probe_bits": 4, "probe_keys": False}, "needs probe_keys"),
+    ],
+)
+def test_bad_probe_bits_are_refused_naming_the_field(kwargs, message):
+    with pytest.raises(InvalidArgument, match=message) as err:
+        StoreGeometry(ModelSpec(2, 1, 4, "float32"), **kwargs)
+    assert err.value.field == "probe_bits" and "\n" not in str(err.value)
+    with pytest.raises(InvalidArgument, match="head_dim 5 is odd"):
+        StoreGeometry(ModelSpec(2, 1, 5, "float32"), probe_bits=4)
+    assert StoreGeometry(ModelSpec(2, 1, 5, "float32"), probe_bits=8).probe_bytes(3) == 3 * (5 + 4)  # 8 bits: any head_dim
