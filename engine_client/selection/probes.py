@@ -13,17 +13,22 @@ Measured on SmolLM2-135M (``python -m tools.selection_study``, NIAH, 4096
 tokens, ten tuning prompts, every layer selecting with ``follow=1`` at 5%):
 4-bit probes kept the answer in 10 of 10, as the exact keys did; the min/max
 summaries kept 3, a 16-of-64-channel subset 6.
+
+The format is the store's (``kvstore.wire.probes``): a prefix stored with
+``StoreGeometry.probe_bits`` hands its probe keys over already packed, and
+``QuantizedKeys.from_packed`` takes them as they come.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
+from kvstore.geometry import PROBE_BITS  # 0: full-precision probe keys fetched at every Period
 from kvstore.wire import InvalidArgument
-
-PROBE_BITS = (0, 4, 8)  # 0: full-precision probe keys fetched at every Period
+from kvstore.wire.probes import quantize_probe_keys, unpack_probe_rows
 
 
 def check_probe_bits(bits: object) -> int:
@@ -50,6 +55,12 @@ class QuantizedKeys:
     def nbytes(self) -> int:
         return self.codes.numel() * self.codes.element_size() + self.scales.numel() * self.scales.element_size()
 
+    @classmethod
+    def from_packed(cls, rows: np.ndarray, bits: int, head_dim: int) -> QuantizedKeys:
+        """Keys as a quantized probe region stores them: rows ``[Hkv, n, d * bits // 8 + 4]`` uint8."""
+        codes, scales = unpack_probe_rows(rows, bits, head_dim)
+        return cls(torch.from_numpy(codes), torch.from_numpy(scales), bits, head_dim)
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The keys the codes stand for: ``[Hkv, n, d]``."""
         if self.bits == 8:
@@ -63,20 +74,10 @@ def quantize_keys(keys: torch.Tensor, bits: int) -> QuantizedKeys:
     """Symmetric absmax quantization of ``keys [Hkv, n, d]`` per (head, token).
 
     Every element is within half a step (``scale / 2``) of its key, the step
-    being the row's largest magnitude over ``2**(bits-1) - 1``.
+    being the row's largest magnitude over ``2**(bits-1) - 1``.  The codes
+    are ``kvstore.wire.probes``' (the store's), on the device of ``keys``.
     """
-    if bits not in (4, 8):
-        raise InvalidArgument("probe_bits", f"keys quantize to 4 or 8 bits, got {bits!r}")
-    if keys.dim() != 3 or keys.shape[-1] % 2:
+    if keys.dim() != 3:
         raise InvalidArgument("probe_keys", f"expected [kv_heads, tokens, even head_dim], got {tuple(keys.shape)}")
-    k = keys.to(torch.float32)
-    qmax = 2 ** (bits - 1) - 1
-    scales = k.abs().amax(dim=-1, keepdim=True) / qmax
-    safe = scales.clamp(min=torch.finfo(torch.float32).tiny)
-    q = torch.clamp(torch.round(k / safe), -qmax, qmax).to(torch.int16)
-    if bits == 8:
-        codes = q.to(torch.int8).view(torch.uint8)
-    else:
-        u = (q + 8).to(torch.uint8)  # [-7, 7] -> [1, 15]
-        codes = u[..., 0::2] | (u[..., 1::2] << 4)
-    return QuantizedKeys(codes.contiguous(), scales.contiguous(), bits, keys.shape[-1])
+    codes, scales = quantize_probe_keys(keys.detach().to(device="cpu", dtype=torch.float32).numpy(), bits)
+    return QuantizedKeys(torch.from_numpy(codes).to(keys.device), torch.from_numpy(scales).to(keys.device), bits, keys.shape[-1])

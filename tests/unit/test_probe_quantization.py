@@ -1,13 +1,66 @@
-"""Quantized resident probe keys (engine_client.selection.probes)."""
+"""Quantized probe keys: the shared format (kvstore.wire.probes) and the client's resident keys (engine_client.selection.probes)."""
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from engine_client.selection import exact_chunk_scores
-from engine_client.selection.probes import check_probe_bits, quantize_keys
+from engine_client.selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
 from kvstore.errors import InvalidArgument
+from kvstore.wire.probes import dequantize_probe_rows, quantize_probe_rows
+
+
+def torch_reference(keys: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The client's quantizer as it was written in torch before the store shared the format."""
+    k = keys.to(torch.float32)
+    qmax = 2 ** (bits - 1) - 1
+    scales = k.abs().amax(dim=-1, keepdim=True) / qmax
+    safe = scales.clamp(min=torch.finfo(torch.float32).tiny)
+    q = torch.clamp(torch.round(k / safe), -qmax, qmax).to(torch.int16)
+    if bits == 8:
+        return q.to(torch.int8).view(torch.uint8), scales
+    u = (q + 8).to(torch.uint8)
+    return u[..., 0::2] | (u[..., 1::2] << 4), scales
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from([4, 8]),
+    st.integers(1, 3),
+    st.integers(0, 40),
+    st.sampled_from([2, 8, 64]),
+    st.sampled_from([torch.float32, torch.bfloat16, torch.float16]),
+    st.integers(0, 2**31),
+)
+def test_shared_quantizer_is_bitwise_the_torch_one_and_packs_rows(bits, heads, tokens, dim, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    keys = (torch.randn(heads, tokens, dim, generator=g) * torch.rand(heads, tokens, 1, generator=g) * 10).to(dtype)
+    keys[:, :1] = keys[:, :1].round()  # exact halves of a step: ties round to even on both sides
+    ref_codes, ref_scales = torch_reference(keys, bits)
+    q = quantize_keys(keys, bits)
+    assert torch.equal(q.codes, ref_codes) and torch.equal(q.scales.view(torch.int32), ref_scales.view(torch.int32))
+    rows = quantize_probe_rows(keys.float().numpy(), bits)  # what a quantized probe region holds
+    assert rows.dtype == np.uint8 and rows.shape == (heads, tokens, dim * bits // 8 + 4)
+    np.testing.assert_array_equal(rows[..., : dim * bits // 8], ref_codes.numpy())
+    np.testing.assert_array_equal(rows[..., -4:].copy().view("<f4"), ref_scales.numpy())
+    back = QuantizedKeys.from_packed(rows, bits, dim)
+    assert torch.equal(back.codes, q.codes) and torch.equal(back.scales, q.scales) and back.nbytes == rows.nbytes
+    # the numpy dequantization is the torch one, within half a step of every key
+    deq = dequantize_probe_rows(rows, bits, dim)
+    np.testing.assert_array_equal(deq, back.dequantize().numpy())
+    assert np.all(np.abs(deq - keys.float().numpy()) <= ref_scales.numpy() / 2 * (1 + 1e-5) + 1e-12)
+
+
+def test_packed_rows_are_refused_when_their_width_is_not_the_bits():
+    rows = quantize_probe_rows(np.ones((1, 3, 8), np.float32), 4)  # 4 + 4 bytes a row
+    with pytest.raises(InvalidArgument, match="probe_keys"):
+        QuantizedKeys.from_packed(rows, 8, 8)
+    with pytest.raises(InvalidArgument, match="probe_bits"):
+        QuantizedKeys.from_packed(rows, 3, 8)
+    with pytest.raises(InvalidArgument, match="probe_keys"):
+        quantize_probe_rows(np.ones((1, 3, 7), np.float32), 4)  # odd channels do not pack two to a byte
 
 
 @settings(max_examples=60, deadline=None)
