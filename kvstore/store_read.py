@@ -81,7 +81,9 @@ def _piece_summaries(store: ChunkStore, view: PrefixView, p: Piece) -> np.ndarra
 
 
 def read_probe_keys(store: ChunkStore, prefix_id: str, group: int) -> np.ndarray:
-    """Keys of the group's first layer: ``[kv_heads, tokens, head_dim]``."""
+    """Keys of the group's first layer: ``[kv_heads, tokens, head_dim]`` in the KV dtype, or, for a
+    geometry with ``probe_bits``, their packed rows ``[kv_heads, tokens, row_bytes]`` uint8
+    (``kvstore.wire.probes``)."""
     with store.holds.hold(prefix_id):
         view = store.describe(prefix_id)
         geo = view.geometry
@@ -92,11 +94,10 @@ def read_probe_keys(store: ChunkStore, prefix_id: str, group: int) -> np.ndarray
 
 
 def _piece_probe_keys(store: ChunkStore, view: PrefixView, p: Piece, g: int) -> np.ndarray:
-    m = view.geometry.model
     seg = store.segment_info(p.segment_id)
     lay = seg.layout
     arr = _read_region(store, seg, f"probe[group={g}]", lay.probe_offsets[g], lay.probe_length, seg.probe_xxh3[g])
-    keys = arr.view(m.numpy_dtype()).reshape(m.num_kv_heads, lay.num_tokens, m.head_dim)
+    keys = view.geometry.probe_array(arr, lay.num_tokens)
     t0 = int(lay.token_offsets[p.segment_chunk])
     t1 = int(lay.token_offsets[p.segment_chunk + p.num_chunks])
     return keys[:, t0:t1]

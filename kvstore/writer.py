@@ -3,7 +3,10 @@
 ``SegmentImage`` holds the whole segment file in aligned memory while a put
 is in progress.  Each extent is validated against the geometry when it
 arrives; key summaries and probe keys are computed from the extents
-themselves, so they can never disagree with the stored KV.
+themselves, so they can never disagree with the stored KV.  Quantized probe
+keys (``StoreGeometry.probe_bits``) are quantized chunk by chunk as each
+group's extent completes: the format scales each (head, token) row on its
+own, so a chunk's rows are those of the whole prefix.
 """
 
 from __future__ import annotations
@@ -12,8 +15,9 @@ import numpy as np
 import xxhash
 
 from .errors import InvalidArgument
-from .geometry import SUMMARY_DTYPE, SegmentLayout, key_summary
+from .geometry import SUMMARY_DTYPE, SegmentLayout, key_summary, keys_as_float32
 from .io import aligned_buffer
+from .wire.probes import quantize_probe_rows
 
 
 class SegmentImage:
@@ -31,10 +35,8 @@ class SegmentImage:
         self.summaries = (
             self._array[s_off : s_off + s_len].view(SUMMARY_DTYPE).reshape(layout.num_chunks, m.num_layers, m.num_kv_heads, 2, m.head_dim)
         )
-        self.probes = [  # per group: [heads, tokens, dim]
-            self._array[off : off + layout.probe_length].view(m.numpy_dtype()).reshape(m.num_kv_heads, layout.num_tokens, m.head_dim)
-            for off in layout.probe_offsets
-        ]
+        # per group: keys [heads, tokens, dim] in the KV dtype, or packed rows [heads, tokens, row_bytes] uint8
+        self.probes = [geo.probe_array(self._array[off : off + layout.probe_length], layout.num_tokens) for off in layout.probe_offsets]
 
     @property
     def missing(self) -> int:
@@ -104,7 +106,10 @@ class SegmentImage:
         self.summaries[local, layers.start : layers.stop] = key_summary(ext, geo.model.dtype)
         if self.probes:
             t0 = int(layout.token_offsets[local])
-            self.probes[group][:, t0 : t0 + tokens, :] = ext[0, 0]
+            keys = ext[0, 0]  # the group's first layer: [heads, tokens, dim]
+            if geo.probe_bits:
+                keys = quantize_probe_rows(keys_as_float32(keys, geo.model.dtype), geo.probe_bits)
+            self.probes[group][:, t0 : t0 + tokens, :] = keys
 
     def checksums(self) -> dict:
         """xxh3-64 of every region (unpadded bytes), for the segment record."""

@@ -166,3 +166,24 @@ def test_eviction_unlocks_a_segment_only_shared_prefixes_reference(store_config)
         out = store.capacity.evict_to(0)
         assert out["evicted"] == [a, res.prefix_id]  # a freed nothing alone; without it, the other frees all
         assert out["disk_used_bytes"] == 0 and segment_files(store) == []
+
+
+def test_compaction_rewrites_quantized_probe_keys_bit_exact(store_config):
+    from dataclasses import replace
+
+    from kvstore.wire.probes import quantize_probe_rows
+
+    geo = replace(GEO, probe_bits=4)  # 4-bit probe rows, quantized per token: a copied span's rows are unchanged
+    with ChunkStore(store_config) as store:
+        t_a, kv_a = make_tokens(TOKENS, 10), make_kv(geo, TOKENS, 10)
+        a = store.put(t_a, kv_a, geo).prefix_id
+        t_b, kv_b = t_a[: 6 * 16].copy(), make_kv(geo, 6 * 16, 11)
+        t_b[64:] = make_tokens(32, 11)
+        kv_b[:, :, :, :64] = kv_a[:, :, :, :64]
+        b = store.put(t_b, kv_b, geo).prefix_id
+        old_seg = store.describe(a).segment_ids[0]
+        store.delete(a)
+        assert old_seg not in store.describe(b).segment_ids and store.stats()["compactions"] == 1
+        for g in range(geo.num_groups):
+            np.testing.assert_array_equal(store.read_probe_keys(b, g), quantize_probe_rows(kv_b[2 * g, 0].astype(np.float32), 4))
+        assert all(r["ok"] for r in store.verify())

@@ -77,6 +77,33 @@ def test_verify_finds_corruption_in_summaries_without_a_read(store_config):
             store.read_summaries(pid)
 
 
+def test_corrupt_quantized_probe_keys_are_found_by_verify_and_refused_by_reads(store_config):
+    from dataclasses import replace
+
+    from kvstore.wire.probes import quantize_probe_rows
+
+    geo = replace(GEO, group_layers=2, probe_bits=4)  # two groups, each with its 4-bit probe region
+    kv = make_kv(geo, 40, 4)
+    with ChunkStore(store_config) as store:
+        pid = store.put(make_tokens(40, 4), kv, geo).prefix_id
+        seg = store.inspect(pid)["segments"][0]
+        lay = store._segment(seg["segment_id"]).layout
+        rows = quantize_probe_rows(kv[2, 0].astype(np.float32), 4)  # group 1's first layer
+        np.testing.assert_array_equal(store.read_probe_keys(pid, 1), rows)
+        flip_byte(os.path.join(store.segment_dir, seg["file"]), lay.probe_offsets[1] + lay.probe_length - 2)  # a scale byte
+        (rep,) = store.verify(pid)
+        assert rep["bad_regions"] == ["probe[group=1]"] and rep["quarantined"]
+        with pytest.raises(DataLoss, match="quarantined"):
+            store.read_probe_keys(pid, 0)
+    with ChunkStore(store_config) as store:  # reopened: the quarantine is kept; a fresh copy reads the flip
+        store.delete(pid)
+        pid = store.put(make_tokens(40, 4), kv, geo).prefix_id
+        seg = store.inspect(pid)["segments"][0]
+        flip_byte(os.path.join(store.segment_dir, seg["file"]), lay.probe_offsets[0] + 5)  # a code byte
+        with pytest.raises(DataLoss, match=r"checksum mismatch in probe\[group=0\]"):
+            store.read_probe_keys(pid, 0)
+
+
 class FaultyBackend(PosixBackend):
     """Real O_DIRECT backend whose fdatasync or writes fail on demand."""
 
