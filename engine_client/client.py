@@ -227,7 +227,13 @@ class KVStoreClient:
         return array_from_frames(stream(self.stub.GetSummaries, pb.GetSummariesRequest(prefix_id=prefix_id), **self._kw(timeout)))
 
     def get_probe_keys(self, prefix_id: str, group: int, *, timeout=None) -> np.ndarray:
-        """``[kv_heads, tokens, head_dim]`` keys of the group's first layer."""
+        """Keys of the group's first layer, as the prefix's geometry stores them.
+
+        ``probe_bits`` 0: ``[kv_heads, tokens, head_dim]`` in the KV dtype
+        (bfloat16 as raw uint16).  4 or 8: packed quantized rows
+        ``[kv_heads, tokens, head_dim * bits // 8 + 4]`` uint8, codes then a
+        float32 scale (``kvstore.wire.probes``; ``QuantizedKeys.from_packed``).
+        """
         req = pb.GetProbeKeysRequest(prefix_id=prefix_id, group=group)
         return array_from_frames(stream(self.stub.GetProbeKeys, req, **self._kw(timeout)))
 

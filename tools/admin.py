@@ -39,6 +39,13 @@ from tools.fmt import format_table, human_bytes
 SHORT_ID_CHARS = 16
 
 
+def _probe_form(geo: dict) -> str:
+    """How the prefix stores its probe keys: off, on (the KV dtype) or quantized (``probe_bits``)."""
+    if not geo["probe_keys"]:
+        return "off"
+    return f"{geo['probe_bits']}-bit" if geo.get("probe_bits") else "on"
+
+
 def _when(ts: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
 
@@ -82,7 +89,7 @@ def cmd_inspect(admin, args) -> tuple[object, str, int]:
         [
             "geometry",
             f"{m['num_layers']} layers x {m['num_kv_heads']} KV heads x {m['head_dim']} dim {m['dtype']}, "
-            f"chunk {geo['chunk_tokens']}, group {geo['group_layers']} layers, probe keys {'on' if geo['probe_keys'] else 'off'}",
+            f"chunk {geo['chunk_tokens']}, group {geo['group_layers']} layers, probe keys {_probe_form(geo)}",
         ],
         ["tokens", f"{info['num_tokens']} ({info['num_chunks']} chunks x {info['num_groups']} groups)"],
         ["KV bytes", human_bytes(info["kv_bytes"])],

@@ -156,7 +156,8 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetProbeKeys(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """[kv_heads, tokens, head_dim] keys in the KV dtype, or packed uint8 rows [kv_heads, tokens, row_bytes] when the geometry has probe_bits
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

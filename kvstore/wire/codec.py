@@ -44,7 +44,13 @@ def geometry_from_pb(msg: pb.Geometry, field: str = "geometry") -> StoreGeometry
     m = msg.model
     try:
         spec = ModelSpec(m.num_layers, m.num_kv_heads, m.head_dim, m.dtype or "bfloat16")
-        return StoreGeometry(spec, chunk_tokens=msg.chunk_tokens or 16, group_layers=msg.group_layers or 8, probe_keys=msg.probe_keys)
+        return StoreGeometry(
+            spec,
+            chunk_tokens=msg.chunk_tokens or 16,
+            group_layers=msg.group_layers or 8,
+            probe_keys=msg.probe_keys,
+            probe_bits=msg.probe_bits,
+        )
     except InvalidArgument as exc:
         raise InvalidArgument(f"{field}.{'model.' if exc.field in _MODEL_FIELDS else ''}{exc.field}", str(exc).split(": ", 1)[1]) from None
 
@@ -59,6 +65,7 @@ def geometry_to_pb(geo: StoreGeometry) -> pb.Geometry:
         chunk_tokens=geo.chunk_tokens,
         group_layers=geo.group_layers,
         probe_keys=geo.probe_keys,
+        probe_bits=geo.probe_bits,
     )
 
 

@@ -64,3 +64,24 @@ def test_replies_become_values_with_nothing_of_protobuf_left():
 def test_array_frames_round_trip():
     arr = np.arange(3 * 5 * 7, dtype=np.float32).reshape(3, 5, 7)
     np.testing.assert_array_equal(array_from_frames(array_frames(arr, frame_bytes=64)), arr)
+    # packed quantized probe rows keep their dtype and shape, a non-contiguous slice included
+    rows = np.arange(2 * 9 * 36, dtype=np.uint8).reshape(2, 9, 36)[:, 2:7]
+    got = array_from_frames(array_frames(rows, frame_bytes=50))
+    assert got.dtype == np.uint8 and got.shape == (2, 5, 36)
+    np.testing.assert_array_equal(got, rows)
+
+
+def test_geometry_carries_probe_bits_both_ways_and_refuses_bad_ones_by_name():
+    from dataclasses import replace
+
+    from kvstore.errors import InvalidArgument
+    from kvstore.wire import geometry_from_pb
+
+    for bits in (0, 4, 8):
+        geo = replace(GEO, probe_bits=bits)
+        assert geometry_from_pb(geometry_to_pb(geo)) == geo
+    msg = geometry_to_pb(GEO)
+    msg.probe_bits = 3
+    with pytest.raises(InvalidArgument, match="must be one of 0, 4, 8") as err:
+        geometry_from_pb(msg)
+    assert err.value.field == "geometry.probe_bits"
