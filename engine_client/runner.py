@@ -16,7 +16,7 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
 
-Why one file of ~480 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+Why one file of ~530 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
 the request's vocabulary and ``ModelRunner`` its one loop, whose steps
 (``check_request``, ``_select``, ``_run_period``, ``_report``) share the
 runner's resident state (key summaries, quantized probe keys), which
@@ -58,8 +58,10 @@ class ReprefillConfig:
     # scored by its best chunk (LServe's hierarchical pages; select_chunks)
     page_chunks: int = 1
     # probe_bits 4 or 8: exact scores use probe keys quantized to that many bits,
-    # fetched once per prefix and kept resident (selection.probes); 0: fetched
-    # in full precision at every Period.
+    # fetched once per prefix and kept resident (selection.probes): as stored
+    # when the prefix stores them at these bits (StoreGeometry.probe_bits),
+    # else quantized by the client.  0: fetched in full precision at every
+    # Period.  A prefix with quantized probe keys serves only its own width.
     probe_bits: int = 0
     # full_layers: the first layers (a multiple of period_layers) load every
     # chunk; their KV is charged to the budget, the other layers share the
@@ -130,30 +132,45 @@ class ReprefillResult:
     # keep_kv: per layer, the prefix rows it attended to then the suffix's KV, [2, Hkv, rows + s, d]
     layer_kv: list = field(default_factory=list)
     num_prefix_tokens: int = 0
+    prefix_id: str = ""  # the prefix's full id (a request may name it by a leading part)
 
     @property
     def read_amplification(self) -> float:
         return self.bytes_read / self.bytes_useful if self.bytes_useful else 1.0
 
 
-def model_geometry(model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4) -> StoreGeometry:
-    """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod)."""
+def model_geometry(model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4, probe_bits: int = 0) -> StoreGeometry:
+    """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod),
+    probe keys in the KV dtype or, with ``probe_bits`` 4 or 8, quantized by the daemon."""
     c = model.config
     spec = ModelSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
-    return StoreGeometry(spec, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_keys=True)
+    return StoreGeometry(spec, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_keys=True, probe_bits=probe_bits)
 
 
 class ModelRunner:
-    def __init__(self, model: Decoder, client: KVStoreClient, *, namespace: str = "", chunk_tokens: int = 16, group_layers: int = 4):
+    def __init__(
+        self,
+        model: Decoder,
+        client: KVStoreClient,
+        *,
+        namespace: str = "",
+        chunk_tokens: int = 16,
+        group_layers: int = 4,
+        probe_bits: int = 0,
+    ):
+        """``probe_bits`` 4 or 8: the prefixes this runner stores keep their probe keys quantized
+        (``StoreGeometry.probe_bits``), what ``ReprefillConfig.probe_bits`` of the same width reads."""
         self.model = model
         self.client = client
         self.namespace = namespace
-        self.geometry = model_geometry(model, chunk_tokens=chunk_tokens, group_layers=group_layers)
+        self.geometry = model_geometry(model, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_bits=probe_bits)
         # resident key summaries of each Period's first layer, per (prefix, period_layers):
         # [chunks, periods, kv_heads, 2, head_dim] in the model's dtype (min/max of stored keys: exact)
         self._summaries: dict[tuple[str, int], torch.Tensor] = {}
         # resident quantized probe keys per (prefix, stored group, bits): ReprefillConfig.probe_bits
         self._probes: dict[tuple[str, int, int], QuantizedKeys] = {}
+        # each re-prefilled prefix's stored probe_bits (a prefix id names one geometry, so it never changes)
+        self._stored_probe_bits: dict[str, int] = {}
 
     # ------------------------------------------------------------ prefill
     def store_prefix(self, tokens, *, progress=None) -> PrefixHandle:
@@ -209,17 +226,20 @@ class ModelRunner:
             raise
         self._plan(desc.num_chunks, cfg)  # refuses a full_layers the budget cannot pay for
         stored = desc.geometry
-        if stored != self.geometry or desc.model_fingerprint != self.model.fingerprint:
+        # how a prefix keeps its probe keys decides only which requests it serves (_check_probe_form)
+        if replace(stored, probe_bits=0) != replace(self.geometry, probe_bits=0) or desc.model_fingerprint != self.model.fingerprint:
             raise InvalidArgument(
                 "prefix_id",
                 f"stored for another model or layout (fingerprint {desc.model_fingerprint[:12] or '-'}, {stored}); "
                 f"this runner is {self.model.fingerprint[:12] or '-'}, {self.geometry}",
             )
+        _check_probe_form(stored, cfg)
         limit = self.model.config.max_position_embeddings
         if desc.num_tokens + suffix.numel() > limit:
             raise InvalidArgument(
                 "suffix_tokens", f"prefix {desc.num_tokens} + suffix {suffix.numel()} tokens exceed the model's context of {limit}"
             )
+        self._stored_probe_bits[desc.prefix_id] = stored.probe_bits
         return desc, suffix
 
     def reprefill(
@@ -240,7 +260,7 @@ class ModelRunner:
         hidden = model.embed(suffix)  # [s, hidden]
         selector = get_selector(cfg.selector, cfg.head_aggregation)
         plan = self._plan(m, cfg)
-        out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=n)
+        out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=n, prefix_id=desc.prefix_id)
         if keep_kv:
             out.layer_kv = [None] * model.num_layers
         mass_inputs = []
@@ -346,12 +366,20 @@ class ModelRunner:
         return self._summaries[key]
 
     def _resident_probe(self, prefix_id: str, group: int, bits: int, out: ReprefillResult) -> QuantizedKeys:
-        """A stored group's probe keys, quantized to ``bits`` and kept; the first fetch is charged to ``out.probe_bytes``."""
+        """A stored group's probe keys, quantized to ``bits`` and kept; the first fetch is charged to ``out.probe_bytes``.
+
+        A prefix storing them at ``bits`` hands over the packed rows the
+        client keeps as they are; one storing full-precision keys hands
+        those over, and the client quantizes them (the same format).
+        """
         key = (prefix_id, group, bits)
         if key not in self._probes:
-            probe = self.client.get_probe_keys(prefix_id, group)  # [Hkv, n, d]
+            probe = self.client.get_probe_keys(prefix_id, group)  # [Hkv, n, d] keys, or [Hkv, n, row_bytes] packed rows
             out.probe_bytes += probe.nbytes
-            self._probes[key] = quantize_keys(_as_torch(probe, self.geometry), bits)
+            if self._stored_probe_bits[prefix_id] == bits:
+                self._probes[key] = QuantizedKeys.from_packed(probe, bits, self.geometry.model.head_dim)
+            else:
+                self._probes[key] = quantize_keys(_as_torch(probe, self.geometry), bits)
         return self._probes[key]
 
     def resident_bytes(self) -> int:
@@ -429,7 +457,7 @@ class ModelRunner:
         rows = [kv.rows(i) - s for i in range(len(kv))]
         stops, start = eos_ids(tokenizer, eos_token_ids), res.num_prefix_tokens + s
         if cfg.reselect_every:
-            tokens, steps, stop, stats = self._decode_reselecting(prefix_id, res, cfg, kv, start, max_new_tokens, stops)
+            tokens, steps, stop, stats = self._decode_reselecting(res.prefix_id, res, cfg, kv, start, max_new_tokens, stops)
         else:
             (tokens, steps, stop), stats = decode_greedy(self.model, res.logits, kv, start, max_new_tokens, stops), None
         res.layer_kv = []
@@ -489,6 +517,18 @@ def _token_tensor(tokens, field_name: str = "tokens") -> torch.Tensor:
     if t.numel() == 0:
         raise InvalidArgument(field_name, "must not be empty")
     return t
+
+
+def _check_probe_form(stored: StoreGeometry, cfg: ReprefillConfig) -> None:
+    """A prefix storing quantized probe keys serves exact selection at its own width only."""
+    if cfg.selector != "exact" or not stored.probe_bits or cfg.probe_bits == stored.probe_bits:
+        return
+    asked = f"{cfg.probe_bits}-bit" if cfg.probe_bits else "full-precision"
+    raise InvalidArgument(
+        "probe_bits",
+        f"the prefix stores its probe keys quantized to {stored.probe_bits} bits, not the {asked} keys "
+        f"probe_bits={cfg.probe_bits} scores with; ask with probe_bits={stored.probe_bits}",
+    )
 
 
 def _as_torch(arr: np.ndarray, geo: StoreGeometry) -> torch.Tensor:
