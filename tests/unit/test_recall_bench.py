@@ -7,7 +7,7 @@ import torch
 from engine_client.selection.systems import SYSTEMS, system_fields
 from kvstore.errors import InvalidArgument
 from tools.bench.recall import chunk_summaries, needle_recall, period_recall
-from tools.bench.text_accuracy import parse_paths
+from tools.bench.text_accuracy import check_store_probe_bits, parse_paths
 
 
 def test_chunk_summaries_match_the_per_chunk_min_max_with_a_short_last_chunk():
@@ -41,3 +41,12 @@ def test_systems_are_valid_reprefill_fields_and_paths():
     ]
     with pytest.raises(ValueError, match="SELECTOR@BUDGET.*layerwise"):
         parse_paths("bogus@0.05")
+
+
+def test_a_store_of_quantized_probe_keys_takes_only_exact_paths_of_its_width():
+    paths = parse_paths("full,summary@0.1,perlayer-follow-int4@0.05")
+    check_store_probe_bits(paths, 4, 8)  # summary needs no probe keys; int4 reads them as stored
+    check_store_probe_bits(parse_paths("exact@0.05"), 0, 8)  # full-precision keys: any path
+    for text, bits in (("exact@0.05", 4), ("perlayer-follow@0.05", 4), ("perlayer-follow-int4@0.05", 8)):
+        with pytest.raises(ValueError, match=f"--store-probe-bits {bits}: path .* exact paths need probe_bits={bits}"):
+            check_store_probe_bits(parse_paths(text), bits, 8)

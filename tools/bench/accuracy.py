@@ -236,6 +236,13 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=0, help="--model: tokens to decode (default: the task's)")
     p.add_argument("--period-layers", type=int, default=8, help="--model: layers sharing one chunk selection")
     p.add_argument("--group-layers", type=int, default=4, help="--model: layers per stored group")
+    p.add_argument(
+        "--store-probe-bits",
+        type=int,
+        choices=(0, 4, 8),
+        default=0,
+        help="--model: store each prefix's probe keys quantized to this many bits (0: in the KV dtype); exact paths must use the same probe_bits",
+    )
     p.add_argument("--examples", type=int, default=200, help="held-out examples")
     p.add_argument("--tokens", type=int, default=2048, help="prefix + suffix tokens of each example")
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="HF checkpoint directory (default: checkpoints/recall-small)")
@@ -282,10 +289,10 @@ def _command_text_accuracy(args, parser) -> int:
 
     from engine_client.tasks import text
 
-    from .text_accuracy import format_text_report, parse_paths, run_text_accuracy
+    from .text_accuracy import check_store_probe_bits, format_text_report, parse_paths, run_text_accuracy
 
     try:
-        parse_paths(args.path)
+        check_store_probe_bits(parse_paths(args.path), args.store_probe_bits, args.period_layers)
         if not args.task.startswith("file:"):
             text.get_task(args.task)
     except ValueError as exc:

@@ -12,6 +12,10 @@ Paths (several, comma-separated, share each example's prefill and store):
                     ``ModelRunner.generate`` (the suffix over the chunks each Period selects, then
                     decoding over them).
 
+``--store-probe-bits 4|8`` stores each prefix's probe keys quantized
+(``StoreGeometry.probe_bits``): exact paths at that width read them as
+stored, and ``probe_bytes`` counts the packed rows.
+
 An example is correct when the decoded text holds an accepted answer (numbers
 as whole numbers).  Examples use the evaluation seeds (from 1_000_000 on,
 ``--start`` offsets them); accuracy comes with its Wilson 95% interval.  Per
@@ -58,6 +62,26 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
     return out
 
 
+def path_fields(selector: str, period_layers: int) -> dict:
+    """The ``ReprefillConfig`` fields a Re-Prefill path selects with (budget apart)."""
+    if selector in SELECTORS:  # a plain selector at --period-layers
+        return {"selector": selector, "period_layers": period_layers}
+    return system_fields(selector)  # a named selection system (engine_client.selection.systems)
+
+
+def check_store_probe_bits(paths, store_bits: int, period_layers: int) -> None:
+    """A store keeping probe keys quantized serves exact paths of that width only (``ModelRunner.check_request``)."""
+    if not store_bits:
+        return
+    for name, selector, _ in paths:
+        fields = path_fields(selector, period_layers) if selector else {}
+        bits = fields.get("probe_bits", 0)
+        if fields.get("selector") == "exact" and bits != store_bits:
+            raise ValueError(
+                f"--store-probe-bits {store_bits}: path {name} scores with probe_bits={bits}; exact paths need probe_bits={store_bits}"
+            )
+
+
 def needle_loaded(needle_chunks: np.ndarray, selected) -> list[float]:
     """Per Period: the fraction of the needle's chunks among the chunks it loaded."""
     if needle_chunks.size == 0:
@@ -99,10 +123,7 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                 else:
                     from engine_client.runner import ReprefillConfig
 
-                    if selector in SELECTORS:  # a plain selector at --period-layers
-                        cfg = ReprefillConfig(budget=budget, selector=selector, period_layers=args.period_layers)
-                    else:  # a named selection system (engine_client.selection.systems)
-                        cfg = ReprefillConfig(budget=budget, **system_fields(selector))
+                    cfg = ReprefillConfig(budget=budget, **path_fields(selector, args.period_layers))
                     resident = runner.resident_bytes()
                     gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, _max_new(ex, args), tokenizer=tokenizer)
                     resident = runner.resident_bytes() - resident  # client state this prefix added (summaries, quantized probes)
@@ -158,7 +179,9 @@ def _runner(model, args, stack: ExitStack):
     daemon = _Daemon(data_dir, DaemonArgs())
     stack.callback(daemon.stop)
     client = stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
-    return ModelRunner(model, client, chunk_tokens=CHUNK_TOKENS, group_layers=args.group_layers)
+    return ModelRunner(
+        model, client, chunk_tokens=CHUNK_TOKENS, group_layers=args.group_layers, probe_bits=getattr(args, "store_probe_bits", 0)
+    )
 
 
 def run_text_accuracy(args) -> dict:
@@ -216,6 +239,7 @@ def run_text_accuracy(args) -> dict:
         "seeds": [examples[0].seed, examples[-1].seed] if examples else [],
         "period_layers": args.period_layers,
         "group_layers": args.group_layers,
+        "store_probe_bits": getattr(args, "store_probe_bits", 0),
         "threads": args.threads,
         "seconds": seconds,
         "paths": results,
@@ -224,6 +248,8 @@ def run_text_accuracy(args) -> dict:
 
 def format_text_report(r: dict) -> str:
     lines = [f"{r['model']} {r['task']} @ {r['tokens']} tokens, {r['examples']} examples (seeds {r['seeds']}) in {r['seconds']:.0f}s"]
+    if r.get("store_probe_bits"):
+        lines[0] += f", probe keys stored at {r['store_probe_bits']} bits"
     for name, p in r["paths"].items():
         lo, hi = p["wilson95"]
         line = f"  {name:>14}: {p['correct']}/{p['examples']} = {p['accuracy']:.1%} (Wilson 95% {lo:.1%}..{hi:.1%}), TTFT {p['ttft_s_mean']:.2f}s"

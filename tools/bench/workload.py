@@ -23,8 +23,9 @@ fetched from the daemon counts in ``bytes_disk``.
   budget), speculative groups pushed to the client as they arrive;
 * ``contiguouskv-perlayer``: the product with the selection that keeps
   the answer on a pretrained model (``perlayer-follow-int4``: every layer
-  its own Period, exact scores on 4-bit resident probe keys, max over
-  heads, the previous layer's choice followed; needs ``--group-layers 1``);
+  its own Period, exact scores on 4-bit resident probe keys, which its
+  store keeps 4-bit too (``StoreGeometry.probe_bits``), max over heads, the
+  previous layer's choice followed; needs ``--group-layers 1``);
 * ``contiguouskv-noprefetch`` / ``contiguouskv-lfu``: ablations (no
   speculation, each period waits for all its groups / LFU tiers);
 * ``impress``: 64-token blocks, each Period's rows stored by accumulated
@@ -309,12 +310,13 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
 
     from .daemon_io import DaemonArgs, _Daemon
 
-    geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers)
+    named = system_fields(sysdef.selection) if sysdef.selection in NAMED_SELECTION else {}
+    store_bits = named.get("probe_bits", 0)  # a system scoring with quantized probe keys stores them so
+    geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits)
     probes = [impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
     state = sum(p.nbytes() for p in probes if p is not None)
     if sysdef.selection == "summary":
         state = sum(ModelRunner.summary_bytes(geo, p.tokens.numel(), args.period_layers) for p in prefixes)
-    named = system_fields(sysdef.selection) if sysdef.selection in NAMED_SELECTION else {}
     if named.get("probe_bits"):
         state = sum(probe_state_bytes(geo, p.tokens.numel(), named["probe_bits"]) for p in prefixes)
     memory, reserve_fraction = memory_split(geo, args, state)
@@ -336,7 +338,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
         ],
     )
     client = KVStoreClient(f"unix:{daemon.socket}")
-    runner = ModelRunner(model, client, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers)
+    runner = ModelRunner(model, client, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits)
     selection = named or {
         "period_layers": args.period_layers,
         "selector": args.selector if sysdef.selection == "summary" else "full",  # --selector: the chunk systems' scorer
@@ -404,8 +406,10 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, token
 def probe_state_bytes(geo, num_tokens: int, bits: int) -> int:
     """Quantized probe keys a client keeps resident for one prefix: every stored group's
     ``[Hkv, n, d]`` keys at ``bits`` bits plus one float32 scale per (head, token)."""
+    from kvstore.geometry import quantized_row_bytes
+
     m = geo.model
-    return geo.num_groups * m.num_kv_heads * num_tokens * (m.head_dim * bits // 8 + 4)
+    return geo.num_groups * m.num_kv_heads * num_tokens * quantized_row_bytes(m.head_dim, bits)
 
 
 def _chunk_sizes(chunks: np.ndarray, n: int, chunk_tokens: int) -> np.ndarray:
