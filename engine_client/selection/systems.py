@@ -24,7 +24,8 @@ half of its KV bytes): ``probe_bytes`` in every report says so.
 ``perlayer-follow-int4`` scores with the same keys quantized to 4 bits,
 fetched once per prefix and kept resident by the client
 (``selection/probes.py``): 7% of a float32 KV in client memory instead of
-50% of it read at every request.  ``perlayer-follow-int4-reselect`` and
+50% of it read at every request; a store with ``StoreGeometry.probe_bits=4``
+keeps them 4-bit too, so that one fetch is 7% as well.  ``perlayer-follow-int4-reselect`` and
 ``-reselect4`` are that selection for the first token, then every generated
 token (every 4th) each layer selects again from the generated tokens'
 queries with the same resident keys and fetches the chunks it lacks
