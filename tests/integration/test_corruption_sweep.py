@@ -9,11 +9,13 @@ probe keys.  Each read either returns exactly what was stored or fails with
 DATA_LOSS; a flip inside a checksummed region is always detected by some
 read.  A flip in padding changes no byte anyone can read.  The trial's
 outcome is reported as a record, so the sweep also counts what it tried.
-The same sweep runs over page batches, read page by page through the page
-API.
+The same sweep runs over a geometry whose probe keys are stored quantized
+(8-bit packed rows), and over page batches, read page by page through the
+page API.
 """
 
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -21,19 +23,28 @@ from helpers import GEOMETRIES, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
 from kvstore.errors import DataLoss, NotFound
+from kvstore.geometry import StoreGeometry, keys_as_float32
 from kvstore.store import ChunkStore
+from kvstore.wire.probes import quantize_probe_rows
 
 GEO = GEOMETRIES[0]  # 5 layers in groups of 2, one head, head dim 1, bf16: small files, odd sizes
+QUANTIZED = replace(GEO, probe_bits=8)  # the same, probe keys stored as 8-bit rows (head dim 1: 1 code + a scale)
 TOKENS = 70
 
 
-def _store(data: str) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+def _store(data: str, geo: StoreGeometry = GEO) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """prefix id -> (kv, tokens) of the trial's two prefixes."""
-    t_a, kv_a = make_tokens(TOKENS, 1), make_kv(GEO, TOKENS, 1)
-    t_b, kv_b = make_tokens(TOKENS, 2), make_kv(GEO, TOKENS, 2)
+    t_a, kv_a = make_tokens(TOKENS, 1), make_kv(geo, TOKENS, 1)
+    t_b, kv_b = make_tokens(TOKENS, 2), make_kv(geo, TOKENS, 2)
     t_b[:32], kv_b[:, :, :, :32] = t_a[:32], kv_a[:, :, :, :32]
     with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
-        return {store.put(t, kv, GEO).prefix_id: (kv, t) for t, kv in [(t_a, kv_a), (t_b, kv_b)]}
+        return {store.put(t, kv, geo).prefix_id: (kv, t) for t, kv in [(t_a, kv_a), (t_b, kv_b)]}
+
+
+def _probe_expected(geo: StoreGeometry, kv: np.ndarray, group: int) -> np.ndarray:
+    """What an intact store returns for the group's probe keys."""
+    keys = kv[group * geo.group_layers, 0]
+    return quantize_probe_rows(keys_as_float32(keys, geo.model.dtype), geo.probe_bits) if geo.probe_bits else keys
 
 
 def _flip(path: str, offset: int) -> None:
@@ -44,15 +55,15 @@ def _flip(path: str, offset: int) -> None:
         fh.write(bytes([b[0] ^ 0x5A]))
 
 
-def _read_back(store: ChunkStore, stored: dict) -> tuple[int, int]:
+def _read_back(store: ChunkStore, stored: dict, geo: StoreGeometry) -> tuple[int, int]:
     """(reads refused with DATA_LOSS, reads returning exact bytes); a wrong byte fails the test."""
     refused = exact = 0
     for pid, (kv, _) in stored.items():
-        n = GEO.num_chunks(TOKENS)
+        n = geo.num_chunks(TOKENS)
         attempts = [
             (lambda: store.read(pid, range(n)).to_kv(), kv),
             (lambda: store.read_summaries(pid), None),
-            *[(lambda g=g: store.read_probe_keys(pid, g), kv[g * GEO.group_layers, 0]) for g in range(GEO.num_groups)],
+            *[(lambda g=g: store.read_probe_keys(pid, g), _probe_expected(geo, kv, g)) for g in range(geo.num_groups)],
         ]
         for read, expected in attempts:
             try:
@@ -66,10 +77,10 @@ def _read_back(store: ChunkStore, stored: dict) -> tuple[int, int]:
     return refused, exact
 
 
-def corruption_trial(tmp_path, seed: int) -> dict:
+def corruption_trial(tmp_path, seed: int, geo: StoreGeometry = GEO) -> dict:
     """One random flip; returns what was flipped and what the reads did."""
-    data = str(tmp_path / f"c{seed}")
-    stored = _store(data)
+    data = str(tmp_path / f"c{seed}-{geo.probe_bits}")
+    stored = _store(data, geo)
     rng = np.random.default_rng(seed)
     with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
         pid = next(iter(stored))
@@ -86,7 +97,7 @@ def corruption_trial(tmp_path, seed: int) -> dict:
     in_region = any(lo <= offset < hi for lo, hi in checksummed)
     _flip(path, offset)
     with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
-        refused, exact = _read_back(store, stored)
+        refused, exact = _read_back(store, stored, geo)
         if refused == 0:
             np.testing.assert_array_equal(store.read_summaries(pid), summaries_ok)
         verified = all(r["ok"] for r in store.verify())
@@ -95,12 +106,13 @@ def corruption_trial(tmp_path, seed: int) -> dict:
     return {"offset": offset, "checksummed": in_region, "refused": refused, "exact": exact}
 
 
-def sweep(tmp_path, seeds) -> list[dict]:
-    return [corruption_trial(tmp_path, s) for s in seeds]
+def sweep(tmp_path, seeds, geo: StoreGeometry = GEO) -> list[dict]:
+    return [corruption_trial(tmp_path, s, geo) for s in seeds]
 
 
-def test_random_byte_flips_are_detected_or_harmless(tmp_path):
-    trials = sweep(tmp_path, range(12))
+@pytest.mark.parametrize("geo", [GEO, QUANTIZED], ids=["probes-kv-dtype", "probes-8bit"])
+def test_random_byte_flips_are_detected_or_harmless(tmp_path, geo):
+    trials = sweep(tmp_path, range(12), geo)
     assert any(t["checksummed"] for t in trials)  # the sweep reached checksummed data
 
 
