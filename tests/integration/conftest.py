@@ -1,5 +1,11 @@
 import pytest
+import torch
 from daemon import DaemonProcess
+
+from engine_client.client import KVStoreClient
+from engine_client.model.loader import load_checkpoint
+from engine_client.runner import ModelRunner
+from tools.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture
@@ -19,3 +25,18 @@ def daemon_factory(tmp_path):
 @pytest.fixture
 def daemon(daemon_factory):
     return daemon_factory()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    """The 2-layer random ``tiny`` checkpoint (tools.make_checkpoint), float32."""
+    path = tmp_path_factory.mktemp("ckpt") / "tiny"
+    make_checkpoint(str(path), "tiny", 0, "float32", 1)
+    return load_checkpoint(str(path), dtype=torch.float32)
+
+
+@pytest.fixture
+def tiny_runner(daemon, tiny_model):
+    """A ModelRunner of ``tiny_model`` on a fresh daemon, one-layer stored groups."""
+    with KVStoreClient(daemon.target) as client:
+        yield ModelRunner(tiny_model, client, group_layers=1)

@@ -8,13 +8,11 @@ import torch
 from helpers import make_kv, make_tokens
 
 from engine_client.client import KVStoreClient
-from engine_client.model.loader import load_checkpoint
 from engine_client.runner import ModelRunner, ReprefillConfig
 from engine_client.selection.systems import system_fields
 from kvstore.errors import InvalidArgument
 from kvstore.geometry import ModelSpec, StoreGeometry, keys_as_float32
 from kvstore.wire.probes import dequantize_probe_rows, quantize_probe_rows, unpack_probe_rows
-from tools.make_checkpoint import make_checkpoint
 
 # odd sizes: 5 layers in groups of 2 (2, 2, 1), 150 tokens (the last chunk short)
 GEO = StoreGeometry(ModelSpec(5, 2, 16, "bfloat16"), chunk_tokens=16, group_layers=2, probe_bits=4)
@@ -58,13 +56,6 @@ def test_a_prefix_extending_a_stored_one_reads_its_packed_rows_across_both_segme
             rows = client.get_probe_keys(b.prefix_id, g)
             assert rows.shape[1] == 145
             np.testing.assert_array_equal(rows, quantize_probe_rows(first_layer_keys(GEO, kv_b, g), 4))
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    make_checkpoint(str(path), "tiny", 0, "float32", 1)
-    return load_checkpoint(str(path), dtype=torch.float32)
 
 
 def test_reprefill_on_stored_4bit_probes_selects_and_answers_as_client_quantization_does(daemon, tiny_model):

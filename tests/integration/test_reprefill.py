@@ -5,26 +5,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine_client.client import KVStoreClient, KVStoreRpcError
+from engine_client.client import KVStoreRpcError
 from engine_client.fidelity import chunk_recall, compare_logits, fidelity
-from engine_client.model.loader import load_checkpoint
 from engine_client.runner import ModelRunner, ReprefillConfig
 from engine_client.selection import exact_chunk_scores
 from kvstore.errors import InvalidArgument, NotFound
-from tools.make_checkpoint import make_checkpoint
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    make_checkpoint(str(path), "tiny", 0, "float32", 1)
-    return load_checkpoint(str(path), dtype=torch.float32)
 
 
 @pytest.fixture
-def runner(daemon, tiny_model):
-    with KVStoreClient(daemon.target) as client:
-        yield ModelRunner(tiny_model, client, group_layers=1)
+def runner(tiny_runner):
+    return tiny_runner
 
 
 def test_full_budget_reproduces_full_prefill_and_sparse_reports_scores(runner):

@@ -4,27 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from engine_client.client import KVStoreClient
 from engine_client.generation import LayerKV, dense_generate
-from engine_client.model.loader import load_checkpoint
 from engine_client.prefill import chunked_prefill
 from engine_client.reselect import WorkingSet, decode_reselecting
-from engine_client.runner import ModelRunner, ReprefillConfig
+from engine_client.runner import ReprefillConfig
 from kvstore.errors import InvalidArgument
-from tools.make_checkpoint import make_checkpoint
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    path = tmp_path_factory.mktemp("ckpt") / "tiny"
-    make_checkpoint(str(path), "tiny", 0, "float32", 1)
-    return load_checkpoint(str(path), dtype=torch.float32)
 
 
 @pytest.fixture
-def runner(daemon, tiny_model):
-    with KVStoreClient(daemon.target) as client:
-        yield ModelRunner(tiny_model, client, group_layers=1)
+def runner(tiny_runner):
+    return tiny_runner
 
 
 def _prompt(seed=0, n=301, s=9):
