@@ -26,7 +26,7 @@ Two statistics per layer, both defined on the layer's causal attention map
 ``AttentionSketch`` keeps, per layer, the grid's sums (``[heads, Gq, Gk]``
 float64), the two bin widths, the row count and the edge mass sum (float64):
 ``num_layers * heads * Gq * Gk * 8`` bytes plus a few numbers per layer
-(``nbytes``), e.g. 2.2 MiB for 30 layers, 9 heads and a 32 x 32 grid,
+(``nbytes``), e.g. 2.1 MiB for 30 layers, 9 heads and a 32 x 32 grid,
 whatever the conversation's length.  Adding rows costs
 ``O(heads x rows x keys)`` time and the memory of the rows given.
 """
