@@ -13,10 +13,16 @@ from __future__ import annotations
 import math
 
 
-def fraction_count(total: int, fraction: float) -> int:
-    """``floor(fraction x total)``, at least 1 and at most ``total`` (``fraction`` in (0, 1]).
+def fraction_floor(total: int, fraction: float) -> int:
+    """``floor(fraction x total)`` with nothing added: 0 of anything is 0 (``fraction`` in [0, 1]).
 
     The product is rounded to 9 decimals first: 0.29 of 100 is 29, not the
-    28 that ``0.29 * 100 == 28.999999999999996`` would give.
+    28 that ``0.29 * 100 == 28.999999999999996`` would give.  Krul's layer
+    ratio counts with it (``krul.strategy``), where a ratio of 0 pairs nothing.
     """
-    return min(total, max(1, math.floor(round(fraction * total, 9))))
+    return math.floor(round(fraction * total, 9))
+
+
+def fraction_count(total: int, fraction: float) -> int:
+    """``fraction_floor``, at least 1 and at most ``total`` (``fraction`` in (0, 1])."""
+    return min(total, max(1, fraction_floor(total, fraction)))

@@ -1,0 +1,238 @@
+"""A conversation's attention statistics for Krul, gathered without keeping any ``n x n`` map.
+
+Two statistics per layer, both defined on the layer's causal attention map
+``A [heads, n, n]`` (row ``i`` is the softmax of query ``i`` over keys
+``0..i``; what ``Decoder`` computes, one map per query head):
+
+* **the pooled map** ``P [heads, Gq, Gk]`` (``pooled_attention``): the mean
+  of ``A`` over the cells of a fixed grid.  Bin ``b`` of an axis covers
+  positions ``[b*w, (b+1)*w)``, with the bin width ``w`` the smallest power
+  of two such that ``Gq`` (or ``Gk``) bins of ``w`` tokens cover the ``n``
+  positions; bins past ``n`` are empty and read 0.  A cell's mean is over all
+  its ``rows x cols`` entries, the zeros above the diagonal included.  Power
+  of two widths are what make the map foldable one row at a time: when the
+  conversation outgrows the grid, adjacent bins merge in pairs (sums are
+  exact under merging), so the sketch ends with exactly the grid that pooling
+  the whole map at once gives.
+* **the edge mass** (``edge_mass``): for each row, the attention on the
+  initial ``e`` keys plus the attention on the most recent ``e`` keys the row
+  sees, ``e = ceil(t / 10)`` for a row that sees ``t`` keys (at least 1: the
+  first 10% and the last 10% of its keys); averaged over heads and rows, so
+  it lies in ``[0, 2]`` (both windows are counted in full where they
+  overlap, as in the first rows).  The windows are relative to each row, so
+  a row's contribution is final when the row arrives: a decode step adds its
+  row and nothing earlier changes.
+
+``AttentionSketch`` keeps, per layer, the grid's sums (``[heads, Gq, Gk]``
+float64), the two bin widths, the row count and the edge mass sum (float64):
+``num_layers * heads * Gq * Gk * 8`` bytes plus a few numbers per layer
+(``nbytes``), e.g. 2.1 MiB for 30 layers, 9 heads and a 32 x 32 grid,
+whatever the conversation's length.  Adding rows costs
+``O(heads x rows x keys)`` time and the memory of the rows given.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from kvstore.wire import InvalidArgument
+
+from ._checks import check_int, check_tensor
+
+EDGE_DIVISOR = 10  # the initial and the recent windows are each ceil(t / 10) of the t keys a row sees
+
+
+def edge_tokens(visible: torch.Tensor) -> torch.Tensor:
+    """Window size ``e = ceil(t / EDGE_DIVISOR)`` for rows that see ``visible = t >= 1`` keys (``LongTensor``)."""
+    return (visible + EDGE_DIVISOR - 1) // EDGE_DIVISOR
+
+
+def grid_shape(grid: int | tuple[int, int]) -> tuple[int, int]:
+    """``(Gq, Gk)`` from an int (square grid) or a pair, each in ``[1, 4096]``."""
+    if isinstance(grid, tuple) and len(grid) == 2:
+        return check_int("grid", grid[0], 1, 4096), check_int("grid", grid[1], 1, 4096)
+    if isinstance(grid, tuple):
+        raise InvalidArgument("grid", f"expected an int or a pair (rows, cols), got {grid!r}")
+    size = check_int("grid", grid, 1, 4096)
+    return size, size
+
+
+def bin_width(num_positions: int, num_bins: int) -> int:
+    """The smallest power of two ``w`` with ``num_bins * w >= num_positions``."""
+    width = 1
+    while num_bins * width < num_positions:
+        width *= 2
+    return width
+
+
+def _bin_sizes(num_positions: int, num_bins: int, width: int) -> torch.Tensor:
+    """Positions in each bin, ``[num_bins]`` float64: ``w`` for full bins, less for the last, 0 past the end."""
+    starts = torch.arange(num_bins, dtype=torch.float64) * width
+    return (num_positions - starts).clamp(0, width)
+
+
+def _cell_means(sums: torch.Tensor, num_positions: int, widths: tuple[int, int]) -> torch.Tensor:
+    """``sums [heads, Gq, Gk]`` divided by each cell's entry count; empty cells read 0; float32."""
+    rows = _bin_sizes(num_positions, sums.shape[1], widths[0])
+    cols = _bin_sizes(num_positions, sums.shape[2], widths[1])
+    area = rows[:, None] * cols[None, :]  # [Gq, Gk]
+    return torch.where(area > 0, sums / area.clamp(min=1), 0.0).float()
+
+
+def _row_block_sums(attn: torch.Tensor, first_row: int, shape: tuple[int, int], widths: tuple[int, int]) -> torch.Tensor:
+    """Sums ``[heads, Gq, Gk]`` float64 of the rows ``attn [heads, q, k]`` at positions ``first_row..``."""
+    heads, q, k = attn.shape
+    key_bins = torch.arange(k) // widths[1]
+    row_bins = torch.arange(first_row, first_row + q) // widths[0]
+    per_row = torch.zeros(heads, q, shape[1], dtype=torch.float64).index_add_(2, key_bins, attn.double())  # [heads, q, Gk]
+    return torch.zeros(heads, *shape, dtype=torch.float64).index_add_(1, row_bins, per_row)
+
+
+def _edge_sum(attn: torch.Tensor, first_row: int) -> float:
+    """Sum over heads and rows of the initial plus recent window mass of ``attn [heads, q, k]`` (rows ``first_row..``)."""
+    q, k = attn.shape[1:]
+    visible = torch.arange(first_row + 1, first_row + q + 1)  # [q] keys each row sees
+    e = edge_tokens(visible)
+    keys = torch.arange(k)
+    initial = keys[None, :] < e[:, None]  # [q, k]
+    recent = (keys[None, :] >= (visible - e)[:, None]) & (keys[None, :] < visible[:, None])
+    weight = initial.double() + recent.double()  # overlapping windows count twice
+    return float((attn.double() * weight).sum())
+
+
+def _check_square(attn: object) -> torch.Tensor:
+    attn = check_tensor("attn", attn, 3)
+    if attn.shape[1] != attn.shape[2] or attn.shape[1] == 0:
+        raise InvalidArgument("attn", f"expected a causal map [heads, n, n] with n >= 1, got shape {tuple(attn.shape)}")
+    return attn
+
+
+def pooled_attention(attn: torch.Tensor, grid: int | tuple[int, int]) -> torch.Tensor:
+    """Mean-pool a whole causal map ``attn [heads, n, n]`` into ``[heads, Gq, Gk]`` float32 (module docstring)."""
+    attn = _check_square(attn)
+    shape = grid_shape(grid)
+    n = attn.shape[1]
+    widths = (bin_width(n, shape[0]), bin_width(n, shape[1]))
+    return _cell_means(_row_block_sums(attn, 0, shape, widths), n, widths)
+
+
+def edge_mass(attn: torch.Tensor) -> float:
+    """Initial plus recent window mass of a whole causal map ``attn [heads, n, n]``, mean over heads and rows."""
+    attn = _check_square(attn)
+    return _edge_sum(attn, 0) / (attn.shape[0] * attn.shape[1])
+
+
+@dataclass(frozen=True)
+class AttentionStats:
+    """What the strategy selector reads of a conversation: one pooled map and one edge mass per layer."""
+
+    maps: torch.Tensor  # [layers, heads, Gq, Gk] float32, pooled_attention of each layer
+    edge_mass: torch.Tensor  # [layers] float32 in [0, 2]
+
+    def __post_init__(self):
+        maps = check_tensor("stats.maps", self.maps, 4)
+        edge = check_tensor("stats.edge_mass", self.edge_mass, 1)
+        if maps.shape[0] == 0 or 0 in maps.shape:
+            raise InvalidArgument("stats.maps", f"expected [layers, heads, rows, cols] with every size >= 1, got {tuple(maps.shape)}")
+        if edge.shape[0] != maps.shape[0]:
+            raise InvalidArgument("stats.edge_mass", f"has {edge.shape[0]} layers, the maps {maps.shape[0]}")
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.maps.shape[0])
+
+
+class AttentionSketch:
+    """Folds a conversation's attention into ``AttentionStats``, prefill blocks and decode rows alike.
+
+    Rows of each layer's map arrive in order: a block ``[heads, q, k]`` is
+    the map's rows ``k-q .. k-1`` (the first turn's prefill is the square
+    ``q = k``; a later turn's prefill is its ``q`` new rows over all ``k``
+    keys; a decode step is one row).  Layers are independent: each may be
+    fed whenever its attention is at hand.  Memory: see the module docstring.
+    """
+
+    def __init__(self, num_layers: int, num_heads: int, grid: int | tuple[int, int] = 32):
+        self.num_layers = check_int("num_layers", num_layers, 1)
+        self.num_heads = check_int("num_heads", num_heads, 1)
+        self.grid = grid_shape(grid)
+        self._sums = torch.zeros(self.num_layers, self.num_heads, *self.grid, dtype=torch.float64)  # [L, heads, Gq, Gk]
+        self._widths = [(1, 1)] * self.num_layers
+        self._rows = [0] * self.num_layers
+        self._edge = [0.0] * self.num_layers
+
+    def num_rows(self, layer: int) -> int:
+        """Rows (= positions) of ``layer``'s map folded in so far."""
+        return self._rows[self._check_layer(layer)]
+
+    def add_prefill(self, layer: int, attn: torch.Tensor) -> None:
+        """Fold in the rows ``k-q .. k-1`` of ``layer``'s map: ``attn [heads, q, k]``, ``k`` = rows so far + ``q``."""
+        layer = self._check_layer(layer)
+        attn = check_tensor("attn", attn, 3)
+        heads, q, k = attn.shape
+        if heads != self.num_heads or q == 0 or k != self._rows[layer] + q:
+            raise InvalidArgument(
+                "attn",
+                f"expected [{self.num_heads}, q, {self._rows[layer]} + q] with q >= 1 (layer {layer} has "
+                f"{self._rows[layer]} rows), got shape {tuple(attn.shape)}",
+            )
+        self._grow(layer, k)
+        self._sums[layer] += _row_block_sums(attn, k - q, self.grid, self._widths[layer])
+        self._edge[layer] += _edge_sum(attn, k - q)
+        self._rows[layer] = k
+
+    def add_decode(self, layer: int, attn_row: torch.Tensor) -> None:
+        """Fold in one decode step's row ``attn_row [heads, k]`` (``k`` = rows so far + 1)."""
+        attn_row = check_tensor("attn_row", attn_row, 2)
+        self.add_prefill(layer, attn_row.unsqueeze(1))
+
+    def pooled(self, layer: int) -> torch.Tensor:
+        """``layer``'s pooled map ``[heads, Gq, Gk]`` float32: ``pooled_attention`` of its whole map."""
+        layer = self._check_layer(layer)
+        return _cell_means(self._sums[layer], self._rows[layer], self._widths[layer])
+
+    def edge_mass(self, layer: int) -> float:
+        """``layer``'s edge mass: ``edge_mass`` of its whole map (0 before any row)."""
+        layer = self._check_layer(layer)
+        return self._edge[layer] / (self.num_heads * self._rows[layer]) if self._rows[layer] else 0.0
+
+    def stats(self) -> AttentionStats:
+        """Every layer's statistics; all layers must hold the same, non-zero number of rows."""
+        if len(set(self._rows)) != 1 or self._rows[0] == 0:
+            raise InvalidArgument("sketch", f"layers hold different or no rows: {sorted(set(self._rows))}")
+        maps = torch.stack([self.pooled(layer) for layer in range(self.num_layers)])
+        edge = torch.tensor([self.edge_mass(layer) for layer in range(self.num_layers)], dtype=torch.float32)
+        return AttentionStats(maps, edge)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the state: the float64 sums plus four numbers per layer."""
+        return self._sums.numel() * self._sums.element_size() + 4 * 8 * self.num_layers
+
+    def _check_layer(self, layer: int) -> int:
+        return check_int("layer", layer, 0, self.num_layers - 1)
+
+    def _grow(self, layer: int, num_positions: int) -> None:
+        """Double the bin widths until the grid covers ``num_positions``, merging the sums' bins to match."""
+        sums = self._sums[layer]
+        widths = list(self._widths[layer])
+        for axis in (0, 1):
+            target = bin_width(num_positions, self.grid[axis])
+            factor = target // widths[axis]  # both powers of two, target >= the width
+            if factor > 1:
+                sums = _merge_bins(sums, axis + 1, factor)
+                widths[axis] = target
+        self._sums[layer] = sums
+        self._widths[layer] = (widths[0], widths[1])
+
+
+def _merge_bins(sums: torch.Tensor, dim: int, factor: int) -> torch.Tensor:
+    """Sum every ``factor`` consecutive bins of ``sums`` along ``dim`` into one, zero-padding back to the grid size."""
+    size = sums.shape[dim]
+    moved = sums.movedim(dim, -1)  # [..., size]
+    padded = torch.nn.functional.pad(moved, (0, math.ceil(size / factor) * factor - size))
+    merged = padded.reshape(*moved.shape[:-1], -1, factor).sum(-1)  # [..., ceil(size / factor)]
+    return torch.nn.functional.pad(merged, (0, size - merged.shape[-1])).movedim(-1, dim)
