@@ -14,7 +14,10 @@ The paths that produce the first token and the KV:
   suffix over all its rows, then decoding - the same arithmetic as Re-Prefill
   at a 100% budget, so the two agree token for token;
 * ``dense_generate(..., keep_rows=...)``: the same with only some prefix rows
-  (e.g. every chunk but the needle's), in process.
+  (e.g. every chunk but the needle's), in process;
+* ``dense_generate(..., streaming=profile)``: the full KV for retrieval heads,
+  the sink and recent rows only for the profile's streaming heads
+  (``model.streaming``), at the first token and at every decoding step.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from .model.decoder import Decoder
+from .model.streaming import row_masks
 from .prefill import chunked_prefill
 
 
@@ -109,11 +113,14 @@ def decode_greedy(
     next_position: int,
     max_new_tokens: int,
     stop_ids: frozenset[int] = frozenset(),
+    row_masks: Sequence[torch.Tensor | None] | None = None,
 ) -> tuple[list[int], list[float], str]:
     """Greedy tokens from ``first_logits`` on; ``kv`` grows by one row per layer per step.
 
     ``next_position`` is the position of the first generated token (prefix +
-    suffix length).  Returns ``(tokens, step seconds, stop reason)``.
+    suffix length).  ``row_masks[layer] [Hkv, r]`` (or None) hides the first
+    ``r`` rows of the layer per KV head; the rows after them stay visible.
+    Returns ``(tokens, step seconds, stop reason)``.
     """
     if len(kv) != model.num_layers:
         raise ValueError(f"kv has {len(kv)} layers, the model {model.num_layers}")
@@ -123,19 +130,33 @@ def decode_greedy(
         position = torch.tensor([next_position + len(tokens) - 1])
         hidden = model.embed(torch.tensor([tokens[-1]]))  # [1, hidden]
         for layer in range(model.num_layers):
-            hidden, new_kv = model.layer_forward(layer, hidden, position, kv.view(layer))  # new_kv [2, Hkv, 1, d]
+            hidden, new_kv = model.layer_forward(layer, hidden, position, kv.view(layer), _grown(row_masks, layer, kv.rows(layer)))
             kv.append(layer, new_kv)
         tokens.append(int(model.final_logits(hidden).argmax()))
         steps.append(time.perf_counter() - t0)
     return tokens, steps, "eos" if tokens[-1] in stop_ids else "length"
 
 
+def _grown(row_masks, layer: int, rows: int) -> torch.Tensor | None:
+    """``row_masks[layer]`` widened with visible columns to ``rows``."""
+    mask = None if row_masks is None else row_masks[layer]
+    if mask is None or mask.shape[1] == rows:
+        return mask
+    return torch.cat([mask, mask.new_ones(mask.shape[0], rows - mask.shape[1])], dim=1)
+
+
 @torch.inference_mode()
 def suffix_over_prefix(
-    model: Decoder, prefix_kv: torch.Tensor, num_prefix: int, suffix: torch.Tensor, keep_rows: torch.Tensor | None = None
+    model: Decoder,
+    prefix_kv: torch.Tensor,
+    num_prefix: int,
+    suffix: torch.Tensor,
+    keep_rows: torch.Tensor | None = None,
+    row_masks: Sequence[torch.Tensor | None] | None = None,
 ):
     """The suffix over prefix rows ``keep_rows`` (all if None) of ``prefix_kv [L, 2, Hkv, n, d]``.
 
+    ``row_masks[layer] [Hkv, rows]``: per-KV-head visibility of those rows.
     Returns ``(first logits [vocab], per-layer KV [2, Hkv, rows + s, d])``.
     """
     positions = torch.arange(num_prefix, num_prefix + suffix.numel())
@@ -143,7 +164,7 @@ def suffix_over_prefix(
     layers = []
     for layer in range(model.num_layers):
         rows = prefix_kv[layer] if keep_rows is None else prefix_kv[layer].index_select(2, keep_rows)
-        hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows)
+        hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows, None if row_masks is None else row_masks[layer])
         layers.append(torch.cat([rows, suffix_kv], dim=2))
     return model.final_logits(hidden), layers
 
@@ -158,10 +179,13 @@ def dense_generate(
     eos_token_ids: Sequence[int] | None = None,
     keep_rows: torch.Tensor | None = None,
     prefix_kv: torch.Tensor | None = None,
+    streaming=None,
 ) -> GenerationResult:
     """Full-KV reference: prefill the prefix, run the suffix over its rows (``keep_rows``: only those), decode.
 
     ``prefix_kv [L, 2, Hkv, n, d]`` skips the prefill when the caller has it.
+    ``streaming`` (a ``model.streaming.StreamingHeads``): its streaming heads
+    see only the sink and recent prefix rows.
     """
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     prefix = torch.as_tensor(np.asarray(prefix_tokens), dtype=torch.long).reshape(-1)
@@ -171,12 +195,14 @@ def dense_generate(
     t0 = time.perf_counter()
     if prefix_kv is None:
         _, prefix_kv = chunked_prefill(model, prefix)
-    logits, layers = suffix_over_prefix(model, prefix_kv, prefix.numel(), suffix, keep_rows)
+    positions = torch.arange(prefix.numel()) if keep_rows is None else keep_rows
+    masks = row_masks(streaming, [positions] * model.num_layers, prefix.numel())
+    logits, layers = suffix_over_prefix(model, prefix_kv, prefix.numel(), suffix, keep_rows, masks)
     ttft = time.perf_counter() - t0
     kv = LayerKV(layers, max_new_tokens)
     rows = [kv.rows(i) - suffix.numel() for i in range(len(kv))]
     tokens, steps, stop = decode_greedy(
-        model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids)
+        model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids), masks
     )
     return GenerationResult(tokens, ttft, steps, stop, logits, _text(tokenizer, tokens), rows_attended=rows)
 

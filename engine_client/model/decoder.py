@@ -144,6 +144,7 @@ class Decoder:
         hidden: torch.Tensor,
         positions: torch.Tensor,
         prefix_kv: torch.Tensor | None,
+        row_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``layer`` on the suffix.
 
@@ -153,13 +154,23 @@ class Decoder:
         at their own positions (cast to the compute dtype), or None.  The suffix
         attends to all ``r`` rows and causally to itself.
 
+        ``row_mask [Hkv, r]`` (bool, optional) hides rows from single KV heads:
+        KV head ``h`` and its query heads attend only to the rows where
+        ``row_mask[h]`` is True (streaming heads, ``model.streaming``).
+
         Returns ``(hidden_out [s, hidden], suffix_kv [2, Hkv, s, d])``.
         """
         self._layer_weights(layer)
         hidden, positions = self._check_hidden(hidden, positions)
         if prefix_kv is not None:
             prefix_kv = self._check_prefix_kv(prefix_kv)
-        return self._layer(layer, hidden, positions, prefix_kv)
+        if row_mask is not None:
+            r = 0 if prefix_kv is None else prefix_kv.shape[2]
+            if row_mask.dtype != torch.bool or tuple(row_mask.shape) != (self.config.num_key_value_heads, r):
+                raise ValueError(
+                    f"row_mask must be bool [{self.config.num_key_value_heads}, {r}], got {row_mask.dtype} {list(row_mask.shape)}"
+                )
+        return self._layer(layer, hidden, positions, prefix_kv, row_mask)
 
     @torch.inference_mode()
     def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -174,7 +185,7 @@ class Decoder:
         ``q [Hq, s, d]`` (from ``layer_queries``), ``prefix_k [Hkv, r, d]`` and
         ``suffix_k [Hkv, s, d]`` (``layer_forward``'s ``suffix_kv[0]``), all
         post-RoPE.  The softmax runs jointly over the ``r`` prefix rows and the
-        suffix keys (causal), as in ``layer_forward``; the probabilities on the
+        suffix keys (causal), as in ``layer_forward`` (without a row mask); the probabilities on the
         prefix rows are summed over heads and queries, so ``result.sum()`` is at
         most ``Hq * s``.  Per-chunk mass is a segment sum of this over the rows.
         """
@@ -205,7 +216,7 @@ class Decoder:
 
     # ------------------------------------------------------------------ internals
 
-    def _layer(self, layer, hidden, positions, prefix_kv):
+    def _layer(self, layer, hidden, positions, prefix_kv, row_mask=None):
         c = self.config
         w = self.weights.layers[layer]
         s = hidden.shape[0]
@@ -224,7 +235,7 @@ class Decoder:
             r = prefix_kv.shape[2]
             keys = torch.cat([prefix_kv[0], k], dim=1)  # [Hkv, r+s, d]
             values = torch.cat([prefix_kv[1], v], dim=1)  # [Hkv, r+s, d]
-        attn = _gqa_attention(q, keys, values, r)  # [Hq, s, d]
+        attn = _gqa_attention(q, keys, values, r, row_mask)  # [Hq, s, d]
         hidden = hidden + _linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight)
         x = _rms_norm(hidden, w.post_norm, c.rms_norm_eps)
         gate, up = _linear(x, w.gate_up_weight).chunk(2, dim=-1)  # [s, intermediate] each
@@ -327,7 +338,9 @@ def _attention_mask(r: int, s: int, device) -> torch.Tensor:
     return mask
 
 
-def _gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_prefix_rows: int) -> torch.Tensor:
+def _gqa_attention(
+    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_prefix_rows: int, row_mask: torch.Tensor | None = None
+) -> torch.Tensor:
     """Attention of ``q [Hq, s, d]`` over ``keys``/``values [Hkv, r+s, d]`` -> ``[Hq, s, d]``.
 
     The ``s`` queries attend to all ``r = num_prefix_rows`` prefix rows and
@@ -342,10 +355,18 @@ def _gqa_attention(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, nu
     * otherwise: a boolean ``[s, r+s]`` mask.  ``is_causal`` would align the
       triangle top-left (query ``i`` sees keys ``<= i``), which is wrong when
       the queries are the last ``s`` of ``r+s`` keys.
+
+    ``row_mask [Hkv, r]`` hides prefix rows per KV head: the mask becomes
+    ``[Hq, s, r+s]`` (query head ``h`` takes KV head ``h // g``'s row).
     """
     s = q.shape[1]
     q4, k4, v4 = q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)  # [1, H, t, d]
-    if num_prefix_rows == 0:
+    if row_mask is not None and num_prefix_rows:
+        g = q.shape[0] // keys.shape[0]
+        mask = _attention_mask(num_prefix_rows, s, q.device).repeat(q.shape[0], 1, 1)  # [Hq, s, r+s]
+        mask[:, :, :num_prefix_rows] &= row_mask.to(q.device).repeat_interleave(g, dim=0)[:, None, :]
+        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask.unsqueeze(0), enable_gqa=True)
+    elif num_prefix_rows == 0:
         out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
     elif s == 1:
         out = F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)

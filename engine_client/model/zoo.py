@@ -180,3 +180,17 @@ def load(name: str, dtype=torch.float32, cache_dir=None) -> PretrainedModel:
     path = cached_checkpoint(name, dtype_name, cache_dir)
     decoder = load_checkpoint(path, dtype=DTYPES[dtype_name])
     return PretrainedModel(decoder.config, decoder, Tokenizer.load(path), path)
+
+
+def streaming_heads(pm: PretrainedModel):
+    """The streaming-heads classification kept next to the model's checkpoint (``model.streaming``).
+
+    Raises ``ProfileError`` naming the command that makes it when there is none.
+    """
+    from .streaming import PROFILE_FILE, ProfileError, StreamingHeads
+
+    path = pm.checkpoint_dir / PROFILE_FILE
+    if not path.is_file():
+        name = next((n for n, s in MODELS.items() if pm.checkpoint_dir.name.startswith(f"{n}-")), "NAME")
+        raise ProfileError(f"no streaming heads for this model ({path}); run: python -m tools.models calibrate-heads {name}")
+    return StreamingHeads.load(path, model=pm.decoder)

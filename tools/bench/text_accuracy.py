@@ -1,13 +1,16 @@
 """``kvstore-bench accuracy --model NAME``: greedy-decoded answers of a pretrained model on real-text tasks.
 
     kvstore-bench accuracy --model smollm2-135m --task passkey|niah|...|file:PATH --tokens N
-                           --path full|drop-needle|SELECTOR@BUDGET[,PATH...] [--examples N] [--json]
+                           --path full|drop-needle|full-streaming|SELECTOR@BUDGET[,PATH...] [--examples N] [--json]
 
 Paths (several, comma-separated, share each example's prefill and store):
 
 ``full``            dense prefill of the prefix, the suffix over all its rows, greedy decoding (in process);
 ``drop-needle``     the same without the 16-token chunks that overlap the needle(s): the answer must
                     then be lost, which shows it is read from the needle;
+``full-streaming``  the full KV for retrieval heads, only the sink and recent rows for the model's
+                    streaming heads (LServe; ``python -m tools.models calibrate-heads NAME`` makes
+                    the classification, ``engine_client.model.streaming``), first token and decoding;
 ``SELECTOR@BUDGET`` Re-Prefill through a real daemon on a private socket: ``store_prefix`` then
                     ``ModelRunner.generate`` (the suffix over the chunks each Period selects, then
                     decoding over them).
@@ -40,20 +43,23 @@ from kvstore.progress import progress
 
 from .eval_common import CHUNK_TOKENS, SELECTORS, budget_fraction, keep_rows_without, wilson_interval
 
+# paths computed densely in process: the full KV, without the needle's chunks, LServe's streaming heads
+DENSE_PATHS = ("full", "drop-needle", "full-streaming")
+
 
 def parse_paths(text: str) -> list[tuple[str, str, float]]:
     """``full``, ``drop-needle`` or ``SELECTOR@BUDGET``, comma-separated -> ``[(name, selector, budget)]``."""
     out = []
     for item in text.split(","):
         item = item.strip()
-        if item in ("full", "drop-needle"):
+        if item in DENSE_PATHS:
             out.append((item, "", 1.0))
             continue
         selector, sep, budget = item.partition("@")
         if not sep or selector not in (*SELECTORS, *SYSTEMS):
             known = ", ".join((*SELECTORS, *(n for n in SYSTEMS if n not in SELECTORS)))
             raise ValueError(
-                f"path must be full, drop-needle or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}"
+                f"path must be full, drop-needle, full-streaming or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}"
             )
         value = budget_fraction(budget, item)
         out.append((f"{selector}@{value:g}", selector, value))
@@ -108,18 +114,26 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                 "answers": list(ex.answers),
             }
             kv = None
-            if any(name in ("full", "drop-needle") for name, _, _ in paths):
+            if any(name in DENSE_PATHS for name, _, _ in paths):
                 from engine_client.prefill import chunked_prefill
 
                 _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix_tokens), progress=progress)
             handle = runner.store_prefix(ex.prefix_tokens, progress=progress) if runner else None
             for name, selector, budget in paths:
-                if name in ("full", "drop-needle"):
+                if name in DENSE_PATHS:
                     keep = keep_rows_without(ex.num_prefix_tokens, ex.needle_chunks(CHUNK_TOKENS)) if name == "drop-needle" else None
+                    streaming = args.streaming_heads if name == "full-streaming" else None
                     gen = dense_generate(
-                        model, ex.prefix_tokens, ex.suffix_tokens, _max_new(ex, args), tokenizer=tokenizer, keep_rows=keep, prefix_kv=kv
+                        model,
+                        ex.prefix_tokens,
+                        ex.suffix_tokens,
+                        _max_new(ex, args),
+                        tokenizer=tokenizer,
+                        keep_rows=keep,
+                        prefix_kv=kv,
+                        streaming=streaming,
                     )
-                    extra = {}
+                    extra = {} if streaming is None else {"stored_kv_fraction": streaming.stored_fraction(ex.num_prefix_tokens)}
                 else:
                     from engine_client.runner import ReprefillConfig
 
@@ -200,6 +214,7 @@ def run_text_accuracy(args) -> dict:
     too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
     if too_long:
         raise ValueError(f"examples {too_long[:3]} exceed the model's context of {limit} tokens with their question and answer")
+    args.streaming_heads = zoo.streaming_heads(pm) if any(name == "full-streaming" for name, _, _ in paths) else None
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
     seconds = time.perf_counter() - start
@@ -217,6 +232,7 @@ def run_text_accuracy(args) -> dict:
         }
         for key in (
             "kv_fraction",
+            "stored_kv_fraction",
             "bytes_read",
             "probe_bytes",
             "state_bytes_fetched",
@@ -242,7 +258,20 @@ def run_text_accuracy(args) -> dict:
         "store_probe_bits": getattr(args, "store_probe_bits", 0),
         "threads": args.threads,
         "seconds": seconds,
+        **({"streaming_heads": _profile_summary(args.streaming_heads)} if args.streaming_heads else {}),
         "paths": results,
+    }
+
+
+def _profile_summary(prof) -> dict:
+    return {
+        "fraction": prof.fraction,
+        "sink_tokens": prof.sink_tokens,
+        "recent_tokens": prof.recent_tokens,
+        "threshold": prof.threshold,
+        "target_fraction": prof.target_fraction,
+        "calibration": prof.calibration,
+        "per_layer": [sum(layer) for layer in prof.streaming],
     }
 
 
@@ -259,6 +288,8 @@ def format_text_report(r: dict) -> str:
                 f" + probe keys {p['probe_bytes_mean'] / 1e6:.2f} MB + state {p['state_bytes_fetched_mean'] / 1e6:.2f} MB"
                 f", resident {p['resident_bytes_mean'] / 1e6:.2f} MB"
             )
+        if "stored_kv_fraction_mean" in p:
+            line += f", KV kept {p['stored_kv_fraction_mean']:.1%} (streaming heads {r['streaming_heads']['fraction']:.0%})"
         line += f", decode {p['decode_s_mean']:.2f}s"
         if "decode_bytes_fetched_mean" in p:
             line += f" (re-selection fetched {p['decode_bytes_fetched_mean'] / 1e6:.2f} MB while decoding)"
