@@ -91,6 +91,10 @@ class ReprefillConfig:
     # Needs scores from resident state: the summary selector, or exact with
     # probe_bits.  0: decoding attends to the first token's sets.
     reselect_every: int = 0
+    # streaming (LServe): the runner's streaming heads (ModelRunner(streaming_heads=))
+    # attend only to the loaded rows in the sink and recent window, at the
+    # first token and while decoding; the other heads to every loaded row.
+    streaming: bool = False
 
 
 @dataclass
@@ -131,6 +135,8 @@ class ReprefillResult:
     reported_units: int = 0
     # keep_kv: per layer, the prefix rows it attended to then the suffix's KV, [2, Hkv, rows + s, d]
     layer_kv: list = field(default_factory=list)
+    # streaming: per layer, which loaded rows each KV head may see ([Hkv, rows] or None: all)
+    row_masks: list = field(default_factory=list)
     num_prefix_tokens: int = 0
     prefix_id: str = ""  # the prefix's full id (a request may name it by a leading part)
 
@@ -157,10 +163,13 @@ class ModelRunner:
         chunk_tokens: int = 16,
         group_layers: int = 4,
         probe_bits: int = 0,
+        streaming_heads=None,
     ):
         """``probe_bits`` 4 or 8: the prefixes this runner stores keep their probe keys quantized
-        (``StoreGeometry.probe_bits``), what ``ReprefillConfig.probe_bits`` of the same width reads."""
+        (``StoreGeometry.probe_bits``), what ``ReprefillConfig.probe_bits`` of the same width reads.
+        ``streaming_heads`` (``model.streaming.StreamingHeads``): what ``ReprefillConfig.streaming`` uses."""
         self.model = model
+        self.streaming_heads = streaming_heads
         self.client = client
         self.namespace = namespace
         self.geometry = model_geometry(model, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_bits=probe_bits)
@@ -217,6 +226,14 @@ class ModelRunner:
                 f"re-selecting while decoding needs scores kept in client memory (the summary selector, or exact with probe_bits), not {cfg.selector!r}"
                 + (" without probe_bits" if cfg.selector == "exact" else ""),
             )
+        if not isinstance(cfg.streaming, bool):
+            raise InvalidArgument("streaming", f"must be a bool, got {cfg.streaming!r}")
+        if cfg.streaming and self.streaming_heads is None:
+            raise InvalidArgument(
+                "streaming", "this runner has no streaming heads (ModelRunner(streaming_heads=...); python -m tools.models calibrate-heads)"
+            )
+        if cfg.streaming and cfg.reselect_every:
+            raise InvalidArgument("streaming", "streaming heads do not combine with re-selection while decoding (reselect_every)")
         suffix = _token_tensor(suffix_tokens, field_name="suffix_tokens")
         try:
             desc = self.client.describe(prefix_id)
@@ -263,6 +280,8 @@ class ModelRunner:
         out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=n, prefix_id=desc.prefix_id)
         if keep_kv:
             out.layer_kv = [None] * model.num_layers
+        if cfg.streaming:
+            out.row_masks = [None] * model.num_layers
         mass_inputs = []
         hints = bool(cfg.speculate and cfg.lookahead and choose is None and selector.name != "full" and cfg.budget < 1)
         out.hints = [None] * -(-model.num_layers // cfg.period_layers)
@@ -290,7 +309,8 @@ class ModelRunner:
                     out.hints[p + 1] = self._select(selector, desc.prefix_id, guess, nxt, m, wide, out)
                     stream.hint(p + 1, out.hints[p + 1].numpy())
                     out.select_s += time.perf_counter() - t0
-                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out)
+                masks = self._row_masks(chunks, l0, n, cfg, out)
+                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks)
                 chunk_tokens = stream.chunk_tokens(p).tolist()
                 out.tokens_loaded += sum(chunk_tokens)
                 out.kv_fraction += sum(chunk_tokens) * plan.periods[p][1] / (n * model.num_layers)
@@ -394,8 +414,20 @@ class ModelRunner:
         itemsize = np.dtype(m.numpy_dtype()).itemsize
         return geometry.num_chunks(num_tokens) * periods * m.num_kv_heads * 2 * m.head_dim * itemsize
 
-    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out):
-        """Compute the period's layers, each group as soon as it has arrived."""
+    def _row_masks(self, chunks: torch.Tensor, l0: int, n: int, cfg, out) -> dict[int, torch.Tensor | None]:
+        """Per layer of the Period at ``l0``, the streaming heads' view of the loaded rows (empty without streaming)."""
+        if not cfg.streaming:
+            return {}
+        ct = self.geometry.chunk_tokens
+        starts = chunks.to(torch.long) * ct
+        rows = torch.cat([torch.arange(int(a), min(int(a) + ct, n)) for a in starts]) if len(starts) else torch.empty(0, dtype=torch.long)
+        masks = {}
+        for layer in range(l0, min(l0 + cfg.period_layers, self.model.num_layers)):
+            masks[layer] = out.row_masks[layer] = self.streaming_heads.row_mask(layer, rows, n)
+        return masks
+
+    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out, masks=None):
+        """Compute the period's layers, each group as soon as it has arrived (``masks``: ``_row_masks``)."""
         model, geo = self.model, self.geometry
         first_keys = None
         groups = stream.groups(period)
@@ -405,7 +437,7 @@ class ModelRunner:
             t0 = time.perf_counter()
             kv = _as_torch(raw, geo)  # [group layers, 2, kv_heads, rows, head_dim]
             for i, layer in enumerate(geo.group_layer_range(group)):
-                hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i])
+                hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i], (masks or {}).get(layer))
                 if out.layer_kv:
                     out.layer_kv[layer] = torch.cat([kv[i], suffix_kv], dim=2)  # [2, Hkv, rows + s, d]
                 if layer == l0:
@@ -459,7 +491,8 @@ class ModelRunner:
         if cfg.reselect_every:
             tokens, steps, stop, stats = self._decode_reselecting(res.prefix_id, res, cfg, kv, start, max_new_tokens, stops)
         else:
-            (tokens, steps, stop), stats = decode_greedy(self.model, res.logits, kv, start, max_new_tokens, stops), None
+            decoded = decode_greedy(self.model, res.logits, kv, start, max_new_tokens, stops, res.row_masks or None)
+            (tokens, steps, stop), stats = decoded, None
         res.layer_kv = []
         text = None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
         return GenerationResult(tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows, reselect=stats)

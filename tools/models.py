@@ -24,6 +24,7 @@ import sys
 from engine_client.model import zoo
 from engine_client.model.config import UnsupportedModel
 from engine_client.model.loader import CheckpointError
+from engine_client.model.streaming import DEFAULT_TARGET_FRACTION, DEFAULT_THRESHOLD
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--tokens", type=_positive, default=2048, help="prompt length")
     cal.add_argument("--sink-tokens", type=_non_negative, default=16)
     cal.add_argument("--recent-tokens", type=_non_negative, default=64)
-    cal.add_argument("--threshold", type=_unit, default=0.5, help="least local mass of a streaming head")
-    cal.add_argument("--target-fraction", type=_unit, default=0.5, help="at most this fraction of the KV heads stream")
+    cal.add_argument("--threshold", type=_unit, default=DEFAULT_THRESHOLD, help="least local mass of a streaming head")
+    cal.add_argument("--target-fraction", type=_unit, default=DEFAULT_TARGET_FRACTION, help="at most this fraction of the KV heads stream")
     cal.add_argument("--threads", type=_positive, default=2)
     return parser
 

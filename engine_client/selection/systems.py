@@ -29,7 +29,9 @@ keeps them 4-bit too, so that one fetch is 7% as well.  ``perlayer-follow-int4-r
 ``-reselect4`` are that selection for the first token, then every generated
 token (every 4th) each layer selects again from the generated tokens'
 queries with the same resident keys and fetches the chunks it lacks
-(``engine_client.reselect``).
+(``engine_client.reselect``).  ``perlayer-follow-int4-streaming`` is the
+same selection with the model's streaming heads (``model.streaming``)
+seeing only the loaded sink and recent rows, as LServe pairs them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ SYSTEMS: dict[str, dict] = {
 }
 SYSTEMS["perlayer-follow-int4-reselect"] = {**SYSTEMS["perlayer-follow-int4"], "reselect_every": 1}
 SYSTEMS["perlayer-follow-int4-reselect4"] = {**SYSTEMS["perlayer-follow-int4"], "reselect_every": 4}
+SYSTEMS["perlayer-follow-int4-streaming"] = {**SYSTEMS["perlayer-follow-int4"], "streaming": True}
 
 # The stored group (SubPeriod) the layerwise systems need: their Period is one group.
 LAYERWISE_GROUP_LAYERS = 2

@@ -194,7 +194,12 @@ def _runner(model, args, stack: ExitStack):
     stack.callback(daemon.stop)
     client = stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
     return ModelRunner(
-        model, client, chunk_tokens=CHUNK_TOKENS, group_layers=args.group_layers, probe_bits=getattr(args, "store_probe_bits", 0)
+        model,
+        client,
+        chunk_tokens=CHUNK_TOKENS,
+        group_layers=args.group_layers,
+        probe_bits=getattr(args, "store_probe_bits", 0),
+        streaming_heads=getattr(args, "streaming_heads", None),
     )
 
 
@@ -214,7 +219,8 @@ def run_text_accuracy(args) -> dict:
     too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
     if too_long:
         raise ValueError(f"examples {too_long[:3]} exceed the model's context of {limit} tokens with their question and answer")
-    args.streaming_heads = zoo.streaming_heads(pm) if any(name == "full-streaming" for name, _, _ in paths) else None
+    streams = any(name == "full-streaming" or (sel and path_fields(sel, args.period_layers).get("streaming")) for name, sel, _ in paths)
+    args.streaming_heads = zoo.streaming_heads(pm) if streams else None
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
     seconds = time.perf_counter() - start

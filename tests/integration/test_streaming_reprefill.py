@@ -1,0 +1,56 @@
+"""Streaming heads in Re-Prefill through a real daemon: the same answer as the in-process reference, the right rows hidden."""
+
+import pytest
+import torch
+
+from engine_client.generation import dense_generate
+from engine_client.model.streaming import StreamingHeads
+from engine_client.runner import ReprefillConfig
+from kvstore.errors import InvalidArgument
+
+
+def profile(model, streaming, *, sink=16, recent=16):
+    hkv = model.config.num_key_value_heads
+    rows = tuple(tuple(bool(streaming(layer, h)) for h in range(hkv)) for layer in range(model.num_layers))
+    mass = tuple(tuple(0.9 if x else 0.1 for x in row) for row in rows)
+    return StreamingHeads(model.fingerprint, sink, recent, 0.5, 0.5, mass, rows)
+
+
+def test_full_budget_with_streaming_heads_equals_the_dense_reference(tiny_runner, tiny_model):
+    prof = profile(tiny_model, lambda layer, h: layer == 0 or h == 0)
+    tiny_runner.streaming_heads = prof
+    prefix, suffix = torch.arange(5, 105), torch.tensor([7, 8, 9])
+    handle = tiny_runner.store_prefix(prefix)
+    cfg = ReprefillConfig(budget=1.0, period_layers=1, selector="exact", streaming=True)
+    gen = tiny_runner.generate(handle.prefix_id, suffix, cfg, 6)
+    ref = dense_generate(tiny_model, prefix, suffix, 6, streaming=prof)
+    plain = dense_generate(tiny_model, prefix, suffix, 6)
+    assert gen.tokens == ref.tokens
+    torch.testing.assert_close(gen.first_logits, ref.first_logits, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(ref.first_logits, plain.first_logits)  # the mask hid something
+
+
+def test_sparse_streaming_hides_the_loaded_rows_outside_the_sink_and_recent_window(tiny_runner, tiny_model):
+    tiny_runner.streaming_heads = profile(tiny_model, lambda layer, h: h == 0)
+    prefix, suffix = torch.arange(5, 165), torch.tensor([7, 8])  # 10 chunks
+    handle = tiny_runner.store_prefix(prefix)
+    cfg = ReprefillConfig(budget=0.5, period_layers=1, selector="exact", streaming=True)
+    res = tiny_runner.generate(handle.prefix_id, suffix, cfg, 2).reprefill
+    for layer, chunks in enumerate(res.selected):
+        mask = res.row_masks[layer]
+        rows = torch.cat([torch.arange(16 * int(c), 16 * int(c) + 16) for c in chunks])
+        assert mask.shape == (tiny_model.config.num_key_value_heads, rows.numel())
+        assert mask[0].tolist() == ((rows < 16) | (rows >= 160 - 16)).tolist()
+        assert mask[1:].all()
+
+
+def test_streaming_is_refused_without_heads_or_with_reselection(tiny_runner):
+    handle = tiny_runner.store_prefix(torch.arange(5, 69))
+    with pytest.raises(InvalidArgument, match="streaming"):
+        tiny_runner.generate(handle.prefix_id, [3], ReprefillConfig(budget=0.5, period_layers=1, streaming=True), 2)
+    tiny_runner.streaming_heads = profile(tiny_runner.model, lambda layer, h: True)
+    bad = ReprefillConfig(budget=0.5, period_layers=1, selector="summary", streaming=True, reselect_every=1)
+    with pytest.raises(InvalidArgument, match="reselect_every"):
+        tiny_runner.generate(handle.prefix_id, [3], bad, 2)
+    with pytest.raises(InvalidArgument, match="streaming"):
+        tiny_runner.generate(handle.prefix_id, [3], ReprefillConfig(budget=0.5, period_layers=1, streaming=1), 2)
