@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from pretrained import needs_smollm2
 
 from engine_client.generation import dense_generate
 from engine_client.model.streaming import StreamingHeads
@@ -54,3 +55,26 @@ def test_streaming_is_refused_without_heads_or_with_reselection(tiny_runner):
         tiny_runner.generate(handle.prefix_id, [3], bad, 2)
     with pytest.raises(InvalidArgument, match="streaming"):
         tiny_runner.generate(handle.prefix_id, [3], ReprefillConfig(budget=0.5, period_layers=1, streaming=1), 2)
+
+
+@needs_smollm2
+def test_smollm2s_classification_keeps_a_pass_key_answer_and_calibration_runs_on_the_real_model():
+    from pathlib import Path
+
+    from engine_client.model import zoo
+    from engine_client.model.streaming import calibrate, local_mass
+    from engine_client.prefill import chunked_prefill
+    from engine_client.tasks import text
+
+    torch.set_num_threads(1)
+    pm = zoo.load("smollm2-135m", dtype=torch.float32)
+    shipped = StreamingHeads.load(Path(__file__).parents[2] / "docs/figures/streaming-heads-smollm2-135m.json", model=pm.decoder)
+    assert shipped.fraction == pytest.approx(0.4) and not any(shipped.streaming[0])  # README, "Streaming heads"
+    ex = text.examples("passkey", pm.tokenizer, 1, 1024, stream="tune", start=7)[0]
+    gen = dense_generate(pm.decoder, ex.prefix_tokens, ex.suffix_tokens, 8, tokenizer=pm.tokenizer, streaming=shipped)
+    assert ex.is_correct(gen.text), gen.text
+    prof = calibrate(pm.decoder, [(ex.prefix_tokens, ex.suffix_tokens)], threshold=0.6, target_fraction=0.5)
+    assert len(prof.streaming) == 30 and all(len(layer) == 3 for layer in prof.streaming) and 0 < prof.fraction <= 0.5
+    _, kv = chunked_prefill(pm.decoder, torch.from_numpy(ex.prefix_tokens))
+    again = local_mass(pm.decoder, kv, torch.from_numpy(ex.suffix_tokens), sink_tokens=16, recent_tokens=64)
+    torch.testing.assert_close(again, torch.tensor(prof.mass), atol=1e-5, rtol=0)
