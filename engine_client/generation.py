@@ -17,7 +17,10 @@ The paths that produce the first token and the KV:
   (e.g. every chunk but the needle's), in process;
 * ``dense_generate(..., streaming=profile)``: the full KV for retrieval heads,
   the sink and recent rows only for the profile's streaming heads
-  (``model.streaming``), at the first token and at every decoding step.
+  (``model.streaming``), at the first token and at every decoding step;
+* ``dense_generate(..., sparse_prefill=alpha)``: the suffix's prefill
+  through LoopServe's vertical and slash lines covering ``alpha`` of its
+  last queries' attention, per layer and head (``sparse_prefill``).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from .model.decoder import Decoder
 from .model.streaming import row_masks
 from .prefill import chunked_prefill
+from .sparse_prefill import pattern
 
 
 @dataclass
@@ -45,6 +49,7 @@ class GenerationResult:
     reprefill: object | None = None  # the ReprefillResult of the Re-Prefill path (selected chunks, bytes, ...)
     rows_attended: list[int] = field(default_factory=list)  # per layer: prefix rows the first token attended to
     reselect: object | None = None  # ReselectStats when decoding re-selected (ReprefillConfig.reselect_every)
+    prefill_density: float | None = None  # sparse_prefill: share of the suffix's causal attention cells computed
 
     @property
     def total_s(self) -> float:
@@ -153,10 +158,15 @@ def suffix_over_prefix(
     suffix: torch.Tensor,
     keep_rows: torch.Tensor | None = None,
     row_masks: Sequence[torch.Tensor | None] | None = None,
+    sparse_alpha: float | None = None,
+    densities: list[float] | None = None,
 ):
     """The suffix over prefix rows ``keep_rows`` (all if None) of ``prefix_kv [L, 2, Hkv, n, d]``.
 
     ``row_masks[layer] [Hkv, rows]``: per-KV-head visibility of those rows.
+    ``sparse_alpha``: each layer's suffix attends through the lines covering
+    that share of its last queries' attention (``sparse_prefill.pattern``);
+    each layer's density is appended to ``densities``.
     Returns ``(first logits [vocab], per-layer KV [2, Hkv, rows + s, d])``.
     """
     positions = torch.arange(num_prefix, num_prefix + suffix.numel())
@@ -164,7 +174,16 @@ def suffix_over_prefix(
     layers = []
     for layer in range(model.num_layers):
         rows = prefix_kv[layer] if keep_rows is None else prefix_kv[layer].index_select(2, keep_rows)
-        hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows, None if row_masks is None else row_masks[layer])
+        pattern_mask = None
+        if sparse_alpha is not None:
+            q = model.layer_queries(layer, hidden, positions)
+            row_pos = torch.arange(num_prefix) if keep_rows is None else keep_rows
+            keys = torch.cat([rows[0], model.layer_keys(layer, hidden, positions)], dim=1)
+            pattern_mask, density = pattern(q, keys, positions, torch.cat([row_pos, positions]), sparse_alpha)
+            if densities is not None:
+                densities.append(density)
+        mask = None if row_masks is None else row_masks[layer]
+        hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows, mask, pattern_mask)
         layers.append(torch.cat([rows, suffix_kv], dim=2))
     return model.final_logits(hidden), layers
 
@@ -180,12 +199,14 @@ def dense_generate(
     keep_rows: torch.Tensor | None = None,
     prefix_kv: torch.Tensor | None = None,
     streaming=None,
+    sparse_prefill: float | None = None,
 ) -> GenerationResult:
     """Full-KV reference: prefill the prefix, run the suffix over its rows (``keep_rows``: only those), decode.
 
     ``prefix_kv [L, 2, Hkv, n, d]`` skips the prefill when the caller has it.
     ``streaming`` (a ``model.streaming.StreamingHeads``): its streaming heads
-    see only the sink and recent prefix rows.
+    see only the sink and recent prefix rows.  ``sparse_prefill`` (alpha in
+    (0, 1]): the suffix's prefill through LoopServe's lines (``sparse_prefill``).
     """
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     prefix = torch.as_tensor(np.asarray(prefix_tokens), dtype=torch.long).reshape(-1)
@@ -197,14 +218,16 @@ def dense_generate(
         _, prefix_kv = chunked_prefill(model, prefix)
     positions = torch.arange(prefix.numel()) if keep_rows is None else keep_rows
     masks = row_masks(streaming, [positions] * model.num_layers, prefix.numel())
-    logits, layers = suffix_over_prefix(model, prefix_kv, prefix.numel(), suffix, keep_rows, masks)
+    densities: list[float] = []
+    logits, layers = suffix_over_prefix(model, prefix_kv, prefix.numel(), suffix, keep_rows, masks, sparse_prefill, densities)
     ttft = time.perf_counter() - t0
     kv = LayerKV(layers, max_new_tokens)
     rows = [kv.rows(i) - suffix.numel() for i in range(len(kv))]
     tokens, steps, stop = decode_greedy(
         model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids), masks
     )
-    return GenerationResult(tokens, ttft, steps, stop, logits, _text(tokenizer, tokens), rows_attended=rows)
+    density = sum(densities) / len(densities) if densities else None
+    return GenerationResult(tokens, ttft, steps, stop, logits, _text(tokenizer, tokens), rows_attended=rows, prefill_density=density)
 
 
 def _text(tokenizer, tokens: list[int]) -> str | None:

@@ -138,6 +138,19 @@ class Decoder:
         return _apply_rope(q, cos, sin)
 
     @torch.inference_mode()
+    def layer_keys(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Post-RoPE keys ``[Hkv, s, d]`` of ``layer`` for its input ``hidden [s, hidden]`` (as ``layer_forward`` makes them)."""
+        w = self._layer_weights(layer)
+        hidden, positions = self._check_hidden(hidden, positions)
+        x = _rms_norm(hidden, w.input_norm, self.config.rms_norm_eps)
+        q_rows, k_rows = self._split[0], self._split[1]
+        bias = None if w.qkv_bias is None else w.qkv_bias[q_rows : q_rows + k_rows]
+        k = _linear(x, w.qkv_weight[q_rows : q_rows + k_rows], bias)
+        k = k.view(-1, self.config.num_key_value_heads, self.config.head_dim).transpose(0, 1)
+        cos, sin = self._rope(positions)
+        return _apply_rope(k, cos, sin)
+
+    @torch.inference_mode()
     def layer_forward(
         self,
         layer: int,
@@ -145,6 +158,7 @@ class Decoder:
         positions: torch.Tensor,
         prefix_kv: torch.Tensor | None,
         row_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``layer`` on the suffix.
 
@@ -157,6 +171,9 @@ class Decoder:
         ``row_mask [Hkv, r]`` (bool, optional) hides rows from single KV heads:
         KV head ``h`` and its query heads attend only to the rows where
         ``row_mask[h]`` is True (streaming heads, ``model.streaming``).
+        ``attn_mask [Hq, s, r+s]`` (bool, optional) is a per-query-head pattern
+        over the prefix rows then the suffix, applied on top of causality
+        (a sparse prefill, ``sparse_prefill``).
 
         Returns ``(hidden_out [s, hidden], suffix_kv [2, Hkv, s, d])``.
         """
@@ -170,7 +187,12 @@ class Decoder:
                 raise ValueError(
                     f"row_mask must be bool [{self.config.num_key_value_heads}, {r}], got {row_mask.dtype} {list(row_mask.shape)}"
                 )
-        return self._layer(layer, hidden, positions, prefix_kv, row_mask)
+        if attn_mask is not None:
+            r = 0 if prefix_kv is None else prefix_kv.shape[2]
+            want = (self.config.num_attention_heads, hidden.shape[0], r + hidden.shape[0])
+            if attn_mask.dtype != torch.bool or tuple(attn_mask.shape) != want:
+                raise ValueError(f"attn_mask must be bool {list(want)}, got {attn_mask.dtype} {list(attn_mask.shape)}")
+        return self._layer(layer, hidden, positions, prefix_kv, row_mask, attn_mask)
 
     @torch.inference_mode()
     def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -216,7 +238,7 @@ class Decoder:
 
     # ------------------------------------------------------------------ internals
 
-    def _layer(self, layer, hidden, positions, prefix_kv, row_mask=None):
+    def _layer(self, layer, hidden, positions, prefix_kv, row_mask=None, attn_mask=None):
         c = self.config
         w = self.weights.layers[layer]
         s = hidden.shape[0]
@@ -235,7 +257,7 @@ class Decoder:
             r = prefix_kv.shape[2]
             keys = torch.cat([prefix_kv[0], k], dim=1)  # [Hkv, r+s, d]
             values = torch.cat([prefix_kv[1], v], dim=1)  # [Hkv, r+s, d]
-        attn = _gqa_attention(q, keys, values, r, row_mask)  # [Hq, s, d]
+        attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask)  # [Hq, s, d]
         hidden = hidden + _linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight)
         x = _rms_norm(hidden, w.post_norm, c.rms_norm_eps)
         gate, up = _linear(x, w.gate_up_weight).chunk(2, dim=-1)  # [s, intermediate] each
@@ -339,7 +361,12 @@ def _attention_mask(r: int, s: int, device) -> torch.Tensor:
 
 
 def _gqa_attention(
-    q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, num_prefix_rows: int, row_mask: torch.Tensor | None = None
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    num_prefix_rows: int,
+    row_mask: torch.Tensor | None = None,
+    attn_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of ``q [Hq, s, d]`` over ``keys``/``values [Hkv, r+s, d]`` -> ``[Hq, s, d]``.
 
@@ -357,14 +384,18 @@ def _gqa_attention(
       the queries are the last ``s`` of ``r+s`` keys.
 
     ``row_mask [Hkv, r]`` hides prefix rows per KV head: the mask becomes
-    ``[Hq, s, r+s]`` (query head ``h`` takes KV head ``h // g``'s row).
+    ``[Hq, s, r+s]`` (query head ``h`` takes KV head ``h // g``'s row);
+    ``attn_mask [Hq, s, r+s]`` is and-ed with it.
     """
     s = q.shape[1]
     q4, k4, v4 = q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)  # [1, H, t, d]
-    if row_mask is not None and num_prefix_rows:
+    if (row_mask is not None and num_prefix_rows) or attn_mask is not None:
         g = q.shape[0] // keys.shape[0]
         mask = _attention_mask(num_prefix_rows, s, q.device).repeat(q.shape[0], 1, 1)  # [Hq, s, r+s]
-        mask[:, :, :num_prefix_rows] &= row_mask.to(q.device).repeat_interleave(g, dim=0)[:, None, :]
+        if row_mask is not None and num_prefix_rows:
+            mask[:, :, :num_prefix_rows] &= row_mask.to(q.device).repeat_interleave(g, dim=0)[:, None, :]
+        if attn_mask is not None:
+            mask &= attn_mask.to(q.device)
         out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask.unsqueeze(0), enable_gqa=True)
     elif num_prefix_rows == 0:
         out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)

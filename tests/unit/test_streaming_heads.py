@@ -175,3 +175,14 @@ def test_the_accuracy_bench_knows_the_streaming_path():
     from tools.bench.text_accuracy import parse_paths
 
     assert parse_paths("full,full-streaming") == [("full", "", 1.0), ("full-streaming", "", 1.0)]
+
+
+def test_the_accuracy_bench_knows_the_sparse_prefill_path():
+    from tools.bench.text_accuracy import parse_paths
+
+    assert parse_paths("sparse-prefill@0.95") == [("sparse-prefill@0.95", "sparse-prefill", 0.95)]
+    with pytest.raises(ValueError):
+        parse_paths("sparse-prefill@1.5")
+    from tools.bench.text_accuracy import check_store_probe_bits
+
+    check_store_probe_bits(parse_paths("sparse-prefill@0.9,perlayer-follow-int4@0.05"), 4, 8)  # no probe keys read

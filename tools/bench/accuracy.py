@@ -221,7 +221,7 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p.add_argument(
         "--path",
         required=True,
-        help="full | drop-answer (toy) | drop-needle, full-streaming (--model) | SYSTEM@BUDGET (summary, exact, recent; --model also layerwise, layerwise-summary, perlayer-follow, perlayer-follow-int4, perlayer-follow-int4-reselect (with --group-layers 1): engine_client.selection.systems; budget in (0, 1]); "
+        help="full | drop-answer (toy) | drop-needle, full-streaming, sparse-prefill@ALPHA (--model) | SYSTEM@BUDGET (summary, exact, recent; --model also layerwise, layerwise-summary, perlayer-follow, perlayer-follow-int4, perlayer-follow-int4-reselect (with --group-layers 1): engine_client.selection.systems; budget in (0, 1]); "
         "--model accepts several, comma-separated",
     )
     p.add_argument("--model", default=None, help="a pretrained model by name (smollm2-135m): real-text tasks, greedy decoding")

@@ -8,6 +8,9 @@ Paths (several, comma-separated, share each example's prefill and store):
 ``full``            dense prefill of the prefix, the suffix over all its rows, greedy decoding (in process);
 ``drop-needle``     the same without the 16-token chunks that overlap the needle(s): the answer must
                     then be lost, which shows it is read from the needle;
+``sparse-prefill@ALPHA`` the full KV; each layer's suffix prefill attends through the vertical and
+                    slash lines covering ALPHA of its last 16 queries' attention (LoopServe,
+                    ``engine_client.sparse_prefill``);
 ``full-streaming``  the full KV for retrieval heads, only the sink and recent rows for the model's
                     streaming heads (LServe; ``python -m tools.models calibrate-heads NAME`` makes
                     the classification, ``engine_client.model.streaming``), first token and decoding;
@@ -45,6 +48,8 @@ from .eval_common import CHUNK_TOKENS, SELECTORS, budget_fraction, keep_rows_wit
 
 # paths computed densely in process: the full KV, without the needle's chunks, LServe's streaming heads
 DENSE_PATHS = ("full", "drop-needle", "full-streaming")
+# sparse-prefill@ALPHA: the full KV, the suffix's prefill through LoopServe's lines covering ALPHA
+SPARSE_PREFILL = "sparse-prefill"
 
 
 def parse_paths(text: str) -> list[tuple[str, str, float]]:
@@ -56,10 +61,14 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
             out.append((item, "", 1.0))
             continue
         selector, sep, budget = item.partition("@")
+        if selector == SPARSE_PREFILL and sep:
+            value = budget_fraction(budget, item)
+            out.append((f"{selector}@{value:g}", selector, value))
+            continue
         if not sep or selector not in (*SELECTORS, *SYSTEMS):
             known = ", ".join((*SELECTORS, *(n for n in SYSTEMS if n not in SELECTORS)))
             raise ValueError(
-                f"path must be full, drop-needle, full-streaming or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}"
+                f"path must be full, drop-needle, full-streaming, sparse-prefill@ALPHA or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}"
             )
         value = budget_fraction(budget, item)
         out.append((f"{selector}@{value:g}", selector, value))
@@ -80,7 +89,7 @@ def check_store_probe_bits(paths, store_bits: int, period_layers: int) -> None:
     if not store_bits:
         return
     for name, selector, _ in paths:
-        fields = path_fields(selector, period_layers) if selector else {}
+        fields = path_fields(selector, period_layers) if selector and selector != SPARSE_PREFILL else {}
         bits = fields.get("probe_bits", 0)
         if fields.get("selector") == "exact" and bits != store_bits:
             raise ValueError(
@@ -100,7 +109,7 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
     """Rows per path name, one per example, in example order."""
     from engine_client.generation import dense_generate
 
-    reprefill = [p for p in paths if p[1]]
+    reprefill = [p for p in paths if p[1] and p[1] != SPARSE_PREFILL]
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in paths}
     bar = progress_bar(len(examples) * len(paths), f"{args.task}@{args.tokens}", unit="answer")
     with ExitStack() as stack:
@@ -114,13 +123,13 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                 "answers": list(ex.answers),
             }
             kv = None
-            if any(name in DENSE_PATHS for name, _, _ in paths):
+            if any(name in DENSE_PATHS or sel == SPARSE_PREFILL for name, sel, _ in paths):
                 from engine_client.prefill import chunked_prefill
 
                 _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix_tokens), progress=progress)
             handle = runner.store_prefix(ex.prefix_tokens, progress=progress) if runner else None
             for name, selector, budget in paths:
-                if name in DENSE_PATHS:
+                if name in DENSE_PATHS or selector == SPARSE_PREFILL:
                     keep = keep_rows_without(ex.num_prefix_tokens, ex.needle_chunks(CHUNK_TOKENS)) if name == "drop-needle" else None
                     streaming = args.streaming_heads if name == "full-streaming" else None
                     gen = dense_generate(
@@ -132,8 +141,11 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                         keep_rows=keep,
                         prefix_kv=kv,
                         streaming=streaming,
+                        sparse_prefill=budget if selector == SPARSE_PREFILL else None,
                     )
                     extra = {} if streaming is None else {"stored_kv_fraction": streaming.stored_fraction(ex.num_prefix_tokens)}
+                    if gen.prefill_density is not None:
+                        extra["prefill_density"] = gen.prefill_density
                 else:
                     from engine_client.runner import ReprefillConfig
 
@@ -219,7 +231,10 @@ def run_text_accuracy(args) -> dict:
     too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
     if too_long:
         raise ValueError(f"examples {too_long[:3]} exceed the model's context of {limit} tokens with their question and answer")
-    streams = any(name == "full-streaming" or (sel and path_fields(sel, args.period_layers).get("streaming")) for name, sel, _ in paths)
+    streams = any(
+        name == "full-streaming" or (sel and sel != SPARSE_PREFILL and path_fields(sel, args.period_layers).get("streaming"))
+        for name, sel, _ in paths
+    )
     args.streaming_heads = zoo.streaming_heads(pm) if streams else None
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
@@ -239,6 +254,7 @@ def run_text_accuracy(args) -> dict:
         for key in (
             "kv_fraction",
             "stored_kv_fraction",
+            "prefill_density",
             "bytes_read",
             "probe_bytes",
             "state_bytes_fetched",
@@ -294,6 +310,8 @@ def format_text_report(r: dict) -> str:
                 f" + probe keys {p['probe_bytes_mean'] / 1e6:.2f} MB + state {p['state_bytes_fetched_mean'] / 1e6:.2f} MB"
                 f", resident {p['resident_bytes_mean'] / 1e6:.2f} MB"
             )
+        if "prefill_density_mean" in p:
+            line += f", suffix prefill computed {p['prefill_density_mean']:.1%} of its attention cells"
         if "stored_kv_fraction_mean" in p:
             line += f", KV kept {p['stored_kv_fraction_mean']:.1%} (streaming heads {r['streaming_heads']['fraction']:.0%})"
         line += f", decode {p['decode_s_mean']:.2f}s"

@@ -1,0 +1,136 @@
+"""Online prefill sparsification (LoopServe): vertical and slash lines that cover ``alpha`` of the attention.
+
+A new turn's prefill over a stored history attends, per head, mostly along
+two kinds of lines of the attention matrix: *vertical* lines (a key every
+query reads: the sink, a delimiter, the evidence) and *slash* lines (keys at
+a fixed distance behind each query: the local window, repeated structure).
+From the attention of the turn's last queries, ``vertical_slash`` picks, per
+head, the lines to keep greedily - the heaviest line first, each counted by
+the mass it adds beyond the lines already kept - until they cover at least
+``alpha`` of that attention; ``line_mask`` turns them into the boolean mask
+the whole turn's prefill attends through.
+
+Notation: ``H`` heads, ``q`` observed queries at absolute positions
+``q_pos``, ``t`` keys at positions ``key_pos`` (ascending; ``0..t-1`` when
+not given; causal: query ``i`` sees keys at positions ``<= q_pos[i]``).
+A vertical line is a key (its index); a slash line of offset ``o`` holds
+the cells ``(i, j)`` with ``q_pos[i] - key_pos[j] == o``.  ``pattern``
+does it for one layer of a prefill: the attention of the last ``observe``
+queries, their lines, and the mask of every query.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Lines:
+    """Per head, the kept vertical key positions and slash offsets, and the share of the observed mass they cover."""
+
+    verticals: list[torch.Tensor]  # [H] of LongTensor key positions
+    slashes: list[torch.Tensor]  # [H] of LongTensor offsets (query position - key position, >= 0)
+    covered: torch.Tensor  # [H] float: covered mass / total mass of the observed queries
+
+
+def _check(probs: torch.Tensor, q_pos: torch.Tensor, alpha: float, key_pos: torch.Tensor) -> None:
+    if probs.dim() != 3:
+        raise ValueError(f"probs must be [heads, queries, keys], got {list(probs.shape)}")
+    if q_pos.shape != (probs.shape[1],):
+        raise ValueError(f"q_pos must be [{probs.shape[1]}], got {list(q_pos.shape)}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or math.isnan(alpha) or not 0.0 < alpha <= 1.0:
+        raise ValueError(f"alpha must be in (0, 1], got {alpha!r}")
+    if key_pos.shape != (probs.shape[2],):
+        raise ValueError(f"key_pos must be [{probs.shape[2]}], got {list(key_pos.shape)}")
+    if q_pos.numel() and (int(q_pos.min()) < 0 or int(q_pos.max()) > int(key_pos.max())):
+        raise ValueError("q_pos must lie among the keys' positions")
+
+
+def vertical_slash(probs: torch.Tensor, q_pos: torch.Tensor, alpha: float, key_pos: torch.Tensor | None = None) -> Lines:
+    """Lines covering at least ``alpha`` of ``probs [H, q, t]`` per head (module docstring).
+
+    ``probs`` are attention probabilities (rows summing to 1 over the causal
+    keys; what lies past ``q_pos[i]`` is ignored).  The greedy order is the
+    lines' own mass; a line adds only what the kept lines do not hold yet, and
+    lines are taken until the covered mass reaches ``alpha`` of the total.
+    """
+    q_pos = torch.as_tensor(q_pos, dtype=torch.long)
+    h, q, t = probs.shape
+    keys = torch.arange(t)
+    key_pos = keys if key_pos is None else torch.as_tensor(key_pos, dtype=torch.long)
+    _check(probs, q_pos, alpha, key_pos)
+    offset = q_pos[:, None] - key_pos[None, :]  # [q, t]: the slash each cell lies on
+    causal = offset >= 0  # [q, t]
+    p = probs.float() * causal
+    span = int(offset.max()) + 1 if offset.numel() else 1
+    verticals, slashes, covered = [], [], torch.zeros(h)
+    for head in range(h):
+        ph = p[head]
+        total = float(ph.sum())
+        col_mass = ph.sum(0)  # [t]
+        slash_mass = torch.zeros(span).index_add_(0, offset.clamp_min(0).flatten(), ph.flatten())
+        # candidates: (mass, kind, index); kind 0 = vertical, 1 = slash
+        cand = [(float(col_mass[k]), 0, k) for k in range(t) if col_mass[k] > 0]
+        cand += [(float(slash_mass[o]), 1, o) for o in range(span) if slash_mass[o] > 0]
+        cand.sort(key=lambda c: (-c[0], c[1], c[2]))
+        mask = torch.zeros(q, t, dtype=torch.bool)
+        got, vs, ss = 0.0, [], []
+        for _, kind, idx in cand:
+            if total == 0 or got >= alpha * total - 1e-9 * total:
+                break
+            line = (keys[None, :] == idx).expand(q, t) if kind == 0 else (offset == idx)
+            new = line & ~mask & causal
+            if not new.any():
+                continue
+            got += float(ph[new].sum())
+            mask |= new
+            (vs if kind == 0 else ss).append(idx)
+        verticals.append(torch.tensor(sorted(vs), dtype=torch.long))
+        slashes.append(torch.tensor(sorted(ss), dtype=torch.long))
+        covered[head] = got / total if total else 1.0
+    return Lines(verticals, slashes, covered)
+
+
+def line_mask(lines: Lines, q_pos: torch.Tensor, num_keys: int, key_pos: torch.Tensor | None = None) -> torch.Tensor:
+    """``[H, s, num_keys]`` bool: query ``i`` (at ``q_pos[i]``) may read key ``j`` on a kept line, causally.
+
+    Each query also keeps its own position (offset 0), so no row is empty.
+    """
+    q_pos = torch.as_tensor(q_pos, dtype=torch.long)
+    keys = torch.arange(num_keys)
+    key_pos = keys if key_pos is None else torch.as_tensor(key_pos, dtype=torch.long)
+    offset = q_pos[:, None] - key_pos[None, :]  # [s, t]
+    causal = offset >= 0
+    out = []
+    for vs, ss in zip(lines.verticals, lines.slashes):
+        m = torch.isin(keys, vs)[None, :].expand_as(causal) | torch.isin(offset, ss) | (offset == 0)
+        out.append(m & causal)
+    return torch.stack(out) if out else torch.zeros(0, q_pos.numel(), num_keys, dtype=torch.bool)
+
+
+def pattern(
+    q: torch.Tensor, keys: torch.Tensor, q_pos: torch.Tensor, key_pos: torch.Tensor, alpha: float, observe: int = 16
+) -> tuple[torch.Tensor, float]:
+    """The sparse pattern of one layer's prefill: ``(mask [Hq, s, t], density)``.
+
+    ``q [Hq, s, d]`` are the turn's post-RoPE queries at ``q_pos``, ``keys
+    [Hkv, t, d]`` every key they may read (stored rows then the turn's own) at
+    ``key_pos``.  The last ``observe`` queries are attended densely; their
+    lines (``vertical_slash``) give the mask of all ``s`` queries.
+    ``density`` is the share of the causal cells the mask keeps.
+    """
+    hq, s, d = q.shape
+    hkv = keys.shape[0]
+    g = hq // hkv
+    o = min(observe, s)
+    last = q[:, s - o :].float().reshape(hkv, g, o, d)
+    scores = torch.einsum("hgod,htd->hgot", last, keys.float()) / math.sqrt(d)
+    offset = q_pos[s - o :, None] - key_pos[None, :]
+    probs = scores.masked_fill(offset < 0, float("-inf")).softmax(-1).reshape(hq, o, -1)
+    lines = vertical_slash(probs, q_pos[s - o :], alpha, key_pos)
+    mask = line_mask(lines, q_pos, keys.shape[1], key_pos)
+    causal = (q_pos[:, None] - key_pos[None, :]) >= 0
+    return mask, float(mask.sum()) / float(causal.sum() * hq)
