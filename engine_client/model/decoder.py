@@ -13,6 +13,12 @@ in the dense forward.
 Numerics follow Hugging Face transformers: RMSNorm in float32, RoPE with the
 ``rotate_half`` convention and float32 cos/sin tables cast to the compute
 dtype, softmax scale ``1/sqrt(d)``.  Logits are returned as float32.
+
+Why one file of ~400 lines: the public steps (``prefill``, ``layer_queries``,
+``layer_keys``, ``layer_forward`` with its row and pattern masks,
+``attention_mass``) and the kernels they share (RMSNorm, RoPE, the GQA
+attention with its mask rules) must stay numerically identical to one
+another; split apart, a change to one would silently drift from the rest.
 """
 
 from __future__ import annotations
