@@ -72,15 +72,16 @@ def vertical_slash(probs: torch.Tensor, q_pos: torch.Tensor, alpha: float, key_p
         total = float(ph.sum())
         col_mass = ph.sum(0)  # [t]
         slash_mass = torch.zeros(span).index_add_(0, offset.clamp_min(0).flatten(), ph.flatten())
-        # candidates: (mass, kind, index); kind 0 = vertical, 1 = slash
-        cand = [(float(col_mass[k]), 0, k) for k in range(t) if col_mass[k] > 0]
-        cand += [(float(slash_mass[o]), 1, o) for o in range(span) if slash_mass[o] > 0]
-        cand.sort(key=lambda c: (-c[0], c[1], c[2]))
+        # candidates: verticals 0..t-1 then slashes t..t+span-1, heaviest first (stable: verticals win ties);
+        # sorted as one tensor, walked only until alpha is covered
+        masses = torch.cat([col_mass, slash_mass])
+        order = torch.sort(masses, descending=True, stable=True).indices.tolist()
         mask = torch.zeros(q, t, dtype=torch.bool)
         got, vs, ss = 0.0, [], []
-        for _, kind, idx in cand:
-            if total == 0 or got >= alpha * total - 1e-9 * total:
+        for c in order:
+            if total == 0 or got >= alpha * total - 1e-9 * total or masses[c] <= 0:
                 break
+            kind, idx = (0, c) if c < t else (1, c - t)
             line = (keys[None, :] == idx).expand(q, t) if kind == 0 else (offset == idx)
             new = line & ~mask & causal
             if not new.any():
