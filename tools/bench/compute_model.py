@@ -1,0 +1,258 @@
+"""Accelerator compute model: the seconds one decoder layer would take on a GPU.
+
+Replaying a recorded Re-Prefill request against a real daemon, the client's
+CPU compute is replaced by the time an accelerator would need per layer.
+This module gives that time for one Llama/Qwen2 decoder layer
+(``ModelConfig``) running ``new_tokens`` tokens over ``context_rows`` loaded
+KV rows:
+
+* ``layer_flops``: matmul FLOPs (2 per multiply-add) of the q/k/v/o
+  projections, of attention (``q . k`` and ``p x v``, causal over the new
+  tokens) and of the MLP (gate, up, down);
+* ``layer_bytes``: HBM traffic of the same three parts (weights once, K/V
+  rows read, new K/V written, matmul activations read and written once);
+* ``layer_seconds``: a roofline per part, ``max(flops / (peak x eff),
+  bytes / (bandwidth x mem_eff))``, summed, plus a fixed launch overhead;
+* ``h2d_seconds``: a host-to-device copy (loaded KV crossing PCIe).
+
+Left out: RMSNorm, RoPE, softmax, SiLU and the residual adds (a few FLOPs
+and one activation pass each), bias adds, the embedding and the LM head,
+overlap between parts or with copies, caches (L2 reuse), tensor/pipeline
+parallelism and any quantization (weights and KV are ``dtype_bytes`` each).
+The profiles' rates are vendor datasheet peaks; the efficiencies and the
+overhead applied to them are stated assumptions, not measurements.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, fields
+
+from engine_client.model.config import ModelConfig
+from kvstore.errors import InvalidArgument
+
+_EFFICIENCIES = ("matmul_efficiency", "mem_efficiency")
+
+
+@dataclass(frozen=True)
+class AcceleratorProfile:
+    """Rates of one accelerator: datasheet peaks times stated efficiencies (assumptions)."""
+
+    name: str
+    peak_flops: float  # dense bf16/fp16 tensor-core FLOP/s (no sparsity)
+    mem_bytes_per_s: float  # HBM bandwidth
+    h2d_bytes_per_s: float  # effective host-to-device copy rate over PCIe
+    matmul_efficiency: float = 0.6  # fraction of peak_flops a GEMM reaches (assumption)
+    mem_efficiency: float = 0.8  # fraction of HBM bandwidth a streaming kernel reaches (assumption)
+    layer_overhead_s: float = 30e-6  # ~12 kernel launches of ~2.5 us per layer (assumption)
+    dtype_bytes: int = 2  # bf16/fp16 weights, activations and KV
+
+    def __post_init__(self):
+        if not isinstance(self.name, str) or not self.name:
+            raise InvalidArgument("name", f"must be a non-empty string, got {self.name!r}")
+        for f in fields(self):
+            if f.name != "name":
+                problem = _problem(f.name, getattr(self, f.name))
+                if problem:
+                    raise InvalidArgument(f.name, problem)
+
+    @property
+    def flops_per_s(self) -> float:
+        return self.peak_flops * self.matmul_efficiency
+
+    @property
+    def bytes_per_s(self) -> float:
+        return self.mem_bytes_per_s * self.mem_efficiency
+
+
+def _problem(field: str, value: object) -> str | None:
+    """Why ``value`` is not valid for ``field`` of ``AcceleratorProfile``, or None."""
+    if field == "dtype_bytes":
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            return f"must be a positive integer, got {value!r}"
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value <= 0:
+        return f"must be a positive finite number, got {value!r}"
+    if field in _EFFICIENCIES and value > 1:
+        return f"must be in (0, 1], got {value!r}"
+    return None
+
+
+# PCIe theoretical rate per direction, x16: Gen4 16 GT/s, Gen5 32 GT/s, 128b/130b encoding.
+_PCIE4_X16 = 16e9 * 16 * 128 / 130 / 8  # ~31.5 GB/s
+_PCIE5_X16 = 32e9 * 16 * 128 / 130 / 8  # ~63.0 GB/s
+_PCIE_EFFICIENCY = 0.8  # pinned-memory cudaMemcpy reaches roughly this fraction (assumption)
+
+PROFILES: dict[str, AcceleratorProfile] = {
+    # NVIDIA H100 SXM5 datasheet: BF16 tensor core 1,979 TFLOPS *with sparsity* -> 989 TFLOPS dense;
+    # GPU memory bandwidth 3.35 TB/s (HBM3); interconnect PCIe Gen5 (128 GB/s bidirectional).
+    "h100": AcceleratorProfile("h100", 989e12, 3.35e12, _PCIE_EFFICIENCY * _PCIE5_X16),
+    # NVIDIA A100 80GB SXM datasheet: BF16 tensor core 312 TFLOPS (624 with sparsity);
+    # GPU memory bandwidth 2,039 GB/s (HBM2e); PCIe Gen4 (64 GB/s bidirectional).
+    "a100": AcceleratorProfile("a100", 312e12, 2.039e12, _PCIE_EFFICIENCY * _PCIE4_X16),
+    # NVIDIA A800 80GB SXM4 datasheet: BF16 312 TFLOPS, 2,039 GB/s HBM2e (as the A100; only NVLink
+    # is cut to 400 GB/s, not modelled); PCIe Gen4 (64 GB/s bidirectional).
+    "a800": AcceleratorProfile("a800", 312e12, 2.039e12, _PCIE_EFFICIENCY * _PCIE4_X16),
+}
+
+# custom:key=value keys -> AcceleratorProfile fields (the first three are required).
+_CUSTOM_KEYS = {
+    "flops": "peak_flops",
+    "bw": "mem_bytes_per_s",
+    "h2d": "h2d_bytes_per_s",
+    "eff": "matmul_efficiency",
+    "mem_eff": "mem_efficiency",
+    "overhead": "layer_overhead_s",
+}
+_CUSTOM_REQUIRED = ("flops", "bw", "h2d")
+
+
+def parse_profile(text: str) -> AcceleratorProfile:
+    """A profile from ``h100``/``a100``/``a800`` or ``custom:flops=..,bw=..,h2d=..[,eff=..,mem_eff=..,overhead=..]``.
+
+    Numbers take any ``float`` spelling (``1e12``, ``2.5e-5``); ``InvalidArgument``
+    names ``profile`` or ``profile.<key>`` for an unknown name, key or bad number.
+    """
+    if not isinstance(text, str):
+        raise InvalidArgument("profile", f"must be a string, got {type(text).__name__}")
+    name = text.strip().lower()
+    if name in PROFILES:
+        return PROFILES[name]
+    if not name.startswith("custom:"):
+        raise InvalidArgument("profile", f"unknown profile {text!r} (known: {', '.join(PROFILES)}, or custom:flops=...,bw=...,h2d=...)")
+    values: dict[str, float] = {}
+    for item in name[len("custom:") :].split(","):
+        key, sep, raw = (part.strip() for part in item.partition("="))
+        if key not in _CUSTOM_KEYS:
+            raise InvalidArgument(f"profile.{key}", f"unknown key (known: {', '.join(_CUSTOM_KEYS)})")
+        if not sep:
+            raise InvalidArgument(f"profile.{key}", "needs key=value")
+        if key in values:
+            raise InvalidArgument(f"profile.{key}", "given twice")
+        try:
+            values[key] = float(raw)
+        except ValueError:
+            raise InvalidArgument(f"profile.{key}", f"not a number: {raw!r}") from None
+        problem = _problem(_CUSTOM_KEYS[key], values[key])
+        if problem:
+            raise InvalidArgument(f"profile.{key}", problem)
+    for key in _CUSTOM_REQUIRED:
+        if key not in values:
+            raise InvalidArgument(f"profile.{key}", "is required in a custom profile")
+    return AcceleratorProfile("custom", **{_CUSTOM_KEYS[k]: v for k, v in values.items()})
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """FLOPs or bytes of one layer, by part."""
+
+    projections: float  # q/k/v and output projections
+    attention: float  # q . k^T and p x v (FLOPs); K/V rows and q/out (bytes)
+    mlp: float  # gate, up, down
+
+    @property
+    def total(self) -> float:
+        return self.projections + self.attention + self.mlp
+
+
+def _check_shape(config: ModelConfig, new_tokens: int, context_rows: int) -> None:
+    if not isinstance(config, ModelConfig):
+        raise InvalidArgument("config", f"must be a ModelConfig, got {type(config).__name__}")
+    for field, value, low in (("new_tokens", new_tokens, 1), ("context_rows", context_rows, 0)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low:
+            raise InvalidArgument(field, f"must be an int >= {low}, got {value!r}")
+
+
+def attention_pairs(new_tokens: int, context_rows: int) -> int:
+    """Query-key pairs per query head: new token ``i`` sees ``context_rows + i + 1`` rows."""
+    return new_tokens * context_rows + new_tokens * (new_tokens + 1) // 2
+
+
+def layer_flops(config: ModelConfig, new_tokens: int, context_rows: int) -> LayerCost:
+    """Matmul FLOPs of one layer (2 per multiply-add); norms, RoPE, softmax, SiLU and bias adds excluded."""
+    _check_shape(config, new_tokens, context_rows)
+    c, s = config, new_tokens
+    hq, hkv, d, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
+    projections = 2 * s * h * (hq + 2 * hkv) * d + 2 * s * hq * d * h
+    attention = 4 * hq * d * attention_pairs(s, context_rows)  # 2 for q . k, 2 for p x v, per pair and head dim
+    mlp = 2 * s * 3 * h * c.intermediate_size
+    return LayerCost(float(projections), float(attention), float(mlp))
+
+
+def layer_bytes(config: ModelConfig, new_tokens: int, context_rows: int, dtype_bytes: int = 2) -> LayerCost:
+    """HBM bytes of one layer: weights once, K/V read and written, matmul activations read and written once.
+
+    Approximation: every matmul reads its input and writes its output once
+    (no fusion, no cache reuse); attention reads q and the
+    ``context_rows + new_tokens`` K/V rows of every KV head once (a fused
+    kernel; GQA query heads share the read), writes its output, and writes
+    the new tokens' K/V into the cache.  Elementwise passes (norms, RoPE,
+    SiLU, residual adds) are not counted.
+    """
+    _check_shape(config, new_tokens, context_rows)
+    if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, numbers.Integral) or dtype_bytes < 1:
+        raise InvalidArgument("dtype_bytes", f"must be a positive integer, got {dtype_bytes!r}")
+    c, s = config, new_tokens
+    hq, hkv, d, h, inter = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size, c.intermediate_size
+    qkv = (hq + 2 * hkv) * d
+    proj_weights = h * qkv + hq * d * h + (qkv if c.attention_bias else 0) + h  # + input norm
+    proj_acts = s * (h + qkv) + s * (hq * d + h)  # qkv: in, out; o: in, out
+    kv_rows = (context_rows + s) * hkv * d * 2  # K and V
+    attention = 2 * s * hq * d + kv_rows + s * hkv * d * 2  # q in, out; K/V read; new K/V written
+    mlp_weights = 3 * h * inter + h  # + post-attention norm
+    mlp_acts = s * (h + 2 * inter) + s * (inter + h)  # gate/up: in, out; down: in, out
+    b = dtype_bytes
+    return LayerCost(float((proj_weights + proj_acts) * b), float(attention * b), float((mlp_weights + mlp_acts) * b))
+
+
+@dataclass(frozen=True)
+class PartTime:
+    """Roofline of one part: the larger of its compute and memory times."""
+
+    compute_s: float
+    memory_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.compute_s, self.memory_s)
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s >= self.memory_s else "memory"
+
+
+@dataclass(frozen=True)
+class LayerTime:
+    """Seconds of one layer on an accelerator, by part."""
+
+    projections: PartTime
+    attention: PartTime
+    mlp: PartTime
+    overhead_s: float
+
+    @property
+    def total(self) -> float:
+        return self.projections.seconds + self.attention.seconds + self.mlp.seconds + self.overhead_s
+
+
+def layer_seconds(config: ModelConfig, new_tokens: int, context_rows: int, profile: AcceleratorProfile) -> LayerTime:
+    """Roofline time of one layer: per part ``max(flops / (peak x eff), bytes / (bw x mem_eff))``, plus the overhead."""
+    if not isinstance(profile, AcceleratorProfile):
+        raise InvalidArgument("profile", f"must be an AcceleratorProfile, got {type(profile).__name__}")
+    flops = layer_flops(config, new_tokens, context_rows)
+    nbytes = layer_bytes(config, new_tokens, context_rows, profile.dtype_bytes)
+    parts = [
+        PartTime(getattr(flops, part) / profile.flops_per_s, getattr(nbytes, part) / profile.bytes_per_s)
+        for part in ("projections", "attention", "mlp")
+    ]
+    return LayerTime(*parts, overhead_s=profile.layer_overhead_s)
+
+
+def h2d_seconds(nbytes: int | float, profile: AcceleratorProfile) -> float:
+    """Seconds to copy ``nbytes`` from host to device at the profile's effective PCIe rate."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Real) or not math.isfinite(nbytes) or nbytes < 0:
+        raise InvalidArgument("nbytes", f"must be a finite number >= 0, got {nbytes!r}")
+    if not isinstance(profile, AcceleratorProfile):
+        raise InvalidArgument("profile", f"must be an AcceleratorProfile, got {type(profile).__name__}")
+    return nbytes / profile.h2d_bytes_per_s
