@@ -54,6 +54,7 @@ from kvstore.wire import (
 from kvstore.wire.rpc import KVStoreAdminStub, KVStoreStub
 
 from . import pages as page_wire
+from .data_channel import DataPool, read_groups_data
 from .prefetch import PrefetchStream
 from .reads import read_groups
 from .rpc import PUT_ATTEMPTS, SERVICE_CONFIG, KVStoreRpcError, backoff, call, retryable, stream
@@ -75,11 +76,15 @@ class KVStoreClient:
         token: str | None = None,
         root_certificates: bytes | None = None,
         client_cert: tuple[bytes, bytes] | None = None,
+        data_channel: bool | None = None,
     ):
         """``target``: ``unix:/path/kvstore.sock`` or ``host:port``.
 
         ``shm`` (default: on for unix sockets) opens a shared-memory session
         on ``shm_socket`` (default: the socket path + ``.shm``).
+        ``data_channel`` (default: on for TCP targets) reads extents on the
+        daemon's raw data connections where it offers them
+        (``engine_client.data_channel``), else in the stream.
         """
         self.target = target
         self.deadline_s = deadline_s
@@ -100,6 +105,10 @@ class KVStoreClient:
         self.admin = KVStoreAdminStub(self.channel)
         self.session: ShmSession | None = None
         local = target.startswith("unix:")
+        if data_channel and local:
+            raise ValueError("data connections are for TCP targets; a unix socket has the shared-memory path")
+        # None: not asked yet (the DataChannel RPC, at the first bytes read); False: not used
+        self._data_pool: DataPool | bool | None = None if (data_channel or data_channel is None) and not local else False
         if shm or (shm is None and local):
             if not local:
                 raise ValueError("the shared-memory path needs a unix-socket target")
@@ -115,6 +124,8 @@ class KVStoreClient:
         return self.session.session_id if self.session is not None else 0
 
     def close(self) -> None:
+        if isinstance(self._data_pool, DataPool):
+            self._data_pool.close()
         self.channel.close()
         if self.session is not None:
             self.session.close()  # the daemon releases this session's leases
@@ -195,7 +206,26 @@ class KVStoreClient:
             coalesce=coalesce,
             no_coalesce=not coalesce,  # the older spelling, for a daemon that predates `coalesce`
         )
-        yield from read_groups(call(self.stub.ReadChunks, req, **self._kw(timeout)), prefix_id, self.session if use_shm else None)
+        pool = None if use_shm else self._data()
+        if pool is None:
+            yield from read_groups(call(self.stub.ReadChunks, req, **self._kw(timeout)), prefix_id, self.session if use_shm else None)
+            return
+        conn = pool.take()
+        req.data_channel, req.data_secret = conn.conn_id, conn.secret
+        yield from read_groups_data(call(self.stub.ReadChunks, req, **self._kw(timeout)), prefix_id, conn, pool)
+
+    def data_channel_port(self, *, timeout=None) -> tuple[int, str]:
+        """The daemon's data port (0 when it offers none) and why not."""
+        res = call(self.stub.DataChannel, pb.DataChannelRequest(), **self._kw(timeout))
+        return res.port, res.reason
+
+    def _data(self) -> DataPool | None:
+        """The pool of data connections, asking the daemon for its port at first use."""
+        if self._data_pool is None:
+            port, _ = self.data_channel_port()
+            host = self.target.removeprefix("dns:///").removeprefix("ipv4:").rsplit(":", 1)[0].strip("[]")
+            self._data_pool = DataPool(host, port, self.deadline_s) if port else False
+        return self._data_pool or None
 
     def prefetch(
         self,

@@ -107,7 +107,7 @@ class LookupResponse(_message.Message):
     def __init__(self, matched_chunks: _Optional[int] = ..., matched_tokens: _Optional[int] = ..., num_chunks: _Optional[int] = ..., prefix_id: _Optional[str] = ...) -> None: ...
 
 class ReadChunksRequest(_message.Message):
-    __slots__ = ("prefix_id", "chunks", "layer_start", "layer_end", "shm_session", "coalesce", "no_coalesce")
+    __slots__ = ("prefix_id", "chunks", "layer_start", "layer_end", "shm_session", "coalesce", "no_coalesce", "data_channel", "data_secret")
     PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
@@ -115,6 +115,8 @@ class ReadChunksRequest(_message.Message):
     SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
     COALESCE_FIELD_NUMBER: _ClassVar[int]
     NO_COALESCE_FIELD_NUMBER: _ClassVar[int]
+    DATA_CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    DATA_SECRET_FIELD_NUMBER: _ClassVar[int]
     prefix_id: str
     chunks: _containers.RepeatedScalarFieldContainer[int]
     layer_start: int
@@ -122,7 +124,9 @@ class ReadChunksRequest(_message.Message):
     shm_session: int
     coalesce: bool
     no_coalesce: bool
-    def __init__(self, prefix_id: _Optional[str] = ..., chunks: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., shm_session: _Optional[int] = ..., coalesce: _Optional[bool] = ..., no_coalesce: _Optional[bool] = ...) -> None: ...
+    data_channel: int
+    data_secret: bytes
+    def __init__(self, prefix_id: _Optional[str] = ..., chunks: _Optional[_Iterable[int]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., shm_session: _Optional[int] = ..., coalesce: _Optional[bool] = ..., no_coalesce: _Optional[bool] = ..., data_channel: _Optional[int] = ..., data_secret: _Optional[bytes] = ...) -> None: ...
 
 class ShmRef(_message.Message):
     __slots__ = ("lease_id", "offset", "length")
@@ -549,6 +553,18 @@ class ListPrefixesResponse(_message.Message):
 class StatsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class DataChannelRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class DataChannelResponse(_message.Message):
+    __slots__ = ("port", "reason")
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    port: int
+    reason: str
+    def __init__(self, port: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class LatencySummary(_message.Message):
     __slots__ = ("rpc", "count", "p50_ms", "p90_ms", "p99_ms")

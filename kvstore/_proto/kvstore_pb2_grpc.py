@@ -114,6 +114,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.FromString,
                 _registered_method=True)
+        self.DataChannel = channel.unary_unary(
+                '/kvstore.v1.KVStore/DataChannel',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -216,6 +221,12 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DataChannel(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -298,6 +309,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.GetPages,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.SerializeToString,
+            ),
+            'DataChannel': grpc.unary_unary_rpc_method_handler(
+                    servicer.DataChannel,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -732,6 +748,33 @@ class KVStore:
             '/kvstore.v1.KVStore/GetPages',
             kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DataChannel(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/DataChannel',
+            kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -24,6 +24,7 @@ from . import sockets
 from .arena import Arena
 from .auth import BearerTokenInterceptor, read_token_file, read_tokens_file
 from .config import ServerConfig
+from .data_channel import DataChannels
 from .servicer import AdminServicer, KVStoreServicer, Service
 from .shm_sessions import PeerPolicy, ShmSessions
 from .status import add_service
@@ -44,6 +45,7 @@ class Daemon:
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self.stopped = asyncio.Event()
         self._socket_ident: tuple[int, int] | None = None
+        self.data_channels: DataChannels | None = None
 
     async def start(self) -> None:
         try:
@@ -51,6 +53,8 @@ class Daemon:
         except BaseException:
             if getattr(self, "metrics_server", None) is not None:
                 self.metrics_server.close()
+            if getattr(self, "data_channels", None) is not None:
+                self.data_channels.close()
             raise
 
     async def _start(self) -> None:
@@ -62,6 +66,7 @@ class Daemon:
         """
         cfg = self.config
         tcp = self._bind_tcp() if cfg.tcp_address else None
+        self.data_channels, data_reason = self._bind_data_channels()
         self.metrics_server = None
         if cfg.metrics_address:
             from .prom import MetricsServer  # prometheus_client only when metrics are on
@@ -98,6 +103,7 @@ class Daemon:
         # extents of deleted, evicted and compacted segments leave memory (pinned ones age out)
         self.store.capacity.on_segments_freed.append(self.tiers.drop_segment)
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
+        self.service.data_channels, self.service.data_channel_reason = self.data_channels, data_reason
         if self.metrics_server is not None:
             self.metrics_server.serve(self.service)
         if cfg.socket_path:
@@ -144,6 +150,23 @@ class Daemon:
             raise InvalidArgument("tcp_address", f"cannot listen on {cfg.tcp_address} (in use, or not a local address)")
         self.tcp_port = port
         return server
+
+    def _bind_data_channels(self) -> tuple[DataChannels | None, str]:
+        """The data port beside the TCP listener, or None and why there is none."""
+        cfg = self.config
+        if not cfg.tcp_address:
+            return None, "the daemon has no TCP listener"
+        if not cfg.data_channel:
+            return None, "data_channel is off"
+        if cfg.tls_cert_file:
+            return None, "the TCP listener uses TLS and data connections are plaintext"
+        host = cfg.tcp_address.rsplit(":", 1)[0].strip("[]")
+        try:
+            channels = DataChannels(host, cfg.data_channel_port, max_conns=cfg.max_data_channels, send_timeout_s=cfg.stream_idle_seconds)
+        except OSError as exc:
+            raise InvalidArgument("data_channel_port", f"cannot listen on {host}:{cfg.data_channel_port}: {exc}") from None
+        log.info("data connections on %s port %d (bulk reads for TCP clients)", host, channels.port)
+        return channels, ""
 
     def _new_server(self, interceptors) -> grpc.aio.Server:
         opts = [
@@ -223,6 +246,8 @@ class Daemon:
             self.metrics_server.close()
         if self.sessions is not None:
             self.sessions.stop()
+        if self.data_channels is not None:
+            self.data_channels.close()
         self.service.pool.shutdown(wait=True)
         self.service.delivery_pool.shutdown(wait=True)
         self.store.close()

@@ -43,6 +43,12 @@ class ServerConfig:
     shm_allowed_uids: str = _opt("", "comma-separated uids that may open a shared-memory session (empty: the daemon's own uid)")
     shm_allowed_gids: str = _opt("", "comma-separated gids that may open a shared-memory session (empty: the daemon's own gid)")
     max_shm_sessions: int = _opt(256, "shared-memory sessions open at once; more connections are refused")
+    data_channel: bool = _opt(
+        True,
+        "offer TCP clients raw data connections for bulk reads (port beside tcp_address; plaintext, so not offered with TLS)",
+    )
+    data_channel_port: int = _opt(0, "port of the data connections on tcp_address's host (0: a free one, told by the DataChannel RPC)")
+    max_data_channels: int = _opt(256, "data connections open at once; more are refused")
     grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight calls may finish")
     io_threads: int = _opt(8, "threads running store calls for the async service")
     score_flush_seconds: float = _opt(5.0, "how often changed cache scores are written to the index")
@@ -92,6 +98,10 @@ class ServerConfig:
             raise InvalidArgument("log_format", f"must be text or json, got {self.log_format!r}")
         if self.max_shm_sessions < 1:
             raise InvalidArgument("max_shm_sessions", "must be positive")
+        if not 0 <= self.data_channel_port <= 65535:
+            raise InvalidArgument("data_channel_port", "must be in [0, 65535]")
+        if self.max_data_channels < 1:
+            raise InvalidArgument("max_data_channels", "must be positive")
         for name in ("shm_allowed_uids", "shm_allowed_gids"):  # a bad list is refused at start-up
             _id_set(name, getattr(self, name), 0)
 

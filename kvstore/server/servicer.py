@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from .. import __version__
 from .._proto import kvstore_pb2 as pb
 from .._proto import kvstore_pb2_grpc as pb_grpc
-from ..errors import InvalidArgument, NotFound, PermissionDenied
+from ..errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
 from ..pages import READ_BATCH_BYTES, not_stored
 from ..reader import validate_chunks
 from ..store import ChunkStore
@@ -66,6 +66,8 @@ class Service:
         self.arena = arena
         self.sessions = sessions
         self.tiers = tiers
+        self.data_channels = None  # DataChannels: raw data connections for TCP clients (app.py)
+        self.data_channel_reason = "not offered"
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvstore-svc")
         # Prefetch deliveries (tier placement, descriptors) free buffers that
@@ -244,6 +246,15 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
         groups = groups_for_layers(geo, request.layer_start, request.layer_end)
         chunks = validate_chunks(list(request.chunks), view.num_chunks)
         session = request.shm_session
+        conn = None
+        if request.data_channel:
+            if session:
+                raise InvalidArgument("data_channel", "a read goes to shared memory or to a data connection, not both")
+            if svc.data_channels is None:
+                raise FailedPrecondition(f"data_channel: this daemon offers no data connections ({svc.data_channel_reason})")
+            conn = svc.data_channels.claim(request.data_channel, request.data_secret)
+            sent = []  # let go before the last message: the client may reuse the connection at once
+            context.add_done_callback(lambda _ctx: None if sent else svc.data_channels.let_go(conn, complete=False))
         if session:
             if svc.sessions is None:
                 raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
@@ -294,7 +305,17 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                 last_group = i + 1 == len(plans)
                 group_jobs, jobs = jobs, (None if last_group else start(i + 1))  # the next group loads while this one streams
                 sources = [Source(j, None, job=by_chunk[j]) for j in wanted]
-                if session:
+                if conn is not None:
+                    if header is not None:  # first: the client learns what the connection will carry
+                        yield pb.ReadChunksResponse(header=header)
+                        header = None
+                    send = functools.partial(_send_group, svc.data_channels, conn, gp.group, sources)
+                    await svc.run(ex.serve, 0, gp.group, sources, group_jobs, send, record=False)
+                    if last_group:
+                        sent.append(True)
+                        svc.data_channels.let_go(conn, complete=True)
+                    msgs = [pb.ReadChunksResponse()] if last_group else []  # the stats go in the stream
+                elif session:
                     msgs = ex.serve(
                         0,
                         gp.group,
@@ -334,6 +355,14 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             request_iterator = _reached_open(self.svc, request_iterator, context)
         async for msg in serve_prefetch(self.svc, request_iterator, context, self.svc.config.max_periods_ahead):
             yield msg
+
+    @unary
+    async def DataChannel(self, request, context):
+        """The port of the raw data connections (0 and why, when there are none)."""
+        dc = self.svc.data_channels
+        if dc is None:
+            return pb.DataChannelResponse(port=0, reason=self.svc.data_channel_reason)
+        return pb.DataChannelResponse(port=dc.port)
 
     @unary
     async def Release(self, request, context):
@@ -506,6 +535,13 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 def _may_read(context, namespace: str) -> bool:
     allowed = namespaces_of(context)
     return allowed is None or namespace in allowed
+
+
+def _send_group(channels, conn, group: int, sources: list[Source], datas) -> list:
+    """``ReadExecutor.serve``'s describe for a data connection: each extent written as one frame."""
+    for s, d in zip(sources, datas):
+        channels.send_extent(conn, group, s.chunk, d)
+    return []
 
 
 def _page_frames(res, first_page: int, frame_bytes: int):

@@ -53,6 +53,37 @@ def test_io_via_daemon_reports_all_paths(tmp_path):
     assert set(report["ratio"]) == {"daemon-shm", "daemon-bytes"}
 
 
+def test_io_via_daemon_over_tcp_reports_both_remote_paths(tmp_path):
+    proc = run_bench(
+        "io",
+        "--via-daemon",
+        "--transport",
+        "tcp",
+        "--page-cache",
+        "--bs",
+        "64k",
+        "--iodepth",
+        "4",
+        "--size",
+        "8m",
+        "--runtime",
+        "0.5",
+        "--directory",
+        str(tmp_path),
+        "--json",
+    )
+    report = json.loads(proc.stdout)
+    assert set(report["rows"]) == {"in-process", "daemon-bytes", "daemon-data"}
+    assert report["params"]["transport"] == "tcp" and report["params"]["page_cache"]
+    for row in report["rows"].values():
+        assert row["requests"] > 0
+        assert row["io_bytes"] == row["requests"] * 4 * 64 * 1024
+    rows = report["rows"]
+    assert report["ratio"]["daemon-data/daemon-bytes"] == pytest.approx(
+        rows["daemon-data"]["bw_bytes_per_s"] / rows["daemon-bytes"]["bw_bytes_per_s"]
+    )
+
+
 def test_reprefill_bench_smoke(tmp_path):
     proc = run_bench(
         "reprefill",

@@ -511,6 +511,8 @@ def test_mtls_listener(daemon_factory, tmp_path):
     cert = ((tmp_path / "client.key").read_bytes(), (tmp_path / "client.pem").read_bytes())
     with KVStoreClient(target, root_certificates=ca, client_cert=cert) as client:
         assert client.stats().backend == resolve_backend("auto")[0]
+        port, why = client.data_channel_port()  # data connections are plaintext: not beside TLS
+        assert port == 0 and "TLS" in why
 
 
 def test_attention_reports_and_accesses_make_scores_that_survive_restart(daemon_factory):

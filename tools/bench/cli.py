@@ -92,6 +92,17 @@ def _add_compare_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="random chunk reads in-process, through a daemon (shm and bytes paths), and fio (with --compare-fio)",
     )
+    cmp.add_argument(
+        "--transport",
+        choices=("unix", "tcp"),
+        default="unix",
+        help="--via-daemon: the unix socket (shm and bytes paths) or loopback TCP with a token (bytes in the stream and data connections)",
+    )
+    cmp.add_argument(
+        "--page-cache",
+        action="store_true",
+        help="--via-daemon: read through the page cache (no O_DIRECT), the file read once before: the service path without the disk",
+    )
 
 
 def _add_chunked_options(parser: argparse.ArgumentParser) -> None:

@@ -6,6 +6,13 @@ The same random chunk reads, timed four ways on the same stored prefix:
 * ``daemon-shm``: ``ReadChunks`` to a real daemon process over its unix
   socket, extents delivered into the shared-memory arena (descriptors only);
 * ``daemon-bytes``: the same, extents carried as bytes in the stream;
+* with ``--transport tcp`` the daemon is reached on a loopback TCP port
+  with a bearer token, as a remote worker reaches it: ``daemon-bytes``
+  (in the stream) and ``daemon-data`` (the raw data connections,
+  ``kvstore.server.data_channel``) instead of the unix socket's two paths;
+* ``--page-cache``: the store and the daemon read through the page cache
+  (``direct_io`` off) with the prefix's file read once before, so that the
+  rows measure the service and transport paths, not the disk;
 * ``fio``: fio random reads of the same block size and queue depth on the
   prefix's segment file (``--readonly``), the disk's own figure.
 
@@ -105,7 +112,7 @@ def timed_loop(read_once, *, numjobs: int, runtime_s: float, num_chunks: int, nu
 
 
 def run_in_process(data_dir: str, prefix_id: str, args, num_chunks: int, geo: StoreGeometry) -> dict:
-    cfg = StoreConfig(data_dir=data_dir, min_free_bytes=0, backend=args.backend, io_queue_depth=args.iodepth)
+    cfg = StoreConfig(data_dir=data_dir, min_free_bytes=0, backend=args.backend, io_queue_depth=args.iodepth, direct_io=not args.page_cache)
     with ChunkStore(cfg) as store:
 
         def read_once(group, chunks):
@@ -132,6 +139,8 @@ class DaemonArgs:
     iodepth: int = 16
     numjobs: int = 1
     bs: int = 1 << 20
+    transport: str = "unix"  # or "tcp" (loopback, with a token)
+    page_cache: bool = False  # direct_io off
 
 
 class _Daemon:
@@ -141,6 +150,12 @@ class _Daemon:
         self.run_dir = tempfile.mkdtemp(prefix="kvbench", dir="/tmp")
         self.socket = os.path.join(self.run_dir, "kvstore.sock")
         ready = os.path.join(self.run_dir, "ready")
+        self.token = "kvstore-bench-token-" + os.urandom(8).hex()
+        token_file = os.path.join(self.run_dir, "token")
+        with open(os.open(token_file, os.O_WRONLY | os.O_CREAT, 0o600), "w") as f:
+            f.write(self.token + "\n")
+        tcp = ["--tcp-address", "127.0.0.1:0", "--auth-token-file", token_file] if getattr(args, "transport", "unix") == "tcp" else []
+        cache = ["--direct-io", "false"] if getattr(args, "page_cache", False) else []
         cmd = [
             sys.executable,
             "-m",
@@ -160,6 +175,8 @@ class _Daemon:
             str(args.iodepth),
             "--shm-arena-bytes",
             str(max(64 << 20, 4 * args.numjobs * args.iodepth * args.bs)),
+            *tcp,
+            *cache,
             *extra,  # later flags win
         ]
         self.log = open(os.path.join(self.run_dir, "daemon.log"), "wb")
@@ -169,6 +186,11 @@ class _Daemon:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise BenchError(f"the daemon did not start; see {self.log.name}")
             time.sleep(0.05)
+        self.tcp_port = 0
+        while not self.tcp_port and tcp:  # the ready file: "PID TCP_PORT METRICS_PORT"
+            fields = open(ready).read().split()
+            self.tcp_port = int(fields[1]) if len(fields) >= 2 else 0
+            time.sleep(0 if self.tcp_port else 0.05)
 
     def stop(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -177,10 +199,10 @@ class _Daemon:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
-def run_via_daemon(target: str, prefix_id: str, args, num_chunks: int, geo: StoreGeometry, *, shm: bool) -> dict:
+def run_via_daemon(target: str, prefix_id: str, args, num_chunks: int, geo: StoreGeometry, *, shm: bool, **client_kw) -> dict:
     from engine_client.client import KVStoreClient
 
-    clients = [KVStoreClient(target, shm=shm) for _ in range(args.numjobs)]
+    clients = [KVStoreClient(target, shm=shm or None, **client_kw) for _ in range(args.numjobs)]
     local = threading.local()
     ids = iter(range(args.numjobs))
     lock = threading.Lock()
@@ -228,12 +250,20 @@ def run_daemon_comparison(args) -> dict:
     geo = geometry_for_extent(args.bs)
     data_dir = os.path.join(args.directory, f"daemon-store-{args.bs // 1024}k")
     prefix_id, num_chunks = ensure_prefix(data_dir, geo, args.size)
+    if args.page_cache:
+        _read_through(data_dir)
     rows = {"in-process": run_in_process(data_dir, prefix_id, args, num_chunks, geo)}
     daemon = _Daemon(data_dir, args)
     try:
-        target = f"unix:{daemon.socket}"
-        rows["daemon-shm"] = run_via_daemon(target, prefix_id, args, num_chunks, geo, shm=True)
-        rows["daemon-bytes"] = run_via_daemon(target, prefix_id, args, num_chunks, geo, shm=False)
+        if args.transport == "tcp":
+            target = f"127.0.0.1:{daemon.tcp_port}"
+            kw = {"token": daemon.token}
+            rows["daemon-bytes"] = run_via_daemon(target, prefix_id, args, num_chunks, geo, shm=False, data_channel=False, **kw)
+            rows["daemon-data"] = run_via_daemon(target, prefix_id, args, num_chunks, geo, shm=False, data_channel=True, **kw)
+        else:
+            target = f"unix:{daemon.socket}"
+            rows["daemon-shm"] = run_via_daemon(target, prefix_id, args, num_chunks, geo, shm=True)
+            rows["daemon-bytes"] = run_via_daemon(target, prefix_id, args, num_chunks, geo, shm=False)
     finally:
         daemon.stop()
     report = {
@@ -247,6 +277,8 @@ def run_daemon_comparison(args) -> dict:
             "prefix_chunks": num_chunks,
             "geometry": geo.to_dict(),
             "data_dir": data_dir,
+            "transport": args.transport,
+            "page_cache": args.page_cache,
         },
         "machine": machine_info(data_dir),
     }
@@ -257,7 +289,11 @@ def run_daemon_comparison(args) -> dict:
     report["ratio"] = {name: row["bw_bytes_per_s"] / base for name, row in rows.items() if name != "in-process"}
     if "fio" in rows:
         report["ratio"]["in-process/fio"] = base / rows["fio"]["bw_bytes_per_s"]
-        report["ratio"]["daemon-shm/fio"] = rows["daemon-shm"]["bw_bytes_per_s"] / rows["fio"]["bw_bytes_per_s"]
+        for name in ("daemon-shm", "daemon-data"):
+            if name in rows:
+                report["ratio"][f"{name}/fio"] = rows[name]["bw_bytes_per_s"] / rows["fio"]["bw_bytes_per_s"]
+    if "daemon-data" in rows:
+        report["ratio"]["daemon-data/daemon-bytes"] = rows["daemon-data"]["bw_bytes_per_s"] / rows["daemon-bytes"]["bw_bytes_per_s"]
     return report
 
 
@@ -267,7 +303,8 @@ def format_daemon_report(report: dict) -> str:
     lines = [
         f"random chunk reads: {p['extents_per_request']} extents of {p['bs'] // 1024} KiB per request "
         f"({m['num_layers']} layers x {m['num_kv_heads']} KV heads x {m['head_dim']} dim bf16, {p['prefix_chunks']} chunks), "
-        f"numjobs={p['numjobs']}, {p['runtime_s']:g}s each",
+        f"numjobs={p['numjobs']}, {p['runtime_s']:g}s each, daemon over {p.get('transport', 'unix')}"
+        + (", page cache (no O_DIRECT)" if p.get("page_cache") else ""),
         f"{'path':<14}{'MiB/s':>9}{'MB/s':>9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'vs in-process':>15}",
     ]
     base = report["rows"]["in-process"]["bw_bytes_per_s"]
@@ -283,8 +320,16 @@ def format_daemon_report(report: dict) -> str:
             f"{label:<14}{row['bw_mib_per_s']:>9.1f}{row['bw_mb_per_s']:>9.1f}{reqs:>9.1f}{p50:>9.2f}{p99:>9.2f}"
             f"{row['bw_bytes_per_s'] / base:>15.2f}"
         )
-    if "in-process/fio" in report["ratio"]:
-        lines.append(
-            f"in-process / fio = {report['ratio']['in-process/fio']:.2f}; daemon-shm / fio = {report['ratio']['daemon-shm/fio']:.2f}"
-        )
+    ratios = "; ".join(f"{k.replace('/', ' / ')} = {v:.2f}" for k, v in report["ratio"].items() if "/" in k)
+    if ratios:
+        lines.append(ratios)
     return "\n".join(lines)
+
+
+def _read_through(data_dir: str) -> None:
+    """Read every segment file once, buffered, so that page-cache runs start warm."""
+    seg_dir = os.path.join(data_dir, "segments")
+    for name in os.listdir(seg_dir):
+        with open(os.path.join(seg_dir, name), "rb", buffering=0) as f:
+            while f.read(8 << 20):
+                pass
