@@ -9,7 +9,8 @@ open data connections (``kvstore.wire.data_frames`` has the format): the
 daemon greets each with its id and a random secret; a ReadChunks call that
 names both gets every extent written there with ``sendmsg`` straight from
 the read buffer (no copy in the daemon), and its gRPC stream carries only
-the header and the stats.
+the header and the stats.  Each read's extents go as soon as that read is
+done, while the next group's read runs.
 
 Authentication stays with the call: anyone may connect, but bytes are
 written to a connection only for an authenticated call (bearer token and
@@ -19,19 +20,18 @@ data connections when its TCP listener uses TLS (the client then reads in
 the stream).  One call writes to a connection at a time; a call that fails
 or is abandoned part-way closes its connection (its framing is lost), and a
 connection the client closes is dropped.  One thread accepts and watches
-idle connections for their end; writes happen on the calls' I/O threads.
+connections for their end; the event loop writes (non-blocking sockets).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import secrets
 import selectors
 import socket
 import threading
-
-import numpy as np
 
 from ..errors import FailedPrecondition, PermissionDenied
 from ..wire.data_frames import FRAME, FRAME_MAGIC, HELLO, HELLO_MAGIC, VERSION
@@ -93,21 +93,30 @@ class DataChannels:
                 self._end(conn)
             self._close_if_done(conn)
 
-    def send_extent(self, conn: _Conn, group: int, chunk: int, data: np.ndarray) -> None:
-        """One frame: header and the extent's bytes, sent from ``data`` itself (the caller's I/O thread)."""
+    async def send(self, conn: _Conn, group: int, extents) -> None:
+        """Frames for ``extents`` (``(chunk, uint8 array)``), written by the event loop from the arrays themselves.
+
+        The socket is non-blocking: a client that reads slowly holds no
+        thread, and one that stops reading for ``send_timeout_s`` fails the call.
+        """
+        loop = asyncio.get_running_loop()
         with self._lock:
             if conn.ended:
                 raise ConnectionError("the data connection has ended")
             conn.writers += 1
         try:
-            parts = [memoryview(FRAME.pack(FRAME_MAGIC, group, chunk, data.size)), memoryview(data).cast("B")]
-            while parts:
-                sent = conn.sock.sendmsg(parts)
-                while parts and sent >= len(parts[0]):
-                    sent -= len(parts[0])
-                    parts.pop(0)
-                if parts and sent:
-                    parts[0] = parts[0][sent:]
+            for chunk, data in extents:
+                hdr = memoryview(FRAME.pack(FRAME_MAGIC, group, chunk, data.size))
+                body = memoryview(data).cast("B")
+                try:  # most frames fit the socket's buffer: one system call, no wait
+                    sent = conn.sock.sendmsg([hdr, body])
+                except BlockingIOError:
+                    sent = 0
+                if sent < len(hdr):
+                    await asyncio.wait_for(loop.sock_sendall(conn.sock, hdr[sent:]), self.send_timeout_s)
+                    sent = len(hdr)
+                if sent - len(hdr) < len(body):
+                    await asyncio.wait_for(loop.sock_sendall(conn.sock, body[sent - len(hdr) :]), self.send_timeout_s)
         finally:
             with self._lock:
                 conn.writers -= 1
@@ -167,13 +176,14 @@ class DataChannels:
             return
         conn = _Conn(sock, secrets.randbits(63) or 1, secrets.token_bytes(16))
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        sock.settimeout(self.send_timeout_s)  # a client that stops reading cannot hold a thread for ever
+        sock.settimeout(self.send_timeout_s)  # the hello; frames go non-blocking from the event loop (send)
         with self._lock:  # known before the client can name it
             self._conns[conn.conn_id] = conn
             conn.watched = True
         self._sel.register(sock, selectors.EVENT_READ, conn)
         try:
             sock.sendall(HELLO.pack(HELLO_MAGIC, VERSION, 0, conn.conn_id, conn.secret))
+            sock.setblocking(False)
         except OSError:
             self._peer_closed(conn)
 

@@ -300,7 +300,8 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
             for i, gp in enumerate(plans):
                 by_chunk = {}
                 for job in jobs:
-                    await job.future
+                    if conn is None:  # a data connection takes each read's extents as that read completes
+                        await job.future
                     by_chunk.update(dict.fromkeys(job.chunks.tolist(), job))
                 last_group = i + 1 == len(plans)
                 group_jobs, jobs = jobs, (None if last_group else start(i + 1))  # the next group loads while this one streams
@@ -309,8 +310,12 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
                     if header is not None:  # first: the client learns what the connection will carry
                         yield pb.ReadChunksResponse(header=header)
                         header = None
-                    send = functools.partial(_send_group, svc.data_channels, conn, gp.group, sources)
-                    await svc.run(ex.serve, 0, gp.group, sources, group_jobs, send, record=False)
+                    for job in group_jobs:
+                        await job.future
+                        part = [s for s in sources if s.job is job]
+                        # no arena here: the buffers are this call's and outlive serve's bookkeeping
+                        datas = ex.serve(0, gp.group, part, [job], list, record=False)
+                        await svc.data_channels.send(conn, gp.group, [(s.chunk, d) for s, d in zip(part, datas)])
                     if last_group:
                         sent.append(True)
                         svc.data_channels.let_go(conn, complete=True)
@@ -535,13 +540,6 @@ class KVStoreServicer(pb_grpc.KVStoreServicer):
 def _may_read(context, namespace: str) -> bool:
     allowed = namespaces_of(context)
     return allowed is None or namespace in allowed
-
-
-def _send_group(channels, conn, group: int, sources: list[Source], datas) -> list:
-    """``ReadExecutor.serve``'s describe for a data connection: each extent written as one frame."""
-    for s, d in zip(sources, datas):
-        channels.send_extent(conn, group, s.chunk, d)
-    return []
 
 
 def _page_frames(res, first_page: int, frame_bytes: int):
