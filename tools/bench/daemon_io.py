@@ -202,7 +202,7 @@ class _Daemon:
 def run_via_daemon(target: str, prefix_id: str, args, num_chunks: int, geo: StoreGeometry, *, shm: bool, **client_kw) -> dict:
     from engine_client.client import KVStoreClient
 
-    clients = [KVStoreClient(target, shm=shm or None, **client_kw) for _ in range(args.numjobs)]
+    clients = [KVStoreClient(target, shm=shm, **client_kw) for _ in range(args.numjobs)]
     local = threading.local()
     ids = iter(range(args.numjobs))
     lock = threading.Lock()
