@@ -238,7 +238,9 @@ def run_replay(args) -> dict:
     from .replay_report import summarize_replay
 
     profile = profile_arg(args.profile)
-    header, requests = load_trace(args.trace)
+    from .workload import SYSTEMS
+
+    header, requests = load_trace(args.trace, SYSTEMS)
     try:
         config = ModelConfig(**header["model"]["config"])
     except (TypeError, ValueError) as exc:

@@ -220,8 +220,10 @@ def system_header(run) -> dict:
     }
 
 
-def load_trace(path: str) -> tuple[dict, list[dict]]:
-    """``(header, request records)``; a ``BenchError`` naming ``--trace`` for anything a replay cannot use."""
+def load_trace(path: str, systems) -> tuple[dict, list[dict]]:
+    """``(header, request records)``; a ``BenchError`` naming ``--trace`` for anything a replay cannot use.
+
+    ``systems``: the system names a replay knows (``workload.SYSTEMS``)."""
     try:
         with open(path, encoding="utf-8") as f:
             lines = [line for line in f if line.strip()]
@@ -244,12 +246,10 @@ def load_trace(path: str) -> tuple[dict, list[dict]]:
     for key in ("model", "prefixes", "systems", "run"):
         if key not in header:
             raise BenchError(f"--trace: {path} header lacks {key!r}")
-    from .workload import SYSTEMS
-
     known = {}
     for s in header["systems"]:
-        if s.get("name") not in SYSTEMS:
-            raise BenchError(f"--trace: {path} names unknown system {s.get('name')!r} (known: {', '.join(SYSTEMS)})")
+        if s.get("name") not in systems:
+            raise BenchError(f"--trace: {path} names unknown system {s.get('name')!r} (known: {', '.join(systems)})")
         known[s["key"]] = s
     for n, r in enumerate(requests, 2):
         if r.get("system") not in known:
