@@ -13,9 +13,14 @@ KV rows:
   rows read, new K/V written, matmul activations read and written once);
 * ``layer_seconds``: a roofline per part, ``max(flops / (peak x eff),
   bytes / (bandwidth x mem_eff))``, summed, plus a fixed launch overhead;
-* ``h2d_seconds``: a host-to-device copy (loaded KV crossing PCIe).
+* ``h2d_seconds``: a host-to-device copy (loaded KV crossing PCIe);
+* for a replayed request's other steps: ``query_seconds`` (one layer's
+  query projection, what a selection scores with), ``score_seconds``
+  (``q . k`` over the key rows a selector scores, and reading them) and
+  ``lm_head_seconds`` (the first token's logits), each a roofline plus a
+  quarter of the layer overhead (one or two launches).
 
-Left out: RMSNorm, RoPE, softmax, SiLU and the residual adds (a few FLOPs
+Left out of ``layer_seconds``: RMSNorm, RoPE, softmax, SiLU and the residual adds (a few FLOPs
 and one activation pass each), bias adds, the embedding and the LM head,
 overlap between parts or with copies, caches (L2 reuse), tensor/pipeline
 parallelism and any quantization (weights and KV are ``dtype_bytes`` each).
