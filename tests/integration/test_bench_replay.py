@@ -108,6 +108,8 @@ def test_replay_reads_what_the_recorded_run_read_twice_over(recorded, replays):
             sent = [[e["period"], e["chunks"]] for e in line["events"] if e["op"] == "send"]
             got = [[e["group"], e["rows"], e["bytes"]] for e in line["events"] if e["op"] == "group"]
             assert a["sets"] == b["sets"] == sent
+            assert a["hints"] == b["hints"] == [[e["period"], e["chunks"]] for e in line["events"] if e["op"] == "hint"]
+            assert bool(a["hints"]) == key.startswith("contiguouskv@")  # only the product sends look-ahead hints
             assert a["groups"] == b["groups"] == got
             assert a["state_bytes"] == b["state_bytes"] == sum(e["bytes"] for e in line["events"] if e["op"] == "summaries")
             if fixed:

@@ -122,7 +122,7 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
     overlap = system["config"]["overlap"]
     clock, pid = Clock(), req["prefix_id"]
     out = {k: 0.0 for k in ("select_s", "compute_s", "h2d_s", "fetch_s")}
-    out.update(system=system["key"], request=req["request"], warmup=req["warmup"], prefix=req["prefix"], sets=[], groups=[])
+    out.update(system=system["key"], request=req["request"], warmup=req["warmup"], prefix=req["prefix"], sets=[], hints=[], groups=[])
     stream = stats = None
     t_start = pending = None
     state_bytes = 0
@@ -150,6 +150,7 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
                     out["sets"].append([ev["period"], ev["chunks"]])
                 else:
                     stream.hint(ev["period"], ev["chunks"])
+                    out["hints"].append([ev["period"], ev["chunks"]])
             elif op == "group":
                 g = ev["group"]
                 arr = stream.group_kv(g)
