@@ -132,6 +132,8 @@ class ReprefillResult:
     select_s: float = 0.0
     io_wait_s: float = 0.0
     compute_s: float = 0.0
+    period_select_s: list = field(default_factory=list)  # per period: its selection's seconds (its hint's included)
+    layer_compute_s: list = field(default_factory=list)  # per layer: seconds of its forward
     reported_units: int = 0
     # keep_kv: per layer, the prefix rows it attended to then the suffix's KV, [2, Hkv, rows + s, d]
     layer_kv: list = field(default_factory=list)
@@ -285,6 +287,8 @@ class ModelRunner:
         mass_inputs = []
         hints = bool(cfg.speculate and cfg.lookahead and choose is None and selector.name != "full" and cfg.budget < 1)
         out.hints = [None] * -(-model.num_layers // cfg.period_layers)
+        out.period_select_s = [0.0] * len(out.hints)
+        out.layer_compute_s = [0.0] * model.num_layers
         push = None if cfg.push else False  # None: pushed whenever speculating over shared memory
         with self.client.prefetch(
             desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate, hints=hints, push=push
@@ -299,6 +303,7 @@ class ModelRunner:
                 else:
                     chunks = self._select(selector, desc.prefix_id, q, l0, m, replace(cfg, budget=plan.periods[p][2]), out)
                 out.selected.append(chunks)
+                out.period_select_s[p] += time.perf_counter() - t0
                 out.select_s += time.perf_counter() - t0
                 stream.send(p, chunks.numpy())
                 nxt = l0 + cfg.period_layers
@@ -308,6 +313,7 @@ class ModelRunner:
                     wide = replace(cfg, budget=min(1.0, cfg.budget * cfg.lookahead))
                     out.hints[p + 1] = self._select(selector, desc.prefix_id, guess, nxt, m, wide, out)
                     stream.hint(p + 1, out.hints[p + 1].numpy())
+                    out.period_select_s[p] += time.perf_counter() - t0
                     out.select_s += time.perf_counter() - t0
                 masks = self._row_masks(chunks, l0, n, cfg, out)
                 hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks)
@@ -437,7 +443,9 @@ class ModelRunner:
             t0 = time.perf_counter()
             kv = _as_torch(raw, geo)  # [group layers, 2, kv_heads, rows, head_dim]
             for i, layer in enumerate(geo.group_layer_range(group)):
+                t1 = time.perf_counter()
                 hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i], (masks or {}).get(layer))
+                out.layer_compute_s[layer] += time.perf_counter() - t1
                 if out.layer_kv:
                     out.layer_kv[layer] = torch.cat([kv[i], suffix_kv], dim=2)  # [2, Hkv, rows + s, d]
                 if layer == l0:

@@ -138,6 +138,11 @@ LAZY_COMMANDS = {
     "accuracy": ("tools.bench.accuracy", "add_accuracy_parser", "answer accuracy on the held-out synthetic recall tasks"),
     "prefill": ("tools.bench.prefill", "add_prefill_parser", "dense prefill time per layer against transformers"),
     "recall": ("tools.bench.recall", "add_recall_parser", "per-layer needle recall of each selection on a pretrained model"),
+    "replay": (
+        "tools.bench.replay",
+        "add_replay_parser",
+        "replay a Re-Prefill trace against a real daemon at an accelerator's compute speed",
+    ),
 }
 
 

@@ -13,9 +13,14 @@ KV rows:
   rows read, new K/V written, matmul activations read and written once);
 * ``layer_seconds``: a roofline per part, ``max(flops / (peak x eff),
   bytes / (bandwidth x mem_eff))``, summed, plus a fixed launch overhead;
-* ``h2d_seconds``: a host-to-device copy (loaded KV crossing PCIe).
+* ``h2d_seconds``: a host-to-device copy (loaded KV crossing PCIe);
+* for a replayed request's other steps: ``query_seconds`` (one layer's
+  query projection, what a selection scores with), ``score_seconds``
+  (``q . k`` over the key rows a selector scores, and reading them) and
+  ``lm_head_seconds`` (the first token's logits), each a roofline plus a
+  quarter of the layer overhead (one or two launches).
 
-Left out: RMSNorm, RoPE, softmax, SiLU and the residual adds (a few FLOPs
+Left out of ``layer_seconds``: RMSNorm, RoPE, softmax, SiLU and the residual adds (a few FLOPs
 and one activation pass each), bias adds, the embedding and the LM head,
 overlap between parts or with copies, caches (L2 reuse), tensor/pipeline
 parallelism and any quantization (weights and KV are ``dtype_bytes`` each).
@@ -256,3 +261,53 @@ def h2d_seconds(nbytes: int | float, profile: AcceleratorProfile) -> float:
     if not isinstance(profile, AcceleratorProfile):
         raise InvalidArgument("profile", f"must be an AcceleratorProfile, got {type(profile).__name__}")
     return nbytes / profile.h2d_bytes_per_s
+
+
+def _roofline(flops: float, nbytes: float, profile: AcceleratorProfile) -> float:
+    return max(flops / profile.flops_per_s, nbytes / profile.bytes_per_s)
+
+
+def query_seconds(config: ModelConfig, new_tokens: int, profile: AcceleratorProfile) -> float:
+    """One layer's query projection for ``new_tokens`` (what a selection scores with), plus one launch."""
+    _check_shape(config, new_tokens, 0)
+    c, b = config, profile.dtype_bytes
+    width = c.num_attention_heads * c.head_dim
+    flops = 2 * new_tokens * c.hidden_size * width
+    nbytes = (c.hidden_size * width + new_tokens * (c.hidden_size + width)) * b
+    return _roofline(flops, nbytes, profile) + profile.layer_overhead_s / 4
+
+
+def score_seconds(
+    config: ModelConfig,
+    new_tokens: int,
+    rows: int,
+    profile: AcceleratorProfile,
+    *,
+    head_fraction: float = 1.0,
+    channel_fraction: float = 1.0,
+    row_bytes: float | None = None,
+) -> float:
+    """Scoring ``rows`` key rows against the new tokens' queries: ``q . k`` FLOPs and the rows read.
+
+    ``head_fraction``/``channel_fraction``: the share of query heads and of
+    channels scored (IMPRESS's partial probe); ``row_bytes``: bytes of one
+    row of every KV head scored (default ``kv_heads x head_dim x dtype``).
+    0 rows cost nothing; otherwise one launch (``layer_overhead_s / 4``) for
+    the scoring and top-k kernels.
+    """
+    _check_shape(config, new_tokens, rows)
+    if rows == 0:
+        return 0.0
+    c = config
+    d = c.head_dim * channel_fraction
+    flops = 2 * c.num_attention_heads * head_fraction * new_tokens * rows * d
+    per_row = c.num_key_value_heads * head_fraction * d * profile.dtype_bytes if row_bytes is None else row_bytes
+    nbytes = rows * per_row + new_tokens * c.num_attention_heads * head_fraction * d * profile.dtype_bytes
+    return _roofline(flops, nbytes, profile) + profile.layer_overhead_s / 4
+
+
+def lm_head_seconds(config: ModelConfig, profile: AcceleratorProfile) -> float:
+    """The first token's logits: one ``hidden x vocab`` matrix-vector product (the weights read once)."""
+    c = config
+    flops = 2 * c.hidden_size * c.vocab_size
+    return _roofline(flops, c.hidden_size * c.vocab_size * profile.dtype_bytes, profile) + profile.layer_overhead_s / 4

@@ -286,6 +286,11 @@ def add_reprefill_parser(sub) -> None:
         default=0.10,
         help="CPU tier as a share of the stored bytes (the prefetch reserve comes on top, from the same arena)",
     )
+    z.add_argument(
+        "--trace-out",
+        metavar="PATH",
+        help="write a JSONL trace of every request's daemon calls per system (kvstore-bench replay reads it)",
+    )
     p.set_defaults(run=command_reprefill)
 
 
@@ -297,6 +302,8 @@ def command_reprefill(args) -> int:
     if args.prefix_tokens < 1 or args.suffix_tokens < 1 or args.repeats < 1:
         raise BenchError("--prefix-tokens, --suffix-tokens and --repeats must be positive")
     check_plot_path(args.plot)
+    if args.trace_out and args.workload != "zipf":
+        raise BenchError("--trace-out records the systems of --workload zipf; add --workload zipf")
     if args.workload == "zipf":
         from .figures import format_zipf_report
         from .workload import check_zipf_args, run_zipf_bench

@@ -50,7 +50,7 @@ accuracy is reported next to the full KV's on the same requests (decoding
 is not part of TTFT).  Figures and ratios:
 ``figures.py``.
 
-Why ~470 lines in one file: the system table, the memory each system is
+Why ~520 lines in one file: the system table, the memory each system is
 charged, the interleaved request loop and each request's record are one
 experiment's definition, read together when judging whether the comparison
 is fair; the figures, plots, baselines' selection and daemons live apart.
@@ -73,6 +73,7 @@ from .baselines import chooser, impress_probe, stored_layout
 from .figures import headline_ratios, summarize
 from .io_jobs import BenchError
 from .machine import machine_info
+from .trace import RecordingClient, TraceWriter, request_record, system_header
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,8 @@ def run_zipf_bench(args) -> dict:
     references = [_dense_logits(model, prefixes[r.prefix].kv, torch.as_tensor(r.suffix)) for r in requests]
     full_kv = _full_kv_answers(model, prefixes, examples, tokenizer) if examples else None
     systems, records = _run_interleaved(model, prefixes, requests, references, args, (examples, tokenizer))
+    if getattr(args, "trace_out", None):
+        print(f"trace written to {args.trace_out}", file=sys.stderr, flush=True)
     if full_kv is not None:
         for key, rows in records.items():
             for row in rows:
@@ -260,6 +263,8 @@ class _Run:
     probes: list  # per prefix: IMPRESS's resident partial probe keys (None for other systems)
     state_bytes: int  # client state charged to this system's memory
     rows: list
+    daemon_flags: list = field(default_factory=list)
+    last_result: object = None  # the latest request's ReprefillResult (for --trace-out)
 
 
 def _run_interleaved(model, prefixes, requests, references, args, task=(None, None)) -> tuple[dict, dict]:
@@ -270,16 +275,24 @@ def _run_interleaved(model, prefixes, requests, references, args, task=(None, No
     Returns ``(rows by system, timed request records by system)``."""
     examples, tokenizer = task
     runs: list[_Run] = []
+    tracer = None
     try:
         for name in args.systems:
             sysdef = SYSTEMS[name]
             for budget in args.budgets if sysdef.budgeted else [1.0]:
                 runs.append(_start(model, name, sysdef, budget, prefixes, args))
+        if getattr(args, "trace_out", None):
+            tracer = _start_trace(model, prefixes, runs, args)
         for i, req in enumerate(requests):
             k = i % len(runs)
             for run in runs[k:] + runs[:k]:
                 example = examples[req.prefix] if examples else None
+                if tracer is not None:
+                    run.runner.client.begin()
                 row = _one_request(run, prefixes[req.prefix], req, references[i], example, tokenizer)
+                if tracer is not None:
+                    events = run.runner.client.take()
+                    tracer.request(request_record(run, i, i < args.warmup, req.prefix, req.suffix, run.last_result, events))
                 if i >= args.warmup:
                     run.rows.append({"request": i, "prefix": req.prefix, **row})
             if (i + 1) % 10 == 0:
@@ -298,9 +311,40 @@ def _run_interleaved(model, prefixes, requests, references, args, task=(None, No
             }
         return systems, {run.key: run.rows for run in runs}
     finally:
+        if tracer is not None:
+            tracer.close()
         for run in runs:
             run.client.close()
             run.daemon.stop()
+
+
+def _start_trace(model, prefixes, runs, args):
+    """--trace-out: the header (model, stored prefixes, each system's daemon and layout, how they ran)."""
+    header = {
+        "model": {"name": args.model, "dtype": args.dtype, "fingerprint": model.fingerprint, "config": dataclasses.asdict(model.config)},
+        "prefixes": [{"index": i, "num_tokens": p.tokens.numel(), "tokens": p.tokens.tolist()} for i, p in enumerate(prefixes)],
+        "systems": [system_header(run) for run in runs],
+        "run": {
+            "order": "each request to every system in turn, the first rotating; one daemon and data directory per system",
+            "warmup": args.warmup,
+            "requests": args.requests,
+            "prefixes": args.prefixes,
+            "prefix_tokens": args.prefix_tokens,
+            "suffix_tokens": args.suffix_tokens,
+            "alpha": args.alpha,
+            "memory_fraction": args.memory_fraction,
+            "period_layers": args.period_layers,
+            "group_layers": args.group_layers,
+            "seed": args.seed,
+            "threads": torch.get_num_threads(),
+            "backend": args.backend,
+            "iodepth": args.iodepth,
+            "task": args.task,
+        },
+    }
+    writer = TraceWriter(args.trace_out)
+    writer.header(header)
+    return writer
 
 
 def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _Run:
@@ -323,22 +367,20 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     key = f"{name}@{budget:g}"
     data_dir = os.path.join(args.directory, "zipf-store", key)
     shutil.rmtree(data_dir, ignore_errors=True)
-    daemon = _Daemon(
-        data_dir,
-        DaemonArgs(args.backend, args.iodepth),
-        extra=[
-            "--shm-arena-bytes",
-            str(memory),
-            "--prefetch-reserve-fraction",
-            repr(reserve_fraction),
-            "--cache-policy",
-            sysdef.policy,
-            "--score-flush-seconds",
-            "60",
-        ],
-    )
+    flags = [
+        "--shm-arena-bytes",
+        str(memory),
+        "--prefetch-reserve-fraction",
+        repr(reserve_fraction),
+        "--cache-policy",
+        sysdef.policy,
+        "--score-flush-seconds",
+        "60",
+    ]
+    daemon = _Daemon(data_dir, DaemonArgs(args.backend, args.iodepth), extra=flags)
     client = KVStoreClient(f"unix:{daemon.socket}")
-    runner = ModelRunner(model, client, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits)
+    runner_client = RecordingClient(client) if getattr(args, "trace_out", None) else client
+    runner = ModelRunner(model, runner_client, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits)
     selection = named or {
         "period_layers": args.period_layers,
         "selector": args.selector if sysdef.selection == "summary" else "full",  # --selector: the chunk systems' scorer
@@ -355,7 +397,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     for p in prefixes:
         kv = stored_layout(p, args.period_layers)[0] if sysdef.reordered else p.kv
         ids.append(client.put_prefix(p.tokens.numpy(), _np_kv(kv), geo, model_fingerprint=model.fingerprint).prefix_id)
-    return _Run(key, sysdef, budget, daemon, client, runner, cfg, ids, probes, state, [])
+    return _Run(key, sysdef, budget, daemon, client, runner, cfg, ids, probes, state, [], flags)
 
 
 def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, tokenizer=None) -> dict:
@@ -372,6 +414,7 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, token
         gen = run.runner.generate(run.ids[req.prefix], req.suffix, run.cfg, _max_new(example), tokenizer=tokenizer, choose=choose)
         res = gen.reprefill
         answer = {"correct": bool(example.is_correct(gen.text)), "answer_text": gen.text, "decode_s": float(sum(gen.step_s))}
+    run.last_result = res
     periods = len(res.selected)
     loaded = [int(np.sum(_chunk_sizes(s.numpy(), n, run.sysdef.chunk_tokens))) for s in res.selected]
     if max(loaded) > cap:

@@ -1,0 +1,138 @@
+"""A trace recorded by a small Zipf run, replayed twice against real daemons:
+the replay's reads are the recorded run's, request by request."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+from helpers import data_root
+
+SYSTEMS = "contiguouskv,contiguouskv-noprefetch,impress"  # no full-load system: the replay adds one
+
+
+def run_bench(*argv, expect=0, timeout=240):
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=data_root(),
+        timeout=timeout,
+        env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == expect, proc.stderr[-2000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """``(trace path, the recording run's report, data directory)``: tiny model, 2 layers, Periods of 1 layer."""
+    directory = tmp_path_factory.mktemp("replay")
+    trace = directory / "trace.jsonl"
+    proc = run_bench(
+        "reprefill",
+        "--workload",
+        "zipf",
+        "--systems",
+        SYSTEMS,
+        "--model",
+        "tiny",
+        "--dtype",
+        "float32",
+        "--prefix-tokens",
+        "512",
+        "--suffix-tokens",
+        "8",
+        "--prefixes",
+        "2",
+        "--requests",
+        "3",
+        "--warmup",
+        "1",
+        "--budgets",
+        "0.25",
+        "--period-layers",
+        "1",
+        "--group-layers",
+        "1",
+        "--memory-fraction",
+        "0.5",
+        "--threads",
+        "1",
+        "--directory",
+        str(directory),
+        "--trace-out",
+        str(trace),
+        "--json",
+    )
+    return trace, json.loads(proc.stdout), directory
+
+
+@pytest.fixture(scope="module")
+def replays(recorded):
+    trace, _, directory = recorded
+    return [
+        json.loads(run_bench("replay", "--trace", str(trace), "--profile", "h100", "--directory", str(directory), "--json").stdout)
+        for _ in range(2)
+    ]
+
+
+def _trace_lines(trace):
+    return [json.loads(line) for line in trace.read_text().splitlines()]
+
+
+def test_trace_holds_every_request_of_every_system_and_what_the_runner_received(recorded):
+    trace, report, _ = recorded
+    header, *lines = _trace_lines(trace)
+    assert [s["key"] for s in header["systems"]] == [f"{n}@0.25" for n in SYSTEMS.split(",")]
+    for key, rows in report["requests"].items():
+        timed = [r for r in lines if r["system"] == key and not r["warmup"]]
+        assert [r["request"] for r in timed] == [row["request"] for row in rows]
+        for line, row in zip(timed, rows):
+            received = sum(e["bytes"] for e in line["events"] if e["op"] == "group")
+            assert received == row["bytes_useful"]  # the stream's own count of what it delivered
+            assert len(line["periods"]) == 2 and all(p["reports"] for p in line["periods"])
+            assert len(line["cpu"]["layer_compute_s"]) == 2
+
+
+def test_replay_reads_what_the_recorded_run_read_twice_over(recorded, replays):
+    trace, _, _ = recorded
+    _, *lines = _trace_lines(trace)
+    first, second = replays
+    for key in (s + "@0.25" for s in SYSTEMS.split(",")):
+        traced = [r for r in lines if r["system"] == key]
+        # without speculation the disk reads are fixed by the sets and the tiers; a speculative
+        # read's fate (used, cancelled) depends on timing, so only what was delivered is compared
+        fixed = not key.startswith("contiguouskv@")
+        for a, b, line in zip(first["requests"][key], second["requests"][key], traced, strict=True):
+            sent = [[e["period"], e["chunks"]] for e in line["events"] if e["op"] == "send"]
+            got = [[e["group"], e["rows"], e["bytes"]] for e in line["events"] if e["op"] == "group"]
+            assert a["sets"] == b["sets"] == sent
+            assert a["hints"] == b["hints"] == [[e["period"], e["chunks"]] for e in line["events"] if e["op"] == "hint"]
+            assert bool(a["hints"]) == key.startswith("contiguouskv@")  # only the product sends look-ahead hints
+            assert a["groups"] == b["groups"] == got
+            assert a["state_bytes"] == b["state_bytes"] == sum(e["bytes"] for e in line["events"] if e["op"] == "summaries")
+            if fixed:
+                close = next(e for e in line["events"] if e["op"] == "close")
+                assert a["bytes_disk"] == b["bytes_disk"] == close["stats"]["bytes_disk"] + a["state_bytes"]
+        if fixed:
+            assert first["systems"][key]["daemon_bytes_read"] == second["systems"][key]["daemon_bytes_read"] > 0
+
+
+def test_replay_adds_a_full_load_row_and_its_ratios(replays):
+    report = replays[0]
+    full = report["requests"]["full-load@1"]
+    assert all(r["bytes_received"] == 2 * 512 * 2 * 2 * 16 * 4 for r in full)  # 2 layers x 512 rows x K,V x 2 heads x 16 x fp32
+    assert set(report["ratios"]) >= {"ttft full-load@1 / contiguouskv@0.25", "ttft impress@0.25 / contiguouskv@0.25"}
+    for key, row in report["systems"].items():
+        assert row["runs"] == 3
+        parts = row["select_mean_s"] + row["io_wait_mean_s"] + row["compute_mean_s"] + row["fetch_mean_s"] + row["other_mean_s"]
+        assert parts == pytest.approx(row["ttft_mean_s"])
+        assert row["compute_mean_s"] > 0 and row["ttft_mean_s"] >= row["compute_mean_s"]
+
+
+def test_replay_rejects_a_bad_profile_in_one_line(recorded):
+    trace, _, directory = recorded
+    proc = run_bench("replay", "--trace", str(trace), "--profile", "custom:flops=1e15,bw=x", expect=1)
+    assert proc.stderr.strip().count("\n") == 0
+    assert "--profile.bw" in proc.stderr and "not a number" in proc.stderr
