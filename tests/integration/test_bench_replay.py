@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import data_root
+from helpers import assert_png, data_root
 
 SYSTEMS = "contiguouskv,contiguouskv-noprefetch,impress"  # no full-load system: the replay adds one
 
@@ -136,3 +136,20 @@ def test_replay_rejects_a_bad_profile_in_one_line(recorded):
     proc = run_bench("replay", "--trace", str(trace), "--profile", "custom:flops=1e15,bw=x", expect=1)
     assert proc.stderr.strip().count("\n") == 0
     assert "--profile.bw" in proc.stderr and "not a number" in proc.stderr
+
+
+def test_replay_at_several_concurrent_streams_replays_every_timed_request_per_stream(recorded, tmp_path):
+    trace, _, directory = recorded
+    args = ("replay", "--trace", str(trace), "--directory", str(directory), "--systems", "impress@0.25")
+    proc = run_bench(*args, "--concurrency", "1,3", "--plot", str(tmp_path / "c.png"), "--json")
+    assert_png(tmp_path / "c.png")
+    report = json.loads(proc.stdout)
+    levels = report["concurrency"]["impress@0.25"]
+    timed = report["systems"]["impress@0.25"]["runs"]
+    assert set(levels) == {"1", "3"}
+    assert levels["1"]["requests"] == timed and levels["3"]["requests"] + levels["3"]["failed"] == 3 * timed
+    assert levels["3"]["requests_per_s"] > 0 and levels["3"]["ttft_p95_s"] >= levels["3"]["ttft_mean_s"] * 0.5
+    bad = run_bench(*args, "--concurrency", "0,2", expect=2)
+    assert "--concurrency" in bad.stderr and "[1, 64]" in bad.stderr
+    alone = run_bench(*args, "--plot", str(tmp_path / "d.png"), expect=1)
+    assert "--plot" in alone.stderr and alone.stderr.strip().count("\n") == 0

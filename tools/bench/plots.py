@@ -277,3 +277,24 @@ def plot_accuracy(report: dict, path: str) -> None:
     model = report.get("model") or os.path.basename(report.get("checkpoint", ""))
     ax.set_title(f"{report['task']} @ {report['tokens']} tokens, {report['examples']} examples, {model}", fontsize=9)
     save(fig, path)
+
+
+def plot_concurrency(report: dict, path: str) -> None:
+    """Replay: mean TTFT (P95 dashed) against concurrent streams, one line per system x budget."""
+    levels = report.get("concurrency") or {}
+    if not any(len(v) > 1 for v in levels.values()):
+        raise ValueError("the report has no concurrency levels to plot")
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for key, by in sorted(levels.items()):
+        xs = [int(c) for c in by]
+        (line,) = ax.plot(xs, [v["ttft_mean_s"] * 1e3 for v in by.values()], marker="o", label=key)
+        ax.plot(xs, [v["ttft_p95_s"] * 1e3 for v in by.values()], linestyle="--", color=line.get_color(), linewidth=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("concurrent Re-Prefill streams on one daemon")
+    ax.set_ylabel("TTFT, ms (mean; P95 dashed)")
+    ax.set_title(
+        f"replay at {report['profile']['name']} compute: {report['model']['name']}, {report['run']['prefix_tokens']}-token prefixes"
+    )
+    ax.legend(fontsize=7)
+    save(fig, path)

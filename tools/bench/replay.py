@@ -50,6 +50,7 @@ from kvstore.errors import InvalidArgument
 
 from .compute_model import h2d_seconds, layer_seconds, lm_head_seconds, parse_profile, query_seconds, score_seconds
 from .io_jobs import BenchError
+from .replay_report import concurrency_level
 from .trace import load_trace
 
 SPIN_S = 2e-4  # the last part of each wait is spun (sleep(0) yields the GIL) for sub-millisecond accuracy
@@ -259,7 +260,11 @@ def run_replay(args) -> dict:
         systems = [s for s in systems if s["key"] in args.systems]
     records: dict[str, list[dict]] = {}
     daemon_bytes: dict[str, int] = {}
-    progress = bar(sum(1 for r in requests if r["system"] in {s["key"] for s in systems}), "replay", unit="req")
+    concurrency: dict[str, dict[int, dict]] = {}
+    chosen = {s["key"] for s in systems}
+    extra_streams = sum(c for c in args.concurrency if c > 1)
+    total = sum(1 + (0 if r["warmup"] else extra_streams) for r in requests if r["system"] in chosen)
+    progress = bar(total, "replay", unit="req")
     try:
         for system in systems:
             geo = _geometry(system)
@@ -276,12 +281,51 @@ def run_replay(args) -> dict:
                         rows.append(replay_request(client, geo, system, req, config, profile, n))
                         progress.update(1)
                     daemon_bytes[system["key"]] = client.stats().bytes_read - before
+                timed = [r for r in rows if not r["warmup"]]
+                for streams in (c for c in args.concurrency if c > 1):
+                    mine = [r for r in requests if r["system"] == system["key"] and not r["warmup"]]
+                    level = _concurrent(f"unix:{daemon.socket}", geo, system, mine, config, profile, header, streams)
+                    concurrency.setdefault(system["key"], {})[streams] = level
+                    progress.update(len(mine) * streams)
+                if timed and 1 in args.concurrency:
+                    concurrency.setdefault(system["key"], {})[1] = concurrency_level(timed, 1, sum(r["ttft_s"] for r in timed), 0)
             finally:
                 daemon.stop()
                 shutil.rmtree(data_dir, ignore_errors=True)
     finally:
         progress.close()
-    return summarize_replay(header, systems, records, daemon_bytes, profile, args.trace)
+    report = summarize_replay(header, systems, records, daemon_bytes, profile, args.trace)
+    report["concurrency"] = {key: {str(c): level for c, level in sorted(levels.items())} for key, levels in concurrency.items()}
+    return report
+
+
+def _concurrent(target: str, geo, system: dict, timed: list[dict], config, profile, header: dict, streams: int) -> dict:
+    """``streams`` clients on one daemon at once, each replaying every timed request (each from its own start)."""
+    import threading
+
+    from engine_client.client import KVStoreClient, KVStoreRpcError
+
+    results: list[list[dict]] = [[] for _ in range(streams)]
+    failures = [0] * streams
+
+    def work(k: int) -> None:
+        with KVStoreClient(target) as client:
+            start = k % len(timed)
+            for req in timed[start:] + timed[:start]:
+                n = header["prefixes"][req["prefix"]]["num_tokens"]
+                try:
+                    results[k].append(replay_request(client, geo, system, req, config, profile, n))
+                except KVStoreRpcError:  # e.g. no arena space within lease_wait_seconds: counted, not hidden
+                    failures[k] += 1
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(streams)]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    rows = [r for per in results for r in per]
+    return concurrency_level(rows, streams, time.perf_counter() - t0, sum(failures))
 
 
 def profile_arg(text: str):
@@ -309,16 +353,43 @@ def add_replay_parser(sub) -> None:
     add_alias(p, "--directory", "directory")
     p.add_argument("--backend", default="auto", choices=("auto", "posix", "kvikio"))
     p.add_argument("--io-queue-depth", dest="iodepth", type=int, default=16)
+    p.add_argument(
+        "--concurrency",
+        type=_streams_arg,
+        default=[1],
+        help="comma-separated numbers of clients replaying the timed requests at once on each system's daemon (e.g. 1,2,4,8)",
+    )
+    p.add_argument("--plot", help="with --concurrency: write TTFT against concurrent streams per system to this PNG")
     p.add_argument("--json", action="store_true", help="the report as JSON, every request's record included")
     p.set_defaults(run=command_replay)
+
+
+def _streams_arg(text: str) -> list[int]:
+    import argparse
+
+    try:
+        levels = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
+    if not levels or levels[0] < 1 or levels[-1] > 64:
+        raise argparse.ArgumentTypeError(f"each level must be in [1, 64], got {text!r}")
+    return levels
 
 
 def command_replay(args) -> int:
     import json
 
+    from .plots import check_plot_path
     from .replay_report import format_replay_report
 
     profile_arg(args.profile)  # before any daemon starts
+    check_plot_path(args.plot)
+    if args.plot and args.concurrency == [1]:
+        raise BenchError("--plot draws TTFT against --concurrency: give two levels or more (e.g. 1,2,4,8)")
     report = run_replay(args)
+    if args.plot:
+        from .plots import plot_concurrency
+
+        plot_concurrency(report, args.plot)
     print(json.dumps(report, indent=2, sort_keys=True, default=float) if args.json else format_replay_report(report))
     return 0

@@ -49,6 +49,22 @@ def summarize_replay(header: dict, systems: list[dict], records: dict, daemon_by
     }
 
 
+def concurrency_level(rows: list[dict], streams: int, wall_s: float, failed: int) -> dict:
+    """One concurrency level's figures: TTFT and its I/O wait per request, requests per second over the wall time."""
+    ttft = np.array([r["ttft_s"] for r in rows]) if rows else np.zeros(1)
+    return {
+        "streams": streams,
+        "requests": len(rows),
+        "failed": failed,
+        "wall_s": wall_s,
+        "requests_per_s": len(rows) / wall_s if wall_s > 0 else 0.0,
+        "ttft_mean_s": float(ttft.mean()),
+        "ttft_p95_s": float(np.percentile(ttft, 95)),
+        "io_wait_mean_s": float(np.mean([r["io_wait_s"] for r in rows])) if rows else 0.0,
+        "bytes_disk_mean": float(np.mean([r["bytes_disk"] for r in rows])) if rows else 0.0,
+    }
+
+
 def replay_ratios(rows: dict) -> dict:
     """TTFT and disk-byte ratios of means: each system and the full load against the reference at each budget."""
     full = next((k for k, r in rows.items() if not r["budgeted"]), None)
@@ -91,4 +107,14 @@ def format_replay_report(report: dict) -> str:
     lines.append("(ms per request, means over timed requests; MB per request; CPU TTFT: the recorded run's, on this CPU)")
     for key, value in report["ratios"].items():
         lines.append(f"{key} = {value:.2f}")
+    levels = report.get("concurrency") or {}
+    if any(len(v) > 1 for v in levels.values()):
+        lines.append("concurrent streams on one daemon (each replays every timed request): TTFT mean / p95 ms, I/O wait ms, requests/s")
+        for key, by in sorted(levels.items()):
+            cells = [
+                f"{c}: {v['ttft_mean_s'] * ms:.1f} / {v['ttft_p95_s'] * ms:.1f}, {v['io_wait_mean_s'] * ms:.1f}, {v['requests_per_s']:.0f}/s"
+                + (f" ({v['failed']} failed)" if v["failed"] else "")
+                for c, v in levels[key].items()
+            ]
+            lines.append(f"  {key:<28}" + "; ".join(cells))
     return "\n".join(lines)
