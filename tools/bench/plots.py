@@ -291,6 +291,7 @@ def plot_concurrency(report: dict, path: str) -> None:
         (line,) = ax.plot(xs, [v["ttft_mean_s"] * 1e3 for v in by.values()], marker="o", label=key)
         ax.plot(xs, [v["ttft_p95_s"] * 1e3 for v in by.values()], linestyle="--", color=line.get_color(), linewidth=0.8)
     ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
     ax.set_xlabel("concurrent Re-Prefill streams on one daemon")
     ax.set_ylabel("TTFT, ms (mean; P95 dashed)")
     ax.set_title(

@@ -288,7 +288,7 @@ def run_replay(args) -> dict:
                     concurrency.setdefault(system["key"], {})[streams] = level
                     progress.update(len(mine) * streams)
                 if timed and 1 in args.concurrency:
-                    concurrency.setdefault(system["key"], {})[1] = concurrency_level(timed, 1, sum(r["ttft_s"] for r in timed), 0)
+                    concurrency.setdefault(system["key"], {})[1] = concurrency_level(timed, 1, sum(r["ttft_s"] for r in timed), [])
             finally:
                 daemon.stop()
                 shutil.rmtree(data_dir, ignore_errors=True)
@@ -306,7 +306,7 @@ def _concurrent(target: str, geo, system: dict, timed: list[dict], config, profi
     from engine_client.client import KVStoreClient, KVStoreRpcError
 
     results: list[list[dict]] = [[] for _ in range(streams)]
-    failures = [0] * streams
+    failures: list[str] = []  # each failed request's status and message
 
     def work(k: int) -> None:
         with KVStoreClient(target) as client:
@@ -315,8 +315,8 @@ def _concurrent(target: str, geo, system: dict, timed: list[dict], config, profi
                 n = header["prefixes"][req["prefix"]]["num_tokens"]
                 try:
                     results[k].append(replay_request(client, geo, system, req, config, profile, n))
-                except KVStoreRpcError:  # e.g. no arena space within lease_wait_seconds: counted, not hidden
-                    failures[k] += 1
+                except KVStoreRpcError as exc:  # e.g. no arena space within lease_wait_seconds: counted, not hidden
+                    failures.append(str(exc))
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(streams)]
     t0 = time.perf_counter()
@@ -325,7 +325,7 @@ def _concurrent(target: str, geo, system: dict, timed: list[dict], config, profi
     for t in threads:
         t.join()
     rows = [r for per in results for r in per]
-    return concurrency_level(rows, streams, time.perf_counter() - t0, sum(failures))
+    return concurrency_level(rows, streams, time.perf_counter() - t0, failures)
 
 
 def profile_arg(text: str):

@@ -49,13 +49,14 @@ def summarize_replay(header: dict, systems: list[dict], records: dict, daemon_by
     }
 
 
-def concurrency_level(rows: list[dict], streams: int, wall_s: float, failed: int) -> dict:
+def concurrency_level(rows: list[dict], streams: int, wall_s: float, failures: list[str]) -> dict:
     """One concurrency level's figures: TTFT and its I/O wait per request, requests per second over the wall time."""
     ttft = np.array([r["ttft_s"] for r in rows]) if rows else np.zeros(1)
     return {
         "streams": streams,
         "requests": len(rows),
-        "failed": failed,
+        "failed": len(failures),
+        "failures": sorted(set(failures)),
         "wall_s": wall_s,
         "requests_per_s": len(rows) / wall_s if wall_s > 0 else 0.0,
         "ttft_mean_s": float(ttft.mean()),
