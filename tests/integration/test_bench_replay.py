@@ -153,3 +153,18 @@ def test_replay_at_several_concurrent_streams_replays_every_timed_request_per_st
     assert "--concurrency" in bad.stderr and "[1, 64]" in bad.stderr
     alone = run_bench(*args, "--plot", str(tmp_path / "d.png"), expect=1)
     assert "--plot" in alone.stderr and alone.stderr.strip().count("\n") == 0
+
+
+def test_replay_of_several_traces_adds_the_scaling_table_and_its_plot(recorded, tmp_path):
+    trace, _, directory = recorded
+    both = f"{trace},{trace}"
+    proc = run_bench(
+        "replay", "--trace", both, "--directory", str(directory), "--systems", "impress@0.25", "--plot", str(tmp_path / "s.png"), "--json"
+    )
+    assert_png(tmp_path / "s.png")
+    report = json.loads(proc.stdout)
+    assert len(report["traces"]) == 2
+    tokens = str(report["traces"][0]["run"]["prefix_tokens"])
+    row = report["scaling"]["impress@0.25"][tokens]
+    assert row["bound"] in ("I/O", "compute") and row["cpu"]["ttft_s"] > 0
+    assert row["ttft_mean_s"] == report["traces"][1]["systems"]["impress@0.25"]["ttft_mean_s"]  # the last replay of that length

@@ -119,3 +119,44 @@ def test_clock_takes_an_overshoot_off_the_next_wait():
     clock.debt = 0.004
     clock.wait(0.003)  # within the debt: no wait, 1 ms still owed
     assert clock.debt == pytest.approx(0.001)
+
+
+def _report(tokens: int, io_wait: float, compute: float, cpu_io: float, cpu_compute: float) -> dict:
+    row = {
+        "ttft_mean_s": io_wait + compute + 0.001,
+        "ttft_p95_s": 2 * (io_wait + compute),
+        "select_mean_s": 1e-4,
+        "io_wait_mean_s": io_wait,
+        "compute_mean_s": compute,
+        "bytes_disk_mean": 1e6 * tokens / 1024,
+        "bytes_received_mean": 2e6,
+    }
+    timed = {
+        "warmup": False,
+        "cpu_ttft_s": cpu_io + cpu_compute,
+        "cpu_io_wait_s": cpu_io,
+        "cpu_compute_s": cpu_compute,
+        "cpu_select_s": 0.01,
+    }
+    warm = {**timed, "warmup": True, "cpu_ttft_s": 99.0}
+    return {
+        "profile": {"name": "h100"},
+        "run": {"prefix_tokens": tokens},
+        "systems": {"a@0.05": row, "only-here@0.05": row},
+        "requests": {"a@0.05": [warm, timed, timed], "only-here@0.05": [timed]},
+    }
+
+
+def test_scaling_rows_take_each_length_and_say_which_wait_is_larger():
+    from tools.bench.replay_report import format_scaling, scaling_rows
+
+    reports = [_report(2048, 0.002, 0.004, 0.001, 1.0), _report(8192, 0.020, 0.005, 0.5, 0.2)]
+    reports[1]["systems"].pop("only-here@0.05")  # in one trace only: left out
+    rows = scaling_rows(reports)
+    assert set(rows) == {"a@0.05"} and set(rows["a@0.05"]) == {"2048", "8192"}
+    short, long = rows["a@0.05"]["2048"], rows["a@0.05"]["8192"]
+    assert (short["bound"], long["bound"]) == ("compute", "I/O")
+    assert (short["cpu_bound"], long["cpu_bound"]) == ("compute", "I/O")
+    assert short["cpu"]["ttft_s"] == pytest.approx(1.001)  # the warm-up request is not averaged in
+    text = format_scaling({"traces": reports, "scaling": rows})
+    assert "8192 tokens" in text and "a@0.05" in text

@@ -139,7 +139,7 @@ LAZY_COMMANDS = {
     "prefill": ("tools.bench.prefill", "add_prefill_parser", "dense prefill time per layer against transformers"),
     "recall": ("tools.bench.recall", "add_recall_parser", "per-layer needle recall of each selection on a pretrained model"),
     "replay": (
-        "tools.bench.replay",
+        "tools.bench.replay_cli",
         "add_replay_parser",
         "replay a Re-Prefill trace against a real daemon at an accelerator's compute speed",
     ),

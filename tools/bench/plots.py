@@ -299,3 +299,29 @@ def plot_concurrency(report: dict, path: str) -> None:
     )
     ax.legend(fontsize=7)
     save(fig, path)
+
+
+def plot_scaling(report: dict, path: str) -> None:
+    """Replay of several traces: TTFT against prefix length per system, under the profile and as recorded on the CPU."""
+    rows = report["scaling"]
+    if not rows:
+        raise ValueError("the traces have no system in common to plot")
+    plt = pyplot()
+    fig, (gpu, cpu) = plt.subplots(1, 2, figsize=(11, 4.6))
+    for key, by in sorted(rows.items()):
+        items = sorted(by.items(), key=lambda kv: int(kv[0]))
+        xs = [int(t) for t, _ in items]
+        (line,) = gpu.plot(xs, [v["ttft_mean_s"] * 1e3 for _, v in items], marker="o", label=key)
+        gpu.plot(xs, [v["io_wait_mean_s"] * 1e3 for _, v in items], linestyle=":", color=line.get_color(), linewidth=0.9)
+        cpu_ttft = [v["cpu"]["ttft_s"] for _, v in items]
+        if all(t is not None for t in cpu_ttft):
+            cpu.plot(xs, [t * 1e3 for t in cpu_ttft], marker="o", color=line.get_color(), label=key)
+    name = report["traces"][0]["profile"]["name"]
+    for ax, title in ((gpu, f"replayed at {name} compute (dotted: I/O wait)"), (cpu, "recorded on this CPU")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("prefix tokens")
+        ax.set_ylabel("TTFT, ms (mean)")
+        ax.set_title(title, fontsize=10)
+    gpu.legend(fontsize=7)
+    save(fig, path)

@@ -31,6 +31,13 @@ logits, as the runner measures it: real I/O waits plus modelled compute.
 Decode-time reads (``--task`` runs) are not replayed; attention reports go
 to the daemon after TTFT, as the runner sends them.
 
+``--concurrency 1,2,4,8`` then replays the timed requests from that many
+clients at once on each system's daemon (``_concurrent``), each client
+starting at a different request; a request that fails (e.g. no arena space
+within ``lease_wait_seconds``) is counted with its status, not hidden.  The
+command line, and several traces at once for a table against prefix
+length, are ``replay_cli``.
+
 When the trace has no system that loads every chunk (``as-lru``), a
 ``full-load`` row is added: the first chunk system's requests with every
 chunk of every Period, LRU tiers, speculation of the next Period (layer-wise
@@ -187,7 +194,9 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
     out["bytes_useful"] = stats.bytes_useful
     out["bytes_received"] = sum(g[2] for g in out["groups"])
     out["spec_used"], out["spec_wasted"] = stats.spec_bytes_used, stats.spec_bytes_wasted
-    out["cpu_ttft_s"] = req.get("cpu", {}).get("ttft_s")
+    cpu = req.get("cpu", {})
+    out["cpu_ttft_s"] = cpu.get("ttft_s")
+    out["cpu_io_wait_s"], out["cpu_compute_s"], out["cpu_select_s"] = cpu.get("io_wait_s"), cpu.get("compute_s"), cpu.get("select_s")
     return out
 
 
@@ -334,62 +343,3 @@ def profile_arg(text: str):
         return parse_profile(text)
     except InvalidArgument as exc:
         raise BenchError(f"--{exc}") from None
-
-
-def add_replay_parser(sub) -> None:
-    from kvstore.cli_flags import add_alias
-
-    p = sub.add_parser("replay", help="replay a Re-Prefill trace against a real daemon at an accelerator's compute speed")
-    p.add_argument("--trace", required=True, help="a JSONL trace (kvstore-bench reprefill --workload zipf --trace-out)")
-    p.add_argument(
-        "--profile",
-        default="h100",
-        help="h100, a100, a800 or custom:flops=..,bw=..,h2d=..[,eff=..,mem_eff=..,overhead=..] (tools/bench/compute_model.py)",
-    )
-    p.add_argument(
-        "--systems", type=lambda t: [k.strip() for k in t.split(",") if k.strip()], help="system@budget keys to replay (default: all)"
-    )
-    p.add_argument("--data-dir", dest="directory", default=".kvstore/bench")
-    add_alias(p, "--directory", "directory")
-    p.add_argument("--backend", default="auto", choices=("auto", "posix", "kvikio"))
-    p.add_argument("--io-queue-depth", dest="iodepth", type=int, default=16)
-    p.add_argument(
-        "--concurrency",
-        type=_streams_arg,
-        default=[1],
-        help="comma-separated numbers of clients replaying the timed requests at once on each system's daemon (e.g. 1,2,4,8)",
-    )
-    p.add_argument("--plot", help="with --concurrency: write TTFT against concurrent streams per system to this PNG")
-    p.add_argument("--json", action="store_true", help="the report as JSON, every request's record included")
-    p.set_defaults(run=command_replay)
-
-
-def _streams_arg(text: str) -> list[int]:
-    import argparse
-
-    try:
-        levels = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not levels or levels[0] < 1 or levels[-1] > 64:
-        raise argparse.ArgumentTypeError(f"each level must be in [1, 64], got {text!r}")
-    return levels
-
-
-def command_replay(args) -> int:
-    import json
-
-    from .plots import check_plot_path
-    from .replay_report import format_replay_report
-
-    profile_arg(args.profile)  # before any daemon starts
-    check_plot_path(args.plot)
-    if args.plot and args.concurrency == [1]:
-        raise BenchError("--plot draws TTFT against --concurrency: give two levels or more (e.g. 1,2,4,8)")
-    report = run_replay(args)
-    if args.plot:
-        from .plots import plot_concurrency
-
-        plot_concurrency(report, args.plot)
-    print(json.dumps(report, indent=2, sort_keys=True, default=float) if args.json else format_replay_report(report))
-    return 0

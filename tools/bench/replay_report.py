@@ -119,3 +119,55 @@ def format_replay_report(report: dict) -> str:
             ]
             lines.append(f"  {key:<28}" + "; ".join(cells))
     return "\n".join(lines)
+
+
+def scaling_rows(reports: list[dict]) -> dict:
+    """Per system in every report: its figures at each prefix length, replayed and as recorded on the CPU.
+
+    ``bound`` says which wait is larger per request under the profile (the
+    I/O wait or the modelled compute), and ``cpu_bound`` the same of the
+    recorded run on this CPU.
+    """
+    keys = set.intersection(*(set(r["systems"]) for r in reports))
+    out: dict[str, dict[str, dict]] = {}
+    for key in sorted(keys):
+        for r in reports:
+            row, tokens = r["systems"][key], r["run"]["prefix_tokens"]
+            timed = [x for x in r["requests"][key] if not x["warmup"]]
+            cpu = {f: _mean([x.get(f"cpu_{f}") for x in timed]) for f in ("ttft_s", "io_wait_s", "compute_s", "select_s")}
+            out.setdefault(key, {})[str(tokens)] = {
+                "ttft_mean_s": row["ttft_mean_s"],
+                "ttft_p95_s": row["ttft_p95_s"],
+                "select_mean_s": row["select_mean_s"],
+                "io_wait_mean_s": row["io_wait_mean_s"],
+                "compute_mean_s": row["compute_mean_s"],
+                "bytes_disk_mean": row["bytes_disk_mean"],
+                "bytes_received_mean": row["bytes_received_mean"],
+                "bound": "I/O" if row["io_wait_mean_s"] > row["compute_mean_s"] else "compute",
+                "cpu": cpu,
+                "cpu_bound": None if cpu["io_wait_s"] is None else ("I/O" if cpu["io_wait_s"] > cpu["compute_s"] else "compute"),
+            }
+    return out
+
+
+def _mean(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return float(np.mean(values)) if values else None
+
+
+def format_scaling(report: dict) -> str:
+    name = report["traces"][0]["profile"]["name"]
+    lines = [
+        f"against prefix length ({name} profile; CPU: the recorded run): TTFT ms, select ms, I/O wait ms, compute ms, "
+        "MB from disk, bound | CPU TTFT ms, CPU I/O wait ms, bound"
+    ]
+    for key, by in report["scaling"].items():
+        lines.append(f"  {key}")
+        for tokens, v in sorted(by.items(), key=lambda kv: int(kv[0])):
+            cpu = v["cpu"]
+            cpu_text = "-" if cpu["ttft_s"] is None else f"{cpu['ttft_s'] * 1e3:.0f}, {cpu['io_wait_s'] * 1e3:.1f}, {v['cpu_bound']}"
+            lines.append(
+                f"    {tokens:>6} tokens: {v['ttft_mean_s'] * 1e3:.1f}, {v['select_mean_s'] * 1e3:.2f}, {v['io_wait_mean_s'] * 1e3:.1f}, "
+                f"{v['compute_mean_s'] * 1e3:.2f}, {v['bytes_disk_mean'] / 1e6:.2f}, {v['bound']} | {cpu_text}"
+            )
+    return "\n".join(lines)
