@@ -102,25 +102,32 @@ class DataChannels:
         loop = asyncio.get_running_loop()
         with self._lock:
             if conn.ended:
-                raise ConnectionError("the data connection has ended")
+                raise FailedPrecondition("data_channel: the data connection closed during the read")
             conn.writers += 1
         try:
-            for chunk, data in extents:
-                hdr = memoryview(FRAME.pack(FRAME_MAGIC, group, chunk, data.size))
-                body = memoryview(data).cast("B")
-                try:  # most frames fit the socket's buffer: one system call, no wait
-                    sent = conn.sock.sendmsg([hdr, body])
-                except BlockingIOError:
-                    sent = 0
-                if sent < len(hdr):
-                    await asyncio.wait_for(loop.sock_sendall(conn.sock, hdr[sent:]), self.send_timeout_s)
-                    sent = len(hdr)
-                if sent - len(hdr) < len(body):
-                    await asyncio.wait_for(loop.sock_sendall(conn.sock, body[sent - len(hdr) :]), self.send_timeout_s)
+            await self._send(conn, group, extents, loop)
+        except TimeoutError:  # (an OSError: caught first)
+            raise FailedPrecondition(f"data_channel: the client read nothing for {self.send_timeout_s:g}s") from None
+        except OSError as exc:  # the client closed it, or the call ended it
+            raise FailedPrecondition(f"data_channel: the data connection closed during the read ({exc})") from None
         finally:
             with self._lock:
                 conn.writers -= 1
                 self._close_if_done(conn)
+
+    async def _send(self, conn: _Conn, group: int, extents, loop) -> None:
+        for chunk, data in extents:
+            hdr = memoryview(FRAME.pack(FRAME_MAGIC, group, chunk, data.size))
+            body = memoryview(data).cast("B")
+            try:  # most frames fit the socket's buffer: one system call, no wait
+                sent = conn.sock.sendmsg([hdr, body])
+            except BlockingIOError:
+                sent = 0
+            if sent < len(hdr):
+                await asyncio.wait_for(loop.sock_sendall(conn.sock, hdr[sent:]), self.send_timeout_s)
+                sent = len(hdr)
+            if sent - len(hdr) < len(body):
+                await asyncio.wait_for(loop.sock_sendall(conn.sock, body[sent - len(hdr) :]), self.send_timeout_s)
 
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:

@@ -89,8 +89,16 @@ def test_an_abandoned_read_ends_its_connection_and_the_daemon_goes_on(tcp_daemon
         with pytest.raises(grpc.RpcError) as err:  # ended with its call
             list(_raw_read(client, pid, [0], conn.conn_id, conn.secret))
         assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        gone = DataConn("127.0.0.1", port, 10)  # the client closes its connection but not the call
+        call = _raw_read(client, pid, list(range(8)), gone.conn_id, gone.secret)
+        assert next(call).HasField("header")
+        gone.close()
+        with pytest.raises(grpc.RpcError) as err:
+            list(call)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION and "closed during the read" in err.value.details()
         np.testing.assert_array_equal(client.read_chunks(pid, list(range(8))).to_kv(), kv)
     assert daemon.proc.poll() is None
+    assert "Traceback" not in daemon.log() and "failed" not in daemon.log()  # a lost client is a refusal, not an internal error
 
 
 def test_a_client_that_stops_reading_part_way_loses_the_connection_not_the_next_read(tcp_daemon):
