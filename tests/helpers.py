@@ -52,6 +52,23 @@ def data_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def run_bench(*argv, expect=0, timeout=240):
+    """``kvstore-bench ARGV`` in a child process from the repository root; asserts its exit status."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "tools.bench.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=data_root(),
+        timeout=timeout,
+        env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == expect, proc.stderr[-2000:]
+    return proc
+
+
 def _has_cuda() -> bool:
     try:
         ctypes.CDLL("libcuda.so.1")

@@ -2,26 +2,11 @@
 the replay's reads are the recorded run's, request by request."""
 
 import json
-import subprocess
-import sys
 
 import pytest
-from helpers import assert_png, data_root
+from helpers import assert_png, run_bench
 
 SYSTEMS = "contiguouskv,contiguouskv-noprefetch,impress"  # no full-load system: the replay adds one
-
-
-def run_bench(*argv, expect=0, timeout=240):
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.cli", *argv],
-        capture_output=True,
-        text=True,
-        cwd=data_root(),
-        timeout=timeout,
-        env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == expect, proc.stderr[-2000:]
-    return proc
 
 
 @pytest.fixture(scope="module")

@@ -3,47 +3,18 @@ against the raw measurements they come from, not against expected values."""
 
 import json
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from helpers import assert_png, data_root
+from helpers import assert_png, run_bench
 
 from tools.bench.plots import ttft_bars
 
-
-def run_bench(*argv, timeout=240):
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.cli", *argv],
-        capture_output=True,
-        text=True,
-        cwd=data_root(),
-        timeout=timeout,
-        env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    return proc
+SMALL_IO = ("io", "--via-daemon", "--bs", "64k", "--iodepth", "4", "--size", "8m", "--runtime", "0.5", "--json")
 
 
 def test_io_via_daemon_reports_all_paths(tmp_path):
-    proc = run_bench(
-        "io",
-        "--via-daemon",
-        "--bs",
-        "64k",
-        "--iodepth",
-        "4",
-        "--size",
-        "8m",
-        "--runtime",
-        "0.5",
-        "--directory",
-        str(tmp_path),
-        "--json",
-        "--plot",
-        str(tmp_path / "io.png"),
-    )
+    proc = run_bench(*SMALL_IO, "--directory", str(tmp_path), "--plot", str(tmp_path / "io.png"))
     assert_png(tmp_path / "io.png")
     report = json.loads(proc.stdout)
     assert set(report["rows"]) == {"in-process", "daemon-shm", "daemon-bytes"}
@@ -54,24 +25,7 @@ def test_io_via_daemon_reports_all_paths(tmp_path):
 
 
 def test_io_via_daemon_over_tcp_reports_both_remote_paths(tmp_path):
-    proc = run_bench(
-        "io",
-        "--via-daemon",
-        "--transport",
-        "tcp",
-        "--page-cache",
-        "--bs",
-        "64k",
-        "--iodepth",
-        "4",
-        "--size",
-        "8m",
-        "--runtime",
-        "0.5",
-        "--directory",
-        str(tmp_path),
-        "--json",
-    )
+    proc = run_bench(*SMALL_IO, "--directory", str(tmp_path), "--transport", "tcp", "--page-cache")
     report = json.loads(proc.stdout)
     assert set(report["rows"]) == {"in-process", "daemon-bytes", "daemon-data"}
     assert report["params"]["transport"] == "tcp" and report["params"]["page_cache"]
