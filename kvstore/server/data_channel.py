@@ -45,7 +45,7 @@ class _Conn:
         self.conn_id = conn_id
         self.secret = secret
         self.held = False  # a call is using it
-        self.writers = 0  # threads inside send_extent
+        self.writers = 0  # sends in progress (send, on the event loop)
         self.watched = False  # registered with the watching thread's selector
         self.ended = False  # no more frames: the peer left, or a call stopped part-way
         self.closed = False

@@ -188,8 +188,11 @@ class _Daemon:
             time.sleep(0.05)
         self.tcp_port = 0
         while not self.tcp_port and tcp:  # the ready file: "PID TCP_PORT METRICS_PORT"
-            fields = open(ready).read().split()
+            with open(ready) as f:
+                fields = f.read().split()
             self.tcp_port = int(fields[1]) if len(fields) >= 2 else 0
+            if not self.tcp_port and time.monotonic() > deadline:
+                raise BenchError(f"the daemon did not say its TCP port; see {self.log.name}")
             time.sleep(0 if self.tcp_port else 0.05)
 
     def stop(self) -> None:
