@@ -44,6 +44,7 @@ GAUGES = (
     ("kvstore_shm_arena_bytes", "Size of the shared-memory arena.", "shm_arena_bytes"),
     ("kvstore_shm_leased_bytes", "Arena bytes leased to reads in flight and to clients.", "shm_leased_bytes"),
     ("kvstore_shm_sessions", "Open shared-memory sessions.", "shm_sessions"),
+    ("kvstore_data_connections", "Open raw data connections of TCP clients.", "data_connections"),
     ("kvstore_prefetch_reserve_bytes", "Arena bytes kept for stream buffers.", "prefetch_reserve_bytes"),
     ("kvstore_pinned_bytes", "Tier-resident bytes held by streams (never evicted while held).", "pinned_bytes"),
     ("kvstore_pinned_units", "Tier-resident extents held by streams.", "pinned_units"),

@@ -124,6 +124,7 @@ class Service:
             "shm_arena_bytes": self.arena.nbytes if self.arena else 0,
             "shm_leased_bytes": self.arena.leased_bytes if self.arena else 0,
             "shm_sessions": self.sessions.num_sessions if self.sessions else 0,
+            "data_connections": self.data_channels.open_count if self.data_channels else 0,
             "version": __version__,
             "bytes_read_gpu": counters["read_bytes_gpu"],
             "bytes_read_cpu": counters["read_bytes_cpu"],

@@ -145,6 +145,7 @@ class StoreStats:
     spec_units_cancelled: int
     pinned_bytes: int
     read_queue_depth: int
+    data_connections: int
 
 
 @dataclass(frozen=True)

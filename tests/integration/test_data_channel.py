@@ -47,6 +47,7 @@ def test_extents_on_the_data_connection_equal_the_stream_and_the_stored_kv(tcp_d
             assert got.bytes_useful > 0
         np.testing.assert_array_equal(fast.read_chunks(pid, list(range(8))).to_kv(), kv)
         assert slow._data_pool is False and len(fast._data_pool._idle) == 1  # one connection, reused by every read
+        assert fast.stats().data_connections == 1
 
 
 def test_a_connection_serves_only_calls_that_know_its_secret(tcp_daemon):
