@@ -1,6 +1,6 @@
 """Thin gRPC servicers: validate, translate, call the store, translate back.
 
-Why ~590 lines in one file: each handler is short (``ReadChunks`` and
+Why ~620 lines in one file: each handler is short (``ReadChunks`` and
 ``Prefetch`` drive the shared read executor, ``read_exec.py``), and they stay
 together so the service's surface reads in one place.
 """

@@ -291,8 +291,8 @@ def run_replay(args) -> dict:
                         progress.update(1)
                     daemon_bytes[system["key"]] = client.stats().bytes_read - before
                 timed = [r for r in rows if not r["warmup"]]
+                mine = [r for r in requests if r["system"] == system["key"] and not r["warmup"]]  # the traced ones
                 for streams in (c for c in args.concurrency if c > 1):
-                    mine = [r for r in requests if r["system"] == system["key"] and not r["warmup"]]
                     level = _concurrent(f"unix:{daemon.socket}", geo, system, mine, config, profile, header, streams)
                     concurrency.setdefault(system["key"], {})[streams] = level
                     progress.update(len(mine) * streams)
