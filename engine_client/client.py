@@ -150,6 +150,7 @@ class KVStoreClient:
         """Store ``kv`` ``[layers, 2, kv_heads, tokens, head_dim]``; sends only chunks not yet stored."""
         arr = as_numpy_kv(kv)
         toks = _ints(tokens)
+        geometry.check_storable(arr)  # a value kv_quant cannot hold fails here, not mid-stream
 
         def attempt():
             reuse = self.lookup(toks, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
@@ -377,7 +378,8 @@ def _put_stream(header: pb.PutHeader, kv: np.ndarray, geo: StoreGeometry, first_
     for g in range(geo.num_groups):
         layers = geo.group_layer_range(g)
         for j in range(first_chunk, geo.num_chunks(n)):
-            ext = memoryview(np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c])).cast("B")
+            payload = geo.extent_payload(np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]))
+            ext = memoryview(np.ascontiguousarray(payload)).cast("B")
             for off in range(0, len(ext), FRAME_BYTES):
                 frame = pb.ExtentFrame(group=g, chunk=j, offset=off, data=bytes(ext[off : off + FRAME_BYTES]))
                 yield pb.PutPrefixRequest(extent=frame)

@@ -218,7 +218,6 @@ class PrefetchStream:
         self._wait_group(group)
         chunks, refs = self._ready.pop(group)
         geo = self.geometry
-        dtype = geo.model.numpy_dtype()
         parts = []
         for i, j in enumerate(chunks):
             if refs is not None:
@@ -226,7 +225,7 @@ class PrefetchStream:
                 raw = self._client.session.view(ref)
             else:
                 raw = self._extents.pop((group, j))
-            parts.append(raw.view(dtype).reshape(geo.extent_shape(group, int(self._chunk_tokens[j]))))
+            parts.append(geo.extent_array(raw, group, int(self._chunk_tokens[j])))
         return np.concatenate(parts, axis=3)
 
     def groups(self, period: int):

@@ -147,12 +147,17 @@ class ReprefillResult:
         return self.bytes_read / self.bytes_useful if self.bytes_useful else 1.0
 
 
-def model_geometry(model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4, probe_bits: int = 0) -> StoreGeometry:
+def model_geometry(
+    model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4, probe_bits: int = 0, kv_quant: str = ""
+) -> StoreGeometry:
     """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod),
-    probe keys in the KV dtype or, with ``probe_bits`` 4 or 8, quantized by the daemon."""
+    probe keys in the KV dtype or, with ``probe_bits`` 4 or 8, quantized by the daemon;
+    ``kv_quant`` ("kv8", "kv4", ...): the KV itself stored quantized (``kvstore.kvquant``)."""
     c = model.config
     spec = ModelSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
-    return StoreGeometry(spec, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_keys=True, probe_bits=probe_bits)
+    return StoreGeometry(
+        spec, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_keys=True, probe_bits=probe_bits, kv_quant=kv_quant
+    )
 
 
 class ModelRunner:
@@ -166,15 +171,20 @@ class ModelRunner:
         group_layers: int = 4,
         probe_bits: int = 0,
         streaming_heads=None,
+        kv_quant: str = "",
     ):
         """``probe_bits`` 4 or 8: the prefixes this runner stores keep their probe keys quantized
         (``StoreGeometry.probe_bits``), what ``ReprefillConfig.probe_bits`` of the same width reads.
+        ``kv_quant``: the prefixes it stores hold their KV quantized (``StoreGeometry.kv_quant``); every
+        read dequantizes to the model's dtype.
         ``streaming_heads`` (``model.streaming.StreamingHeads``): what ``ReprefillConfig.streaming`` uses."""
         self.model = model
         self.streaming_heads = streaming_heads
         self.client = client
         self.namespace = namespace
-        self.geometry = model_geometry(model, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_bits=probe_bits)
+        self.geometry = model_geometry(
+            model, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_bits=probe_bits, kv_quant=kv_quant
+        )
         # resident key summaries of each Period's first layer, per (prefix, period_layers):
         # [chunks, periods, kv_heads, 2, head_dim] in the model's dtype (min/max of stored keys: exact)
         self._summaries: dict[tuple[str, int], torch.Tensor] = {}

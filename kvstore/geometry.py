@@ -25,9 +25,19 @@ The probe keys are the keys of each group's first layer.  With ``probe_bits``
 ``[codes (d*bits/8 bytes) | scale (float32)]`` (``kvstore.wire.probes``), so
 a group's region is ``[head][token][row_bytes]`` uint8, still sliced by token.
 
+With ``kv_quant`` (``"kv8"``, ``"kv4"``, ``"kv8t"``, ``"kv4t"``) an extent holds
+each layer's K and V as quantized codes with float16 scales and zero points
+(``kvstore.kvquant``), still one chunk of one group: ``extent_bytes``,
+``extent_payload`` (what a put stores) and ``extent_array`` (what a read
+returns, dequantized to the KV dtype) are the only places that know.
+
 Period-major order puts the chunks of one group next to each other, so chunks
 selected together for a Period are adjacent on disk and coalesce into one
 read.  Every region starts on a 4 KiB boundary, as O_DIRECT and GDS require.
+
+Why one module of ~400 lines: every size and offset of the on-disk format is
+computed here and nowhere else (the daemon, the client and the tools all ask
+it), so a change to the format is a change to this file only.
 """
 
 from __future__ import annotations
@@ -40,7 +50,9 @@ from functools import cached_property
 
 import numpy as np
 
+from . import kvquant
 from .errors import InvalidArgument
+from .kvquant import check_name as check_quant_name
 
 ALIGN_BYTES = 4096
 
@@ -122,9 +134,13 @@ class StoreGeometry:
     probe_keys: bool = True
     # 4 or 8: probe keys stored quantized to that many bits (module docstring); 0: in the KV dtype
     probe_bits: int = 0
+    # "kv8", "kv4", "kv8t", "kv4t": extents hold the KV quantized (``kvstore.kvquant``); "": in the KV dtype
+    kv_quant: str = ""
 
     def __post_init__(self) -> None:
         _check_int("chunk_tokens", self.chunk_tokens, 1, MAX_CHUNK_TOKENS)
+        if check_quant_name(self.kv_quant).startswith("kv4") and self.model.head_dim % 2:
+            raise InvalidArgument("kv_quant", f"4-bit codes pack two channels to a byte; head_dim {self.model.head_dim} is odd")
         _check_int("group_layers", self.group_layers, 1, MAX_LAYERS)
         bits = self.probe_bits
         if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits not in PROBE_BITS:
@@ -160,8 +176,36 @@ class StoreGeometry:
 
     # -- sizes ------------------------------------------------------------
     def extent_bytes(self, group: int, tokens: int) -> int:
-        """Unpadded bytes of one extent of ``tokens`` tokens in ``group``."""
+        """Unpadded bytes of one extent of ``tokens`` tokens in ``group`` (quantized when ``kv_quant``)."""
+        if self.kv_quant:
+            m = self.model
+            return self.layers_in_group(group) * kvquant.layer_bytes(self.kv_quant, m.num_kv_heads, tokens, m.head_dim)
         return self.layers_in_group(group) * tokens * self.model.token_layer_bytes
+
+    def kv_bytes(self, num_tokens: int) -> int:
+        """Extent bytes (unpadded) of a whole ``num_tokens``-token prefix as stored."""
+        counts = self.chunk_token_counts(num_tokens)
+        return sum(self.extent_bytes(g, int(t)) for g in range(self.num_groups) for t in counts)
+
+    def extent_array(self, raw: np.ndarray, group: int, tokens: int) -> np.ndarray:
+        """A stored extent's bytes (uint8) as ``[layers_in_group, 2, heads, tokens, dim]`` in the numpy KV dtype:
+        a view of ``raw``, or its dequantized copy when ``kv_quant``."""
+        m = self.model
+        if not self.kv_quant:
+            return raw.view(m.numpy_dtype()).reshape(self.extent_shape(group, tokens))
+        values = kvquant.decode(self.kv_quant, raw, self.layers_in_group(group), m.num_kv_heads, tokens, m.head_dim)
+        return float32_as_kv(values, m.dtype)
+
+    def check_storable(self, kv: np.ndarray) -> None:
+        """InvalidArgument naming ``kv`` when ``kv_quant`` cannot hold these values (checked before a put streams)."""
+        if self.kv_quant:
+            kvquant.check_values(self.kv_quant, keys_as_float32(kv, self.model.dtype))
+
+    def extent_payload(self, extent: np.ndarray) -> np.ndarray:
+        """What is stored for one extent given in the numpy KV dtype: the array, or its quantized bytes."""
+        if not self.kv_quant:
+            return extent
+        return kvquant.encode(self.kv_quant, keys_as_float32(extent, self.model.dtype))
 
     def extent_shape(self, group: int, tokens: int) -> tuple[int, int, int, int, int]:
         m = self.model
@@ -200,12 +244,15 @@ class StoreGeometry:
         The stored group is ``period_layers`` there, its name when the format
         was fixed: records written by any version read back, and the digest
         (hence every chunk hash and prefix id) does not change.  For the same
-        reason ``probe_bits`` appears only when it is not 0.
+        reason ``probe_bits`` appears only when it is not 0, and ``kv_quant``
+        only when it is not "".
         """
         d = self.to_dict()
         d[RECORD_GROUP_KEY] = d.pop("group_layers")
         if not d["probe_bits"]:
             del d["probe_bits"]
+        if not d["kv_quant"]:
+            del d["kv_quant"]
         return d
 
     @classmethod
@@ -262,6 +309,9 @@ class SegmentLayout:
     def extent_lengths(self) -> np.ndarray:
         """Unpadded extent bytes; ``[groups, chunks]``."""
         g = self.geometry
+        if g.kv_quant:  # per-channel key parameters make the size affine in tokens, not linear
+            sizes = {int(t): [g.extent_bytes(i, int(t)) for i in range(g.num_groups)] for t in np.unique(self.chunk_tokens)}
+            return np.array([sizes[int(t)] for t in self.chunk_tokens], dtype=np.int64).T.reshape(g.num_groups, self.num_chunks)
         per_token = np.array([g.layers_in_group(i) * g.model.token_layer_bytes for i in range(g.num_groups)], dtype=np.int64)
         return per_token[:, None] * self.chunk_tokens[None, :]
 
@@ -343,6 +393,14 @@ def keys_as_float32(keys: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return (keys.astype(np.uint32) << 16).view(np.float32)
     return keys.astype(np.float32, copy=False)
+
+
+def float32_as_kv(values: np.ndarray, dtype: str) -> np.ndarray:
+    """float32 values in the numpy KV dtype (bfloat16: raw uint16, rounded to nearest even)."""
+    if dtype == "bfloat16":
+        bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+        return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+    return values.astype(dtype, copy=False)
 
 
 def key_summary(extent: np.ndarray, dtype: str) -> np.ndarray:

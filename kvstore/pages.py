@@ -127,6 +127,8 @@ class PageStore:
         """``(keys, page hashes)``, every argument validated (InvalidArgument naming the field)."""
         if not isinstance(geometry, StoreGeometry):
             raise InvalidArgument("geometry", "must be a StoreGeometry")
+        if geometry.kv_quant:
+            raise InvalidArgument("geometry.kv_quant", "pages hold an engine's blocks in its KV dtype; store them unquantized")
         keys = validate_keys(keys, self.max_pages(geometry))
         return keys, page_hashes(keys, geometry, namespace, model_fingerprint)
 

@@ -117,7 +117,9 @@ class PendingPut:
         for g in range(geo.num_groups):
             layers = geo.group_layer_range(g)
             for j in self.needed_chunks:
-                self.image.put_extent(g, j, np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]))
+                self.image.put_extent(
+                    g, j, geo.extent_payload(np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]))
+                )
 
     def commit(self) -> PutResult:
         """Write, sync, index, and only then acknowledge."""

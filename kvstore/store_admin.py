@@ -114,7 +114,9 @@ def inspect(store: ChunkStore, prefix_id: str) -> dict:
         "num_tokens": view.num_tokens,
         "num_chunks": view.num_chunks,
         "num_groups": geo.num_groups,
-        "kv_bytes": view.num_tokens * geo.model.num_layers * geo.model.token_layer_bytes,
+        "kv_quant": geo.kv_quant or geo.model.dtype,
+        "kv_bytes": geo.kv_bytes(view.num_tokens),  # as stored (quantized when kv_quant)
+        "kv_bytes_unquantized": view.num_tokens * geo.model.num_layers * geo.model.token_layer_bytes,
         "segments": segments,
         "created": view.created,
         "quarantined": store.state.prefix_quarantine(view),

@@ -101,7 +101,7 @@ class SegmentImage:
     def _derive(self, group: int, local: int, data: np.ndarray) -> None:
         layout, geo = self.layout, self.layout.geometry
         tokens = int(layout.chunk_tokens[local])
-        ext = data.view(geo.model.numpy_dtype()).reshape(geo.extent_shape(group, tokens))
+        ext = geo.extent_array(data, group, tokens)  # dequantized when the geometry stores KV quantized
         layers = geo.group_layer_range(group)
         self.summaries[local, layers.start : layers.stop] = key_summary(ext, geo.model.dtype)
         if self.probes:

@@ -77,6 +77,14 @@ def cmd_ls(admin, args) -> tuple[object, str, int]:
     return items, text, 0
 
 
+def _kv_bytes(info: dict) -> str:
+    """Stored KV bytes, and for a quantized prefix its scheme and the bytes saved against the KV dtype."""
+    stored, raw = info["kv_bytes"], info.get("kv_bytes_unquantized", info["kv_bytes"])
+    if stored == raw:
+        return f"{human_bytes(stored)} ({info.get('kv_quant') or info['geometry']['model']['dtype']})"
+    return f"{human_bytes(stored)} ({info['kv_quant']}; {human_bytes(raw)} unquantized, {raw / stored:.2f}x smaller, {human_bytes(raw - stored)} saved)"
+
+
 def cmd_inspect(admin, args) -> tuple[object, str, int]:
     info = admin.inspect(args.prefix)
     m = info["geometry"]["model"]
@@ -92,7 +100,7 @@ def cmd_inspect(admin, args) -> tuple[object, str, int]:
             f"chunk {geo['chunk_tokens']}, group {geo['group_layers']} layers, probe keys {_probe_form(geo)}",
         ],
         ["tokens", f"{info['num_tokens']} ({info['num_chunks']} chunks x {info['num_groups']} groups)"],
-        ["KV bytes", human_bytes(info["kv_bytes"])],
+        ["KV bytes", _kv_bytes(info)],
         ["created", _when(info["created"])],
         ["status", _status(info["quarantined"])],
     ]

@@ -19,18 +19,20 @@ class ModelSpec(_message.Message):
     def __init__(self, num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ...) -> None: ...
 
 class Geometry(_message.Message):
-    __slots__ = ("model", "chunk_tokens", "group_layers", "probe_keys", "probe_bits")
+    __slots__ = ("model", "chunk_tokens", "group_layers", "probe_keys", "probe_bits", "kv_quant")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CHUNK_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GROUP_LAYERS_FIELD_NUMBER: _ClassVar[int]
     PROBE_KEYS_FIELD_NUMBER: _ClassVar[int]
     PROBE_BITS_FIELD_NUMBER: _ClassVar[int]
+    KV_QUANT_FIELD_NUMBER: _ClassVar[int]
     model: ModelSpec
     chunk_tokens: int
     group_layers: int
     probe_keys: bool
     probe_bits: int
-    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., chunk_tokens: _Optional[int] = ..., group_layers: _Optional[int] = ..., probe_keys: _Optional[bool] = ..., probe_bits: _Optional[int] = ...) -> None: ...
+    kv_quant: str
+    def __init__(self, model: _Optional[_Union[ModelSpec, _Mapping]] = ..., chunk_tokens: _Optional[int] = ..., group_layers: _Optional[int] = ..., probe_keys: _Optional[bool] = ..., probe_bits: _Optional[int] = ..., kv_quant: _Optional[str] = ...) -> None: ...
 
 class PutHeader(_message.Message):
     __slots__ = ("namespace", "model_fingerprint", "geometry", "tokens", "reuse_chunks")

@@ -50,6 +50,7 @@ def geometry_from_pb(msg: pb.Geometry, field: str = "geometry") -> StoreGeometry
             group_layers=msg.group_layers or 8,
             probe_keys=msg.probe_keys,
             probe_bits=msg.probe_bits,
+            kv_quant=msg.kv_quant,
         )
     except InvalidArgument as exc:
         raise InvalidArgument(f"{field}.{'model.' if exc.field in _MODEL_FIELDS else ''}{exc.field}", str(exc).split(": ", 1)[1]) from None
@@ -66,6 +67,7 @@ def geometry_to_pb(geo: StoreGeometry) -> pb.Geometry:
         group_layers=geo.group_layers,
         probe_keys=geo.probe_keys,
         probe_bits=geo.probe_bits,
+        kv_quant=geo.kv_quant,
     )
 
 

@@ -228,11 +228,10 @@ class ReadResult:
         return self.bytes_read / self.bytes_useful if self.bytes_useful else 1.0
 
     def extent(self, group: int, chunk: int) -> np.ndarray:
-        """``[layers_in_group, 2, kv_heads, tokens, head_dim]`` (numpy KV dtype)."""
+        """``[layers_in_group, 2, kv_heads, tokens, head_dim]`` (numpy KV dtype; dequantized when the geometry's ``kv_quant``)."""
         raw = self._views[(group, chunk)]
         tokens = int(self.chunk_tokens[np.searchsorted(self.chunks, chunk)])
-        geo = self.geometry
-        return raw.view(geo.model.numpy_dtype()).reshape(geo.extent_shape(group, tokens))
+        return self.geometry.extent_array(raw, group, tokens)
 
     def group_kv(self, group: int) -> np.ndarray:
         """The group's selected tokens: ``[layers_in_group, 2, kv_heads, tokens, head_dim]``."""

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 from helpers import GEOMETRIES, ids, make_kv, make_tokens
 
+from kvstore import kvquant
 from kvstore.errors import InvalidArgument, NotFound, StoreLocked
-from kvstore.geometry import SegmentLayout, key_summary, split_extents
+from kvstore.geometry import SegmentLayout, StoreGeometry, key_summary, split_extents
 from kvstore.store import ChunkStore
 
 
@@ -126,3 +127,28 @@ def test_data_dir_is_locked_against_a_second_process_store(store_config):
     with ChunkStore(store_config):
         with pytest.raises(StoreLocked):
             ChunkStore(store_config)
+
+
+@pytest.mark.parametrize("name", ["kv8", "kv4", "kv4t"])
+def test_quantized_extents_roundtrip_within_their_bound(store_config, name):
+    plain = GEOMETRIES[2]  # 4 layers, 2 heads, dim 64, float16
+    geo = StoreGeometry(plain.model, chunk_tokens=plain.chunk_tokens, group_layers=2, kv_quant=name)
+    n = 37
+    kv = make_kv(geo, n, seed=3)
+    tokens = make_tokens(n, seed=3)
+    with ChunkStore(store_config) as store:
+        res = store.put(tokens, kv, geo, model_fingerprint="m")
+        assert store.put(tokens, kv, plain, model_fingerprint="m").prefix_id != res.prefix_id  # another layout, another prefix
+        got = store.read(res.prefix_id, range(geo.num_chunks(n)))
+        back = got.to_kv()
+        assert back.dtype == kv.dtype and back.shape == kv.shape
+        x = kv.astype(np.float32)
+        assert (np.abs(back.astype(np.float32) - x) <= kvquant.max_error(name, x) + np.abs(x) * 2.0**-10).all()
+        assert got.bytes_useful == geo.kv_bytes(n) < plain.kv_bytes(n) / (1.5 if name == "kv8" else 2.5)
+        # summaries and probe keys are those of the stored (dequantized) keys, never of the bytes sent
+        summ = store.read_summaries(res.prefix_id)
+        for g, j, ext in split_extents(geo, back):
+            layers = geo.group_layer_range(g)
+            np.testing.assert_array_equal(summ[j, layers.start : layers.stop], key_summary(ext, geo.model.dtype))
+        for g in range(geo.num_groups):
+            np.testing.assert_array_equal(store.read_probe_keys(res.prefix_id, g), back[g * geo.group_layers, 0])

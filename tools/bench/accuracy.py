@@ -243,6 +243,12 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
         default=0,
         help="--model: store each prefix's probe keys quantized to this many bits (0: in the KV dtype); exact paths must use the same probe_bits",
     )
+    p.add_argument(
+        "--store-kv-quant",
+        choices=("", "kv8", "kv4", "kv8t", "kv4t"),
+        default="",
+        help="--model: store each prefix's KV quantized (kvstore.kvquant; '': in the KV dtype); 'full' stays unquantized",
+    )
     p.add_argument("--examples", type=int, default=200, help="held-out examples")
     p.add_argument("--tokens", type=int, default=2048, help="prefix + suffix tokens of each example")
     p.add_argument("--checkpoint", default=DEFAULT_CHECKPOINT, help="HF checkpoint directory (default: checkpoints/recall-small)")

@@ -20,7 +20,10 @@ Paths (several, comma-separated, share each example's prefill and store):
 
 ``--store-probe-bits 4|8`` stores each prefix's probe keys quantized
 (``StoreGeometry.probe_bits``): exact paths at that width read them as
-stored, and ``probe_bytes`` counts the packed rows.
+stored, and ``probe_bytes`` counts the packed rows.  ``--store-kv-quant
+kv8|kv4|kv8t|kv4t`` stores each prefix's KV quantized (``kvstore.kvquant``):
+every daemon path then reads it dequantized (``exact@1.0`` is the full KV as
+stored), while ``full`` stays the unquantized reference.
 
 An example is correct when the decoded text holds an accepted answer (numbers
 as whole numbers).  Examples use the evaluation seeds (from 1_000_000 on,
@@ -212,6 +215,7 @@ def _runner(model, args, stack: ExitStack):
         group_layers=args.group_layers,
         probe_bits=getattr(args, "store_probe_bits", 0),
         streaming_heads=getattr(args, "streaming_heads", None),
+        kv_quant=getattr(args, "store_kv_quant", ""),
     )
 
 
@@ -278,11 +282,23 @@ def run_text_accuracy(args) -> dict:
         "period_layers": args.period_layers,
         "group_layers": args.group_layers,
         "store_probe_bits": getattr(args, "store_probe_bits", 0),
+        **_kv_storage(pm.decoder, args),
         "threads": args.threads,
         "seconds": seconds,
         **({"streaming_heads": _profile_summary(args.streaming_heads)} if args.streaming_heads else {}),
         "paths": results,
     }
+
+
+def _kv_storage(model, args) -> dict:
+    """With ``--store-kv-quant``: the scheme and how much smaller a prefix of ``--tokens`` is stored than in the KV dtype."""
+    name = getattr(args, "store_kv_quant", "")
+    if not name:
+        return {}
+    from engine_client.runner import model_geometry
+
+    plain, quant = model_geometry(model), model_geometry(model, kv_quant=name)
+    return {"store_kv_quant": name, "kv_storage_ratio": plain.kv_bytes(args.tokens) / quant.kv_bytes(args.tokens)}
 
 
 def _profile_summary(prof) -> dict:
@@ -301,6 +317,8 @@ def format_text_report(r: dict) -> str:
     lines = [f"{r['model']} {r['task']} @ {r['tokens']} tokens, {r['examples']} examples (seeds {r['seeds']}) in {r['seconds']:.0f}s"]
     if r.get("store_probe_bits"):
         lines[0] += f", probe keys stored at {r['store_probe_bits']} bits"
+    if r.get("store_kv_quant"):
+        lines[0] += f", KV stored as {r['store_kv_quant']} ({r['kv_storage_ratio']:.2f}x smaller than {r['dtype']})"
     for name, p in r["paths"].items():
         lo, hi = p["wilson95"]
         line = f"  {name:>14}: {p['correct']}/{p['examples']} = {p['accuracy']:.1%} (Wilson 95% {lo:.1%}..{hi:.1%}), TTFT {p['ttft_s_mean']:.2f}s"
