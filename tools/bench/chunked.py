@@ -48,6 +48,7 @@ DEFAULTS = {
     "tokens": 32768,
     "chunk_tokens": 16,
     "group_layers": 8,
+    "kv_quant": "",
     "selection": "runs",
     "groups": "all",
     "data_dir": ".kvstore/bench/store",
@@ -101,7 +102,9 @@ def select_chunks(rng: np.random.Generator, num_chunks: int, budget: float, sele
 # ------------------------------------------------------------ setup
 def bench_geometry(args) -> StoreGeometry:
     model = ModelSpec(int(_arg(args, "layers")), int(_arg(args, "kv_heads")), int(_arg(args, "head_dim")), _arg(args, "dtype"))
-    return StoreGeometry(model, chunk_tokens=int(_arg(args, "chunk_tokens")), group_layers=int(_arg(args, "group_layers")))
+    return StoreGeometry(
+        model, chunk_tokens=int(_arg(args, "chunk_tokens")), group_layers=int(_arg(args, "group_layers")), kv_quant=_arg(args, "kv_quant")
+    )
 
 
 def ensure_prefix(store: ChunkStore, geo: StoreGeometry, num_tokens: int, seed: int) -> dict:
@@ -120,6 +123,11 @@ def ensure_prefix(store: ChunkStore, geo: StoreGeometry, num_tokens: int, seed: 
     return {"prefix_id": res.prefix_id, "stored_now": True, "put_seconds": put_s, "bytes_written": res.bytes_written}
 
 
+def _group_with(geo: StoreGeometry, layers: int) -> int:
+    """The first stored group of ``layers`` layers."""
+    return next(g for g in range(geo.num_groups) if geo.layers_in_group(g) == layers)
+
+
 def padding_table(geo: StoreGeometry, num_tokens: int) -> list[dict]:
     """Extent bytes unpadded vs padded, per kind of extent in the prefix."""
     counts = geo.chunk_token_counts(num_tokens)
@@ -128,7 +136,7 @@ def padding_table(geo: StoreGeometry, num_tokens: int) -> list[dict]:
     for layers in sorted({geo.layers_in_group(g) for g in range(geo.num_groups)}, reverse=True):
         num_groups = sum(geo.layers_in_group(g) == layers for g in range(geo.num_groups))
         for tokens in kinds:
-            nbytes = layers * tokens * geo.model.token_layer_bytes
+            nbytes = geo.extent_bytes(_group_with(geo, layers), tokens)
             padded = align_up(nbytes)
             out.append(
                 {

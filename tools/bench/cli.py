@@ -124,6 +124,7 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     chk.add_argument("--chunk-tokens", type=int)
     chk.add_argument("--group-layers", type=int, help="layers per stored group (the SubPeriod)")
     cli_flags.add_alias(chk, "--period-layers", "group_layers", type=int)  # its older name
+    chk.add_argument("--kv-quant", choices=("", "kv8", "kv4", "kv8t", "kv4t"), help="store the KV quantized (kvstore.kvquant)")
     chk.add_argument("--selection", choices=("random", "runs", "both"))
     chk.add_argument("--groups", choices=("all", "period"), help="one read for all period groups, or one per group")
     chk.add_argument(
