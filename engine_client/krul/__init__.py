@@ -1,6 +1,6 @@
 """Krul: restoring an inactive conversation's KV from a compressed form, faster than recomputing or loading it all.
 
-Pure policies over torch tensors and plain numbers (no I/O, no daemon):
+Policies over torch tensors and plain numbers, and their restoration through the daemon:
 
 - ``sketch``: a conversation's attention statistics per layer (a pooled
   attention map on a fixed grid and the edge mass), folded in from prefill
@@ -9,7 +9,9 @@ Pure policies over torch tensors and plain numbers (no I/O, no daemon):
   share one merged KV, chosen greedily by map distance;
 - ``merge``: the MiniCache-style merge of a pair's KV and its restoration;
 - ``pyramid``: per layer, how many leading tokens to recompute while the
-  rest loads, so the two streams finish together.
+  rest loads, so the two streams finish together;
+- ``restore``: a plan carried out on a prefix the daemon holds, the load
+  stream in a thread beside the recompute (the one module here that does I/O).
 
     sketch = AttentionSketch(num_layers=30, num_heads=9, grid=32)
     sketch.add_prefill(layer, attn)             # [heads, q, k], per layer
@@ -20,6 +22,7 @@ Pure policies over torch tensors and plain numbers (no I/O, no daemon):
 
 from .merge import MergedPair, merge_pair, restore
 from .pyramid import HardwareProfile, RestoreCosts, RestorePlan, check_plan, make_plan, plan_restore, recompute_flops, repair
+from .restore import RestoreTimings, bytes_per_token_layer, measure_profile, restore_kv
 from .sketch import AttentionSketch, AttentionStats, edge_mass, pooled_attention
 from .strategy import Strategy, choose_strategy, layer_distances
 
@@ -30,6 +33,10 @@ __all__ = [
     "MergedPair",
     "RestoreCosts",
     "RestorePlan",
+    "RestoreTimings",
+    "bytes_per_token_layer",
+    "measure_profile",
+    "restore_kv",
     "Strategy",
     "check_plan",
     "choose_strategy",
