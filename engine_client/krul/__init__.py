@@ -10,7 +10,7 @@ Policies over torch tensors and plain numbers, and their restoration through the
 - ``merge``: the MiniCache-style merge of a pair's KV and its restoration;
 - ``pyramid``: per layer, how many leading tokens to recompute while the
   rest loads, so the two streams finish together;
-- ``restore``: a plan carried out on a prefix the daemon holds, the load
+- ``restoration``: a plan carried out on a prefix the daemon holds, the load
   stream in a thread beside the recompute (the one module here that does I/O).
 
     sketch = AttentionSketch(num_layers=30, num_heads=9, grid=32)
@@ -22,7 +22,7 @@ Policies over torch tensors and plain numbers, and their restoration through the
 
 from .merge import MergedPair, merge_pair, restore
 from .pyramid import HardwareProfile, RestoreCosts, RestorePlan, check_plan, make_plan, plan_restore, recompute_flops, repair
-from .restore import RestoreTimings, bytes_per_token_layer, measure_profile, restore_kv
+from .restoration import RestoreTimings, bytes_per_token_layer, measure_profile, restore_kv
 from .sketch import AttentionSketch, AttentionStats, edge_mass, pooled_attention
 from .strategy import Strategy, choose_strategy, layer_distances
 

@@ -7,7 +7,7 @@ import torch
 from engine_client.client import KVStoreClient, as_numpy_kv
 from engine_client.krul import HardwareProfile, make_plan, plan_restore, recompute_flops
 from engine_client.krul.pyramid import RestoreCosts
-from engine_client.krul.restore import bytes_per_token_layer, measure_profile, restore_kv
+from engine_client.krul.restoration import bytes_per_token_layer, measure_profile, restore_kv
 from engine_client.prefill import chunked_prefill
 from engine_client.runner import model_geometry
 from kvstore.errors import InvalidArgument

@@ -139,6 +139,11 @@ LAZY_COMMANDS = {
     "accuracy": ("tools.bench.accuracy", "add_accuracy_parser", "answer accuracy on the held-out synthetic recall tasks"),
     "prefill": ("tools.bench.prefill", "add_prefill_parser", "dense prefill time per layer against transformers"),
     "recall": ("tools.bench.recall", "add_recall_parser", "per-layer needle recall of each selection on a pretrained model"),
+    "restore": (
+        "tools.bench.restore",
+        "add_restore_parser",
+        "restore an inactive conversation: recompute, load, Krul (TTFT, bytes, accuracy)",
+    ),
     "replay": (
         "tools.bench.replay_cli",
         "add_replay_parser",

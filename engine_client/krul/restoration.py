@@ -52,7 +52,7 @@ class RestoreTimings:
 def _first_chunks(plan_counts, geometry: StoreGeometry) -> list[int]:
     """Per stored group, the first chunk its layers load: the smallest count of its layers (its last layer's)."""
     c = geometry.chunk_tokens
-    return [min(plan_counts[layer] for layer in geometry.group_layer_range(g)) // c for g in range(geometry.num_groups)]
+    return [-(-min(plan_counts[layer] for layer in geometry.group_layer_range(g)) // c) for g in range(geometry.num_groups)]
 
 
 def _loader(client, prefix_id, geometry, plan_counts, num_tokens, out: queue.Queue, stats: dict, shm) -> None:

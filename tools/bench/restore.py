@@ -1,0 +1,306 @@
+"""``kvstore-bench restore``: bringing back an inactive conversation's KV, every way side by side, with its answer.
+
+    kvstore-bench restore --model smollm2-135m --task multiturn --tokens 2048 --examples 20 \\
+        [--kv-quant kv8] [--stream eval] [--threads 2] [--json]
+
+Each example is a conversation of the real-text ``multiturn`` task: the
+earlier turns (the needle in one of them) are the stored history, the last
+user turn (the question) is the new input.  The history is prefilled once
+and stored in a daemon started for the run, twice: as it is, and with its
+KV quantized (``--kv-quant``, the compressed form); then per conversation,
+in one interleaved run:
+
+* ``recompute``: the history's KV recomputed from its tokens;
+* ``load``: every chunk of the stored history loaded (uncompressed);
+* ``load-<q>``: every chunk of the quantized history loaded and dequantized;
+* ``krul-<q>``: Krul's restoration of the quantized history: each layer
+  recomputes its first chunks while the rest loads, counts from
+  ``plan_restore`` (pyramid) on this machine's measured profile;
+* ``krul-<q>-uniform``: the ablation, the same count for every layer;
+
+each followed by the new turn's prefill over the restored KV and greedy
+decoding (the answer).  Restores go through ``engine_client.krul.restoration``
+(one code path, plans of all-recompute and all-load included); reads come
+from disk (O_DIRECT, no CPU tier: an inactive conversation is not in memory).
+Two storage baselines are evaluated in process, for accuracy and stored
+bytes only (no stored format of theirs exists): ``minicache`` (MiniCache's
+fixed pairs: adjacent layers of the latter half, SLERP-merged,
+``engine_client.krul.merge``) and ``h2o`` (the history's tokens with the
+most accumulated attention kept, sink and recent included, at the
+quantized form's storage).
+
+Reported per system: TTFT (restore + the new turn's prefill) mean and P95,
+each as a ratio to ``krul-<q>``; restore time split into recompute, load,
+recompute idle for loads and loader idle (bubbles); bytes stored and
+loaded; accuracy with its Wilson interval; the first answer token's
+agreement with ``load`` (uncompressed restoration).  The measured profile
+and the chosen recompute share ``r_c`` are printed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+import time
+from contextlib import ExitStack
+
+import numpy as np
+import torch
+
+from .eval_common import wilson_interval
+from .io_jobs import BenchError
+
+QUANT = ("kv8", "kv4", "kv8t", "kv4t")
+SINK_TOKENS, RECENT_TOKENS = 16, 64
+
+
+def add_restore_parser(sub) -> None:
+    p = sub.add_parser("restore", help="restore an inactive conversation: recompute, load, Krul; TTFT, bytes and accuracy")
+    p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
+    p.add_argument("--task", default="multiturn", help="a real-text task (engine_client.tasks.text); multiturn by default")
+    p.add_argument("--tokens", type=int, default=2048, help="tokens of each conversation (history + new turn)")
+    p.add_argument("--examples", type=int, default=20, help="conversations")
+    p.add_argument("--stream", choices=("eval", "tune"), default="eval", help="seed stream of the examples")
+    p.add_argument("--start", type=int, default=0, help="first seed's offset in the stream")
+    p.add_argument("--kv-quant", choices=QUANT, default="kv8", help="the compressed form's quantization (kvstore.kvquant)")
+    p.add_argument("--group-layers", type=int, default=4, help="layers per stored group (a load is one call per group)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--max-new-tokens", type=int, default=0, help="tokens to decode (default: the task's)")
+    p.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip the in-process minicache and h2o rows")
+    p.add_argument("--directory", default=".kvstore/bench", help="where the run's store lives (removed after)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(run=command_restore)
+
+
+def command_restore(args) -> int:
+    if min(args.tokens, args.examples, args.threads, args.group_layers) < 1:
+        raise BenchError("--tokens, --examples, --threads and --group-layers must be positive")
+    report = run_restore(args)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_restore(report))
+    return 0
+
+
+def _systems(q: str) -> list[str]:
+    return ["recompute", "load", f"load-{q}", f"krul-{q}", f"krul-{q}-uniform"]
+
+
+def run_restore(args) -> dict:
+    from engine_client.client import KVStoreClient
+    from engine_client.model import zoo
+    from engine_client.tasks import text
+    from kvstore.progress import progress
+
+    from .daemon_io import DaemonArgs, _Daemon
+
+    torch.set_num_threads(args.threads)
+    try:
+        pm = zoo.load(args.model, dtype=torch.float32)
+    except (zoo.UnknownModel, zoo.ModelNotInstalled) as exc:
+        raise BenchError(str(exc)) from None
+    try:
+        examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=args.stream, start=args.start)
+    except (KeyError, ValueError) as exc:
+        raise BenchError(f"--task {args.task} --tokens {args.tokens}: {exc}") from None
+    rows: dict[str, list[dict]] = {}
+    with ExitStack() as stack:
+        os.makedirs(args.directory, exist_ok=True)
+        data_dir = tempfile.mkdtemp(prefix="restore-store-", dir=args.directory)
+        stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
+        daemon = _Daemon(data_dir, DaemonArgs(), extra=("--prefetch-reserve-fraction", "1", "--shm-arena-bytes", str(512 << 20)))
+        stack.callback(daemon.stop)
+        client = stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
+        profile = None
+        started = time.perf_counter()
+        for i, ex in enumerate(progress(examples, "conversations", total=len(examples), unit="conv")):
+            profile, per = _one_conversation(pm, client, ex, args, profile, warm=i == 0)
+            for name, row in per.items():
+                rows.setdefault(name, []).append(row)
+        seconds = time.perf_counter() - started
+    return _report(args, pm, examples, rows, profile, seconds)
+
+
+def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
+    from engine_client.generation import dense_generate
+    from engine_client.krul import bytes_per_token_layer, make_plan, measure_profile, plan_restore, recompute_flops, restore_kv
+    from engine_client.krul.pyramid import RestoreCosts
+    from engine_client.prefill import prefill_with_attention
+    from engine_client.runner import model_geometry
+
+    model, tok = pm.decoder, pm.tokenizer
+    q = args.kv_quant
+    history = torch.as_tensor(ex.prefix_tokens, dtype=torch.long)
+    turn = torch.as_tensor(ex.suffix_tokens, dtype=torch.long)
+    n, num_layers = history.numel(), model.num_layers
+    max_new = args.max_new_tokens or int(ex.meta.get("max_new_tokens", 16))
+    _, kv, mass = prefill_with_attention(model, history, range(num_layers) if args.baselines else ())
+    plain = model_geometry(model, group_layers=args.group_layers)
+    quant = model_geometry(model, group_layers=args.group_layers, kv_quant=q)
+    stored = {
+        "plain": client.put_prefix(history.numpy(), kv, plain).prefix_id,
+        "quant": client.put_prefix(history.numpy(), kv, quant).prefix_id,
+    }
+    if profile is None:
+        profile = measure_profile(model, client, stored["quant"], history, quant)
+    f, f_att = recompute_flops(model.config)
+    c = plain.chunk_tokens
+
+    def plan_for(geo, shape=None, counts=None):
+        per = bytes_per_token_layer(geo, n)
+        if counts is not None:
+            return make_plan(RestoreCosts(n, f, f_att, (per,) * num_layers, profile), counts, "given")
+        return plan_restore(
+            num_layers, n, recompute_flops_per_token_layer=f, attention_flops_per_token_pair=f_att,
+            bytes_per_token_layer=per, profile=profile, shape=shape, step_tokens=c,
+        )  # fmt: skip
+
+    runs = {
+        "recompute": (plain, stored["plain"], plan_for(plain, counts=[n] * num_layers)),
+        "load": (plain, stored["plain"], plan_for(plain, counts=[0] * num_layers)),
+        f"load-{q}": (quant, stored["quant"], plan_for(quant, counts=[0] * num_layers)),
+        f"krul-{q}": (quant, stored["quant"], plan_for(quant, "pyramid")),
+        f"krul-{q}-uniform": (quant, stored["quant"], plan_for(quant, "uniform")),
+    }
+    if warm:  # the first restore of a run pays for kernel and page warm-up: once per system, untimed
+        for geo, pid, plan in runs.values():
+            restore_kv(model, client, pid, history, geo, plan)
+    out, reference = {}, None
+    for name, (geo, pid, plan) in runs.items():
+        restored, t = restore_kv(model, client, pid, history, geo, plan)
+        gen = dense_generate(model, history, turn, max_new, tokenizer=tok, prefix_kv=restored)
+        if name == "load":
+            reference = gen
+        out[name] = {
+            "seed": ex.seed,
+            "correct": bool(ex.is_correct(gen.text)),
+            "text": gen.text,
+            "first_token": int(gen.tokens[0]) if gen.tokens else -1,
+            "ttft_s": t.total_s + gen.ttft_s,
+            "restore_s": t.total_s,
+            "recompute_s": t.recompute_s,
+            "load_s": t.load_s,
+            "compute_wait_s": t.compute_wait_s,
+            "load_idle_s": t.load_idle_s,
+            "bytes_loaded": t.bytes_useful,
+            "bytes_stored": geo.kv_bytes(n),
+            "r_c": plan.r_c,
+            "recompute_tokens": list(plan.recompute_tokens),
+        }
+    for row in out.values():
+        row["first_token_agrees"] = row["first_token"] == out["load"]["first_token"]
+    if args.baselines:
+        out.update(_baselines(model, tok, ex, history, turn, kv, mass, max_new, plain, quant, reference))
+    return profile, out
+
+
+def _baselines(model, tok, ex, history, turn, kv, mass, max_new, plain, quant, reference) -> dict:
+    """In-process accuracy rows of MiniCache's fixed pairs and of H2O eviction at the quantized form's storage."""
+    from engine_client.generation import dense_generate
+    from engine_client.krul import merge_pair, restore
+    from engine_client.selection.tokens import storage_order
+
+    n, num_layers = history.numel(), model.num_layers
+    raw = plain.kv_bytes(n)
+    merged_kv, stored = kv.clone(), raw
+    for a in range(num_layers // 2, num_layers - 1, 2):  # adjacent pairs of the latter half
+        pair = merge_pair(kv[a], kv[a + 1], retain_threshold=np.pi)  # every token merged: MiniCache's fixed compression
+        merged_kv[a], merged_kv[a + 1] = restore(pair)
+        stored += pair.nbytes - pair.raw_nbytes
+    keep = max(SINK_TOKENS + RECENT_TOKENS, round(n * quant.kv_bytes(n) / raw))
+    order = storage_order(mass.sum(dim=0), sink_tokens=SINK_TOKENS, local_tokens=RECENT_TOKENS)
+    keep_rows = torch.sort(order[: min(keep, n)]).values
+    out = {}
+    for name, kw, nbytes in (
+        ("minicache", {"prefix_kv": merged_kv}, stored),
+        ("h2o", {"prefix_kv": kv, "keep_rows": keep_rows}, raw * keep_rows.numel() / n),
+    ):
+        gen = dense_generate(model, history, turn, max_new, tokenizer=tok, **kw)
+        out[name] = {
+            "seed": ex.seed,
+            "correct": bool(ex.is_correct(gen.text)),
+            "text": gen.text,
+            "first_token_agrees": bool(gen.tokens[:1] == reference.tokens[:1]),
+            "bytes_stored": int(nbytes),
+        }
+    return out
+
+
+def _report(args, pm, examples, rows, profile, seconds) -> dict:
+    q = args.kv_quant
+    krul = f"krul-{q}"
+    systems = {}
+    for name, rs in rows.items():
+        correct = sum(r["correct"] for r in rs)
+        lo, hi = wilson_interval(correct, len(rs))
+        s = {
+            "examples": len(rs),
+            "correct": correct,
+            "accuracy": correct / len(rs),
+            "wilson95": [lo, hi],
+            "first_token_agreement": float(np.mean([r["first_token_agrees"] for r in rs])),
+            "bytes_stored_mean": float(np.mean([r["bytes_stored"] for r in rs])),
+            "rows": rs,
+        }
+        if "ttft_s" in rs[0]:
+            ttft = np.array([r["ttft_s"] for r in rs])
+            s.update(
+                ttft_s_mean=float(ttft.mean()),
+                ttft_s_p95=float(np.percentile(ttft, 95)),
+                **{
+                    f"{k}_mean": float(np.mean([r[k] for r in rs]))
+                    for k in ("restore_s", "recompute_s", "load_s", "compute_wait_s", "load_idle_s", "bytes_loaded", "r_c")
+                },
+            )
+        systems[name] = s
+    base = systems[krul]
+    for s in systems.values():
+        if "ttft_s_mean" in s:
+            s["ttft_mean_vs_krul"] = s["ttft_s_mean"] / base["ttft_s_mean"]
+            s["ttft_p95_vs_krul"] = s["ttft_s_p95"] / base["ttft_s_p95"]
+        s["storage_vs_load"] = systems["load"]["bytes_stored_mean"] / s["bytes_stored_mean"]
+    return {
+        "model": args.model,
+        "task": args.task,
+        "tokens": args.tokens,
+        "examples": len(examples),
+        "stream": args.stream,
+        "seeds": [examples[0].seed, examples[-1].seed] if examples else [],
+        "kv_quant": q,
+        "group_layers": args.group_layers,
+        "threads": args.threads,
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, CPU only",
+        "load_average_1min_before": round(os.getloadavg()[0], 2),
+        "profile": {"flops_per_s": profile.flops_per_s, "load_bytes_per_s": profile.load_bytes_per_s} if profile else None,
+        "seconds": seconds,
+        "systems": systems,
+    }
+
+
+def format_restore(r: dict) -> str:
+    p = r["profile"]
+    lines = [
+        f"{r['model']} {r['task']} @ {r['tokens']} tokens, {r['examples']} conversations (seeds {r['seeds']}), "
+        f"compressed form {r['kv_quant']}, {r['threads']} threads, {r['seconds']:.0f}s",
+        f"measured profile: recompute {p['flops_per_s'] / 1e9:.1f} GFLOP/s, load {p['load_bytes_per_s'] / 1e6:.0f} MB/s "
+        f"(stored bytes, dequantization included)",
+        "",
+        f"{'system':>18}  {'correct':>8}  {'Wilson 95%':>13}  {'agree':>5}  {'TTFT s':>7}  {'P95 s':>6}  {'vs krul':>7}  "
+        f"{'r_c':>5}  {'recomp s':>8}  {'load s':>6}  {'idle C/L s':>11}  {'loaded MB':>9}  {'stored MB':>9}  {'smaller':>7}",
+    ]
+    for name, s in r["systems"].items():
+        lo, hi = s["wilson95"]
+        acc = f"{s['correct']}/{s['examples']}"
+        head = f"{name:>18}  {acc:>8}  {lo:>5.1%}-{hi:>6.1%}  {s['first_token_agreement']:>5.0%}"
+        if "ttft_s_mean" in s:
+            idle = f"{s['compute_wait_s_mean']:.2f}/{s['load_idle_s_mean']:.2f}"
+            head += (
+                f"  {s['ttft_s_mean']:>7.2f}  {s['ttft_s_p95']:>6.2f}  {s['ttft_mean_vs_krul']:>6.2f}x  {s['r_c_mean']:>5.2f}  "
+                f"{s['recompute_s_mean']:>8.2f}  {s['load_s_mean']:>6.2f}  {idle:>11}  {s['bytes_loaded_mean'] / 1e6:>9.1f}"
+            )
+        else:
+            head += f"  {'-':>7}  {'-':>6}  {'-':>7}  {'-':>5}  {'-':>8}  {'-':>6}  {'-':>11}  {'-':>9}"
+        head += f"  {s['bytes_stored_mean'] / 1e6:>9.1f}  {s['storage_vs_load']:>6.2f}x"
+        lines.append(head)
+    return "\n".join(lines)
