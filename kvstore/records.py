@@ -122,6 +122,11 @@ class PrefixView:
         return len(self.chunk_hashes)
 
     @property
+    def kv_bytes(self) -> int:
+        """Bytes of the prefix's KV at its geometry (every layer, K and V; no padding, summaries or probe keys)."""
+        return self.num_tokens * self.geometry.model.num_layers * self.geometry.model.token_layer_bytes
+
+    @property
     def segment_ids(self) -> list[int]:
         return sorted({p.segment_id for p in self.pieces})
 

@@ -114,7 +114,7 @@ def inspect(store: ChunkStore, prefix_id: str) -> dict:
         "num_tokens": view.num_tokens,
         "num_chunks": view.num_chunks,
         "num_groups": geo.num_groups,
-        "kv_bytes": view.num_tokens * geo.model.num_layers * geo.model.token_layer_bytes,
+        "kv_bytes": view.kv_bytes,
         "segments": segments,
         "created": view.created,
         "quarantined": store.state.prefix_quarantine(view),
