@@ -129,6 +129,7 @@ def stats(store: ChunkStore) -> dict:
         "data_dir": store.data_dir,
         "backend": store.backend.name,
         "num_prefixes": num_prefixes,
+        "num_conversations": ops.num_conversations(store.index),
         "num_segments": num_segments,
         "bytes_stored": stored,
         "bytes_free": st.f_bavail * st.f_frsize,
