@@ -41,6 +41,7 @@ from . import index as ix
 from . import index_ops as ops
 from .conversation_files import SUFFIX, encode, file_name
 from .errors import FailedPrecondition, InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
+from .faults import crash_point
 from .hashing import MAX_NAMESPACE_BYTES, validate_label
 from .identity import damaged, fsync_dir, write_atomic
 from .keyed_locks import KeyedLocks
@@ -246,6 +247,7 @@ class Conversations:
             record = self._record(key, namespace, conversation_id)
             self.store.state.check_writable()
             ops.delete_conversation(self.index, key)
+            crash_point("conversation:deleted")
             try:
                 self.files.remove(key)
             except OSError as exc:  # the delete is committed; a rebuild could bring the record back
@@ -350,6 +352,7 @@ class Conversations:
                 raise StoreFull(f"data file system is full ({exc.strerror}) writing conversation {new['conversation_id']!r}") from None
             state.turn_read_only(f"writing the record file of conversation {new['conversation_id']!r} failed: {exc.strerror or exc}")
             raise ReadOnly(f"write not durable ({exc.strerror or exc}); store is now read-only") from None
+        crash_point("conversation:file-written")
         try:
             ops.put_conversation(self.index, key, new)
         except BaseException:

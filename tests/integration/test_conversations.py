@@ -276,3 +276,34 @@ def test_a_token_reaches_only_the_conversations_of_its_namespaces(daemon_factory
         assert {(c.namespace, c.conversation_id) for c in op.list_conversations()} == {("a", "chat"), ("b", "chat")}
         assert op.get_conversation("chat", namespace="a") == before
         assert [t.stored for t in before.turns] == [True]
+
+
+def test_a_change_killed_before_its_commit_is_not_kept_nor_brought_back_by_a_rebuild(daemon_factory):
+    d = daemon_factory()
+    with KVStoreClient(d.target) as client:
+        puts = [put_history(client, n) for n in HISTORY]
+        client.append_turn("c", 0, puts[0].prefix_id)
+        client.append_turn("c", 1, puts[1].prefix_id)
+        client.append_turn("gone", 0, puts[0].prefix_id)
+        acked = client.get_conversation("c")
+    d.stop()
+    data = d.data_dir
+    for step, call in (
+        ("conversation:file-written", lambda c: c.append_turn("c", 2, puts[2].prefix_id)),  # record file written, index not
+        ("conversation:deleted", lambda c: c.delete_conversation("gone")),  # index committed, record file not removed
+    ):
+        dying = daemon_factory(data_dir=data, env={"KVSTORE_CRASH_AT": step})
+        with KVStoreClient(dying.target, deadline_s=5) as client:
+            assert code_of(lambda: call(client)) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert dying.proc.wait(30) == -signal.SIGKILL
+    # offline, the store opens with its index: the unacknowledged turn is not there, the deleted record is gone
+    listing = admin("--data-dir", data, "--json", "conversations")
+    assert listing.returncode == 0, listing.stderr
+    assert [(c["conversation_id"], c["num_turns"]) for c in json.loads(listing.stdout)] == [("c", 2)]
+    os.unlink(os.path.join(data, "index", "data.mdb"))
+    assert admin("--data-dir", data, "rebuild-index").returncode == 0  # from the record files the open brought in line
+    d = daemon_factory(data_dir=data)
+    with KVStoreClient(d.target) as client:
+        assert client.get_conversation("c") == acked
+        assert [c.conversation_id for c in client.list_conversations()] == ["c"]
+        assert client.append_turn("c", 2, puts[2].prefix_id).num_turns == 3
