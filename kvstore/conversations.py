@@ -230,9 +230,6 @@ class Conversations:
             validate_label("namespace", namespace, MAX_NAMESPACE_BYTES)
         return list(ops.conversations(self.index, namespace).values())
 
-    def count(self) -> int:
-        return ops.num_conversations(self.index)
-
     def delete(self, namespace: str, conversation_id: str, *, delete_prefixes: bool = False) -> dict:
         """Remove the record; with ``delete_prefixes`` also the prefixes it names that no other record names.
 
