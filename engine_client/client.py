@@ -8,7 +8,8 @@ released.  Every call has a deadline; errors and retries are ``rpc``'s
 (``KVStoreRpcError``, ``RETRY_POLICY``, ``PUT_ATTEMPTS``).
 
 Every call answers with a value of ``kvstore.wire`` (``LookupResult``,
-``PutResult``, ``PrefixDescription``, ``StoreStats``, ``ReadResult``, ...)
+``PutResult``, ``PrefixDescription``, ``StoreStats``, ``ReadResult``,
+``ConversationInfo`` (the conversation calls, ``conversations``), ...)
 or a numpy array, never a protobuf message; the messages themselves are
 built and read only here, in ``reads``, ``prefetch`` and ``pages``.
 """
@@ -54,6 +55,7 @@ from kvstore.wire import (
 from kvstore.wire.rpc import KVStoreAdminStub, KVStoreStub
 
 from . import pages as page_wire
+from .conversations import ConversationCalls
 from .data_channel import DataPool, read_groups_data
 from .prefetch import PrefetchStream
 from .reads import read_groups
@@ -65,7 +67,7 @@ __all__ = ["KVStoreClient", "KVStoreRpcError", "as_numpy_kv", "to_torch"]
 FRAME_BYTES = 2 * 1024 * 1024
 
 
-class KVStoreClient:
+class KVStoreClient(ConversationCalls):
     def __init__(
         self,
         target: str,

@@ -8,6 +8,8 @@ Databases (keys are raw bytes, values JSON):
 * ``meta``: store-wide values: ``format_version`` and ``identity`` (see
   ``identity.py``)
 * ``scores``: (segment, chunk, group) -> cache score inputs ``I_j``, ``F_j``
+* ``conversations``: namespace, NUL, conversation id -> conversation record
+  (``conversations.py``)
 
 LMDB is opened with ``sync=True`` and ``writemap=False``: a committed write
 transaction is on disk when ``commit`` returns.  When the map fills up, the
@@ -68,6 +70,11 @@ def prefix_key(prefix_id: str) -> bytes:
     return key
 
 
+def conversation_key(namespace: str, conversation_id: str) -> bytes:
+    """The record key of a conversation: its namespace (no NUL in it), NUL, its id."""
+    return namespace.encode() + b"\0" + conversation_id.encode()
+
+
 def dumps(obj) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
@@ -100,6 +107,7 @@ class Index:
         self.chunk_refs = self.env.open_db(b"chunk_refs", dupsort=True)
         self.meta = self.env.open_db(b"meta")
         self.scores = self.env.open_db(b"scores")
+        self.conversations = self.env.open_db(b"conversations")
         self.resizes = 0
 
     def read_identity(self) -> tuple[int | None, StoreIdentity | None]:

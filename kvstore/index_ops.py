@@ -113,6 +113,32 @@ def all_held(index: Index, chunk_hashes: list[bytes], quarantined: Collection[in
         return all(held_in(index, txn, h, quarantined) for h in chunk_hashes)
 
 
+def conversation(index: Index, key: bytes) -> dict | None:
+    with index.read() as txn:
+        raw = txn.get(key, db=index.conversations)
+    return None if raw is None else ix.loads(raw)
+
+
+def conversations(index: Index, namespace: str | None = None) -> dict[bytes, dict]:
+    """Every conversation record (of one namespace, when given), by key, in key order."""
+    start = b"" if namespace is None else namespace.encode() + b"\0"
+    out = {}
+    with index.read() as txn:
+        cur = txn.cursor(db=index.conversations)
+        if cur.set_range(start):
+            for k, v in cur.iternext():
+                k = bytes(k)
+                if not k.startswith(start):
+                    break
+                out[k] = ix.loads(v)
+    return out
+
+
+def num_conversations(index: Index) -> int:
+    with index.read() as txn:
+        return txn.stat(index.conversations)["entries"]
+
+
 # ------------------------------------------------------------ writes
 def commit_put(
     index: Index,
@@ -210,3 +236,12 @@ def write_scores(index: Index, entries: list[tuple[Unit, UnitScore | None]]) -> 
                 txn.put(*encode_score(unit, score), db=index.scores)
 
     index.write(txn_fn)
+
+
+def put_conversation(index: Index, key: bytes, record: dict) -> None:
+    index.write(lambda txn: txn.put(key, ix.dumps(record), db=index.conversations))
+
+
+def delete_conversation(index: Index, key: bytes) -> bool:
+    """Remove the record; False when there was none."""
+    return index.write(lambda txn: txn.delete(key, db=index.conversations))

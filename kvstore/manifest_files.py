@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import json
 import os
-import threading
-from contextlib import contextmanager
 
 from .identity import fsync_dir
+from .keyed_locks import KeyedLocks
 
 PREFIX, SUFFIX, TMP = "man-", ".json", ".tmp"
 
@@ -40,26 +39,14 @@ class ManifestFiles:
     def __init__(self, directory: str):
         self.directory = directory
         os.makedirs(directory, mode=0o750, exist_ok=True)
-        self._guard = threading.Lock()
-        self._locks: dict[str, list] = {}  # prefix id -> [lock, holders and waiters]
+        self._locks = KeyedLocks()
 
     def path(self, prefix_id: str) -> str:
         return os.path.join(self.directory, f"{PREFIX}{prefix_id}{SUFFIX}")
 
-    @contextmanager
     def locked(self, prefix_id: str):
         """Hold the prefix's manifest lock for the block."""
-        with self._guard:
-            entry = self._locks.setdefault(prefix_id, [threading.Lock(), 0])
-            entry[1] += 1
-        try:
-            with entry[0]:
-                yield
-        finally:
-            with self._guard:
-                entry[1] -= 1
-                if entry[1] == 0:
-                    del self._locks[prefix_id]
+        return self._locks.locked(prefix_id)
 
     def write(self, manifest: dict) -> None:
         """Write the file durably: temp file, fsync, rename, directory fsync."""

@@ -6,8 +6,10 @@ Every segment's trailer is read and every region verified against it; a
 prefix is restored when it has a manifest file (it was committed and not
 deleted) and every one of its pieces lies in a verified segment of this
 store with its geometry.  Refcounts and chunk references are recomputed from
-the restored manifests.  Cache scores are not in the segments and start from
-zero.  Segment files no restored prefix references are left in place; the
+the restored manifests.  Conversation records are restored from their
+record files (``conversation_files.py``), each as it was acknowledged; a
+turn whose prefix was not restored shows as not stored.  Cache scores are
+not in the segments and start from zero.  Segment files no restored prefix references are left in place; the
 next open of the store removes them as orphans.
 """
 
@@ -22,6 +24,9 @@ import numpy as np
 import xxhash
 
 from . import index as ix
+from .conversation_files import DIRECTORY as CONVERSATIONS_DIR
+from .conversation_files import SUFFIX, ConversationFiles, file_name
+from .conversations import check_record
 from .errors import IndexDamaged
 from .identity import StoreIdentity, lock_data_dir, read_store_id_file, write_store_id_file
 from .manifest_files import ManifestFiles
@@ -37,6 +42,8 @@ class RebuildReport:
     restored: list[str] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # prefix id -> why
     bad_segments: dict[int, str] = field(default_factory=dict)  # segment id -> why
+    conversations: list[str] = field(default_factory=list)  # "namespace/conversation id" of the records restored
+    skipped_conversations: dict[str, str] = field(default_factory=dict)  # record file -> why
 
 
 def read_segment(path: str) -> tuple[str, dict, dict]:
@@ -70,8 +77,10 @@ def rebuild_index(data_dir: str, *, map_bytes: int = 1 << 24, max_map_bytes: int
             report.bad_segments[s] = f"belongs to store {segments[s][0]}"
         chunks = _chunks_by_hash({s: segments[s] for s in records})
         manifests = _restorable(ManifestFiles(os.path.join(data_dir, "manifests")), records, chunks, report)
-        _write_index(data_dir, store_id, records, manifests, map_bytes, max_map_bytes)
+        conversations = _conversations(ConversationFiles(os.path.join(data_dir, CONVERSATIONS_DIR)), report)
+        _write_index(data_dir, store_id, records, manifests, conversations, map_bytes, max_map_bytes)
         report.restored = sorted(m["prefix_id"] for m in manifests)
+        report.conversations = sorted(f"{r['namespace']}/{r['conversation_id']}" for r in conversations.values())
         return report
     finally:
         os.close(lock_fd)
@@ -183,7 +192,25 @@ def _why_not_restorable(pid: str, m: dict, records: dict[int, dict], bad: dict[i
     return None
 
 
-def _write_index(data_dir, store_id, records, manifests, map_bytes, max_map_bytes) -> None:
+def _conversations(files: ConversationFiles, report: RebuildReport) -> dict[bytes, dict]:
+    """The records of the record files that decode and are named as their key says."""
+    out = {}
+    for name in files.names():
+        if not name.endswith(SUFFIX):
+            continue  # a record file being written when the daemon stopped: never acknowledged
+        try:
+            record = files.read(name)
+            key = check_record(record)
+            if file_name(key) != name:
+                raise ValueError(f"names conversation {record['namespace']!r}/{record['conversation_id']!r}, not this file's")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            report.skipped_conversations[name] = f"record file unreadable ({exc.__class__.__name__}: {exc})"
+            continue
+        out[key] = record
+    return out
+
+
+def _write_index(data_dir, store_id, records, manifests, conversations, map_bytes, max_map_bytes) -> None:
     refcounts = Counter(s for m in manifests for s in {p["segment_id"] for p in m["segments"]})
     index = ix.Index(os.path.join(data_dir, "index"), map_bytes=map_bytes, max_map_bytes=max_map_bytes)
 
@@ -196,6 +223,8 @@ def _write_index(data_dir, store_id, records, manifests, map_bytes, max_map_byte
             txn.put(key, ix.dumps(m), db=index.manifests)
             for h in m["chunk_hashes"]:
                 txn.put(bytes.fromhex(h), key, db=index.chunk_refs, dupdata=True)
+        for key, record in conversations.items():
+            txn.put(key, ix.dumps(record), db=index.conversations)
 
     try:
         index.write(fill)

@@ -122,6 +122,12 @@ class PrefixView:
         return len(self.chunk_hashes)
 
     @property
+    def kv_bytes(self) -> int:
+        """Bytes of the prefix's KV as stored at its geometry (every layer, K and V, quantized when the
+        geometry's ``kv_quant`` is; no padding, summaries or probe keys)."""
+        return self.geometry.kv_bytes(self.num_tokens)
+
+    @property
     def segment_ids(self) -> list[int]:
         return sorted({p.segment_id for p in self.pieces})
 

@@ -12,7 +12,9 @@ the index, in ``STORE_ID`` and in every segment's trailer
 wrote it).  Every committed prefix also has a manifest file
 (``manifests/``, see ``manifest_files.py``), written before its index
 commit and removed after its delete's, so a put that writes no segment (all chunks reused) is
-recoverable too, and a deleted prefix is not.  The startup scan deletes a
+recoverable too, and a deleted prefix is not.  Conversation records
+(``conversations.py``) have record files the same way
+(``conversation_files.py``).  The startup scan deletes a
 segment or manifest file only when the index opened cleanly with this
 store's identity and does not reference it; a missing, truncated, foreign or
 undecodable index is ``IndexDamaged`` and nothing is touched.
@@ -26,7 +28,7 @@ compaction moved them.
 ``pending_put.py`` (the two phases of a put), ``store_read.py`` (the read
 path), ``store_scores.py`` (cache scores), ``store_admin.py`` (listings,
 stats, verify) and ``index_ops.py`` (every index transaction); capacity,
-compaction, holds, pages and rebuild have their own modules.
+compaction, holds, pages, conversations and rebuild have their own modules.
 """
 
 from __future__ import annotations
@@ -44,6 +46,9 @@ from . import store_read as reads
 from . import store_scores as scoring
 from .capacity import DiskCapacity
 from .config import StoreConfig
+from .conversation_files import DIRECTORY as CONVERSATIONS_DIR
+from .conversation_files import ConversationFiles
+from .conversations import Conversations
 from .errors import InvalidArgument, NotFound
 from .faults import crash_point
 from .geometry import StoreGeometry
@@ -73,6 +78,7 @@ class ChunkStore:
         os.makedirs(self.segment_dir, mode=0o750, exist_ok=True)
         self._lock_fd = lock_data_dir(self.data_dir)
         self.manifest_files = ManifestFiles(os.path.join(self.data_dir, "manifests"))
+        self.conversation_files = ConversationFiles(os.path.join(self.data_dir, CONVERSATIONS_DIR))
         try:
             self.backend = backend or make_backend(config.backend, queue_depth=config.io_queue_depth, direct=config.direct_io)
             self.index, self.identity = ix.open_index(
@@ -93,6 +99,9 @@ class ChunkStore:
         self.scores = ScoreTable()
         try:
             self.state.next_segment_id, self.last_scan = opening.startup_scan(self, opening.load_records(self))
+            self.conversations = Conversations(self)
+            if not self.state.read_only:
+                self.conversations.reconcile_files()
         except BaseException:
             self.index.close()
             os.close(self._lock_fd)

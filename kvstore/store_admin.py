@@ -115,7 +115,7 @@ def inspect(store: ChunkStore, prefix_id: str) -> dict:
         "num_chunks": view.num_chunks,
         "num_groups": geo.num_groups,
         "kv_quant": geo.kv_quant or geo.model.dtype,
-        "kv_bytes": geo.kv_bytes(view.num_tokens),  # as stored (quantized when kv_quant)
+        "kv_bytes": view.kv_bytes,  # as stored (quantized when kv_quant)
         "kv_bytes_unquantized": view.num_tokens * geo.model.num_layers * geo.model.token_layer_bytes,
         "segments": segments,
         "created": view.created,
@@ -131,6 +131,7 @@ def stats(store: ChunkStore) -> dict:
         "data_dir": store.data_dir,
         "backend": store.backend.name,
         "num_prefixes": num_prefixes,
+        "num_conversations": ops.num_conversations(store.index),
         "num_segments": num_segments,
         "bytes_stored": stored,
         "bytes_free": st.f_bavail * st.f_frsize,

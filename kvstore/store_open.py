@@ -33,6 +33,7 @@ def has_store_files(store: ChunkStore) -> bool:
         os.path.exists(os.path.join(store.data_dir, STORE_ID_FILE))
         or any(parse_segment_file_name(n) is not None for n in os.listdir(store.segment_dir))
         or any(is_manifest_file(n) for n in os.listdir(store.manifest_files.directory))
+        or bool(store.conversation_files.names())
     )
 
 

@@ -12,7 +12,8 @@ removes orphaned segment files left by an interrupted put (only when the
 index opened cleanly and is this store's; a missing or damaged index is
 refused with one line).  ``rebuild-index`` (``--data-dir`` only, daemon
 stopped) moves a damaged index aside and rebuilds it from the segments'
-trailers and the manifest files.  Human tables by default, ``--json`` for
+trailers, the manifest files and the conversation record files.
+``conversations`` and ``conversation ID`` show conversation records.  Human tables by default, ``--json`` for
 scripts.  Exit status: 0 ok, 1 on an error or when
 ``verify`` finds a bad or quarantined segment.  Where the operations run,
 a data directory opened here or a daemon, is ``tools.admin_targets``.
@@ -160,6 +161,86 @@ def cmd_compact(admin, args) -> tuple[object, str, int]:
     return res, text, 0
 
 
+def _ratio(info: dict) -> str:
+    """Uncompressed over compressed KV bytes: what the compressed form saves."""
+    return f"{info['uncompressed_bytes'] / info['compressed_bytes']:.1f}x" if info["compressed_bytes"] else "-"
+
+
+def _readable(info: dict) -> dict:
+    """The conversation for output: the compressed form's strategy as an object, not its JSON text."""
+    comp = info["compressed"]
+    if comp is not None:
+        comp = {**{k: v for k, v in comp.items() if k != "strategy_json"}, "strategy": json.loads(comp["strategy_json"] or "{}")}
+    return {**info, "compressed": comp}
+
+
+def cmd_conversations(admin, args) -> tuple[object, str, int]:
+    items = [_readable(c) for c in admin.list_conversations(args.namespace)]
+    rows = [
+        [
+            c["conversation_id"],
+            c["namespace"] or "-",
+            c["state"],
+            c["num_turns"],
+            c["num_tokens"],
+            c["compressed"]["format"] if c["compressed"] else "-",
+            human_bytes(c["stored_bytes"]),
+            human_bytes(c["uncompressed_bytes"]),
+            human_bytes(c["compressed_bytes"]) if c["compressed"] else "-",
+            _ratio(c),
+            c["missing_prefixes"],
+            _when(c["updated"]),
+        ]
+        for c in items
+    ]
+    # STORED: segment bytes of its stored prefixes, shared chunks once; RATIO: uncompressed / compressed; MISSING: prefixes gone
+    headers = ["CONVERSATION", "NAMESPACE", "STATE", "TURNS", "TOKENS", "FORMAT", "STORED", "UNCOMPRESSED", "COMPRESSED", "RATIO"]
+    headers += ["MISSING", "UPDATED"]
+    text = format_table(headers, rows, right={3, 4, 6, 7, 8, 9, 10}) + f"\n{len(items)} conversations"
+    return items, text, 0
+
+
+def cmd_conversation(admin, args) -> tuple[object, str, int]:
+    info = _readable(admin.get_conversation(args.conversation_id, args.namespace))
+    comp = info["compressed"]
+    head = [
+        ["conversation", info["conversation_id"]],
+        ["namespace", info["namespace"] or "-"],
+        ["model", info["model_fingerprint"] or "-"],
+        ["state", info["state"]],
+        ["turns", info["num_turns"]],
+        ["tokens", info["num_tokens"]],
+        ["stored", f"{human_bytes(info['stored_bytes'])} on disk ({info['missing_prefixes']} prefixes no longer stored)"],
+        ["uncompressed", human_bytes(info["uncompressed_bytes"])],
+        ["compressed", "-" if comp is None else f"{human_bytes(info['compressed_bytes'])} ({_ratio(info)} smaller)"],
+        ["created", _when(info["created"])],
+        ["updated", _when(info["updated"])],
+    ]
+    if comp is not None:
+        head += [
+            ["compressed prefix", f"{comp['prefix_id']}{'' if comp['stored'] else ' (NOT STORED)'}"],
+            ["format", comp["format"]],
+            ["strategy", json.dumps(comp["strategy"], sort_keys=True)],
+        ]
+    rows = [
+        [
+            t["turn"],
+            t["prefix_id"],
+            t["num_tokens"],
+            human_bytes(t["kv_bytes"]),
+            _when(t["created"]),
+            "yes" if t["stored"] else "NOT STORED",
+        ]
+        for t in info["turns"]
+    ]
+    text = (
+        format_table(None, head)
+        + "\n\n"
+        + format_table(["TURN", "PREFIX", "TOKENS", "KV BYTES", "CREATED", "STORED"], rows, right={0, 2, 3})
+    )
+    return info, text, 0
+
+
 def _non_negative_bytes(text: str) -> int:
     """A byte size with the configuration's units (``4096``, ``512MiB``, ``1GB``)."""
     if text.strip().startswith("-"):
@@ -200,11 +281,13 @@ def cmd_rebuild_index(args) -> tuple[object, str, int]:
     rows += [[pid[:SHORT_ID_CHARS], "SKIPPED", why] for pid, why in sorted(report.skipped.items())]
     text = format_table(["PREFIX", "RESULT", "REASON"], rows)
     text += "".join(f"\nsegment {s}: not used ({why})" for s, why in sorted(report.bad_segments.items()))
+    text += "".join(f"\nconversation record {name}: SKIPPED ({why})" for name, why in sorted(report.skipped_conversations.items()))
     text += (
         f"\nstore {report.store_id}: {len(report.restored)} prefixes restored, {len(report.skipped)} skipped; "
+        f"{len(report.conversations)} conversation records restored, {len(report.skipped_conversations)} skipped; "
         f"old index moved to {report.moved_aside or '-'}; cache scores start from zero"
     )
-    return asdict(report), text, 1 if report.skipped else 0
+    return asdict(report), text, 1 if report.skipped or report.skipped_conversations else 0
 
 
 COMMANDS = {
@@ -215,6 +298,8 @@ COMMANDS = {
     "verify": cmd_verify,
     "evict": cmd_evict,
     "compact": cmd_compact,
+    "conversations": cmd_conversations,
+    "conversation": cmd_conversation,
 }
 
 
@@ -266,6 +351,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evict", parents=[common], help="evict the lowest-score prefixes not in use down to a size")
     p.add_argument("--to-bytes", type=_non_negative_bytes, required=True, help="segment bytes to keep at most (units: 512MiB, 1GiB, 1GB)")
     sub.add_parser("compact", parents=[common], help="copy the live chunks of mostly-dead segments into new ones")
+    p = sub.add_parser("conversations", parents=[common], help="list conversation records: state, turns, bytes stored and compressed")
+    p.add_argument("--namespace", default="", help="only this namespace (default: every one)")
+    p = sub.add_parser("conversation", parents=[common], help="show one conversation: its turns, compressed form and strategy")
+    p.add_argument("conversation_id")
+    p.add_argument("--namespace", default="", help="the conversation's namespace (default: the empty one)")
     return parser
 
 

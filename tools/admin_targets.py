@@ -3,14 +3,14 @@
 ``LocalAdmin`` opens the store in this process (``ChunkStore``, only while
 no daemon holds the directory); ``RemoteAdmin`` asks a running daemon with
 ``KVStoreClient`` (``inspect``, ``verify``, ``evict`` and ``compact`` need
-its admin RPCs).  Both answer with the same plain dicts and lists, which
+its admin RPCs; the conversation listings are data calls).  Both answer with the same plain dicts and lists, which
 ``tools.admin`` turns into tables or JSON; ``connect`` picks one.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import fields
+from dataclasses import asdict, fields
 
 from kvstore import cli_flags
 from kvstore.config import StoreConfig
@@ -55,6 +55,14 @@ class LocalAdmin:
 
     def evict(self, to_bytes: int) -> dict:
         return self.store.capacity.evict_to(to_bytes)
+
+    def list_conversations(self, namespace: str) -> list[dict]:
+        conv = self.store.conversations
+        return [conv.info(r, turns=False) for r in conv.records(namespace or None)]
+
+    def get_conversation(self, conversation_id: str, namespace: str) -> dict:
+        conv = self.store.conversations
+        return conv.info(conv.get(namespace, conversation_id))
 
     def compact(self) -> dict:
         return self.store.capacity.compact(progress=progress)
@@ -125,6 +133,12 @@ class RemoteAdmin:
     def compact(self) -> dict:
         return _scalars(self.admin_call("compact"))
 
+    def list_conversations(self, namespace: str) -> list[dict]:
+        return [_conversation(c) for c in self.client.list_conversations(namespace)]
+
+    def get_conversation(self, conversation_id: str, namespace: str) -> dict:
+        return _conversation(self.client.get_conversation(conversation_id, namespace=namespace))
+
     def close(self) -> None:
         self.client.close()
 
@@ -134,6 +148,13 @@ def _scalars(value, **overrides) -> dict:
     out = {f.name: getattr(value, f.name) for f in fields(value)}
     out = {k: v for k, v in out.items() if isinstance(v, (int, float, str, bool))}
     out.update(overrides)
+    return out
+
+
+def _conversation(info) -> dict:
+    """A ``ConversationInfo`` as the plain dict ``Conversations.info`` makes."""
+    out = asdict(info)
+    out["turns"] = list(out["turns"])
     return out
 
 

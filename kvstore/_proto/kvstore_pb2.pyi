@@ -583,7 +583,7 @@ class LatencySummary(_message.Message):
     def __init__(self, rpc: _Optional[str] = ..., count: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p90_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version", "cache_policy", "cpu_tier_bytes", "cpu_tier_used_bytes", "gpu_tier_bytes", "gpu_tier_used_bytes", "prefetch_reserve_bytes", "tier_hit_units", "tier_miss_units", "tier_units", "pinned_units", "max_disk_bytes", "disk_used_bytes", "disk_reserved_bytes", "evictions", "evicted_bytes", "compactions", "compaction_reclaimed_bytes", "bytes_read_gpu", "bytes_read_cpu", "spec_bytes_used", "spec_bytes_wasted", "spec_units_cancelled", "pinned_bytes", "read_queue_depth", "data_connections")
+    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version", "cache_policy", "cpu_tier_bytes", "cpu_tier_used_bytes", "gpu_tier_bytes", "gpu_tier_used_bytes", "prefetch_reserve_bytes", "tier_hit_units", "tier_miss_units", "tier_units", "pinned_units", "max_disk_bytes", "disk_used_bytes", "disk_reserved_bytes", "evictions", "evicted_bytes", "compactions", "compaction_reclaimed_bytes", "bytes_read_gpu", "bytes_read_cpu", "spec_bytes_used", "spec_bytes_wasted", "spec_units_cancelled", "pinned_bytes", "read_queue_depth", "data_connections", "num_conversations")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     NUM_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -625,6 +625,7 @@ class StatsResponse(_message.Message):
     PINNED_BYTES_FIELD_NUMBER: _ClassVar[int]
     READ_QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     DATA_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CONVERSATIONS_FIELD_NUMBER: _ClassVar[int]
     backend: str
     num_prefixes: int
     num_segments: int
@@ -666,7 +667,8 @@ class StatsResponse(_message.Message):
     pinned_bytes: int
     read_queue_depth: int
     data_connections: int
-    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ..., cache_policy: _Optional[str] = ..., cpu_tier_bytes: _Optional[int] = ..., cpu_tier_used_bytes: _Optional[int] = ..., gpu_tier_bytes: _Optional[int] = ..., gpu_tier_used_bytes: _Optional[int] = ..., prefetch_reserve_bytes: _Optional[int] = ..., tier_hit_units: _Optional[int] = ..., tier_miss_units: _Optional[int] = ..., tier_units: _Optional[int] = ..., pinned_units: _Optional[int] = ..., max_disk_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_reserved_bytes: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., compactions: _Optional[int] = ..., compaction_reclaimed_bytes: _Optional[int] = ..., bytes_read_gpu: _Optional[int] = ..., bytes_read_cpu: _Optional[int] = ..., spec_bytes_used: _Optional[int] = ..., spec_bytes_wasted: _Optional[int] = ..., spec_units_cancelled: _Optional[int] = ..., pinned_bytes: _Optional[int] = ..., read_queue_depth: _Optional[int] = ..., data_connections: _Optional[int] = ...) -> None: ...
+    num_conversations: int
+    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ..., cache_policy: _Optional[str] = ..., cpu_tier_bytes: _Optional[int] = ..., cpu_tier_used_bytes: _Optional[int] = ..., gpu_tier_bytes: _Optional[int] = ..., gpu_tier_used_bytes: _Optional[int] = ..., prefetch_reserve_bytes: _Optional[int] = ..., tier_hit_units: _Optional[int] = ..., tier_miss_units: _Optional[int] = ..., tier_units: _Optional[int] = ..., pinned_units: _Optional[int] = ..., max_disk_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_reserved_bytes: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., compactions: _Optional[int] = ..., compaction_reclaimed_bytes: _Optional[int] = ..., bytes_read_gpu: _Optional[int] = ..., bytes_read_cpu: _Optional[int] = ..., spec_bytes_used: _Optional[int] = ..., spec_bytes_wasted: _Optional[int] = ..., spec_units_cancelled: _Optional[int] = ..., pinned_bytes: _Optional[int] = ..., read_queue_depth: _Optional[int] = ..., data_connections: _Optional[int] = ..., num_conversations: _Optional[int] = ...) -> None: ...
 
 class InspectResponse(_message.Message):
     __slots__ = ("json",)
@@ -729,3 +731,141 @@ class CompactResponse(_message.Message):
     bytes_reclaimed: int
     disk_used_bytes: int
     def __init__(self, segments_compacted: _Optional[int] = ..., bytes_reclaimed: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ...) -> None: ...
+
+class ConversationTurn(_message.Message):
+    __slots__ = ("turn", "prefix_id", "num_tokens", "created", "stored", "kv_bytes")
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    turn: int
+    prefix_id: str
+    num_tokens: int
+    created: float
+    stored: bool
+    kv_bytes: int
+    def __init__(self, turn: _Optional[int] = ..., prefix_id: _Optional[str] = ..., num_tokens: _Optional[int] = ..., created: _Optional[float] = ..., stored: _Optional[bool] = ..., kv_bytes: _Optional[int] = ...) -> None: ...
+
+class CompressedForm(_message.Message):
+    __slots__ = ("prefix_id", "format", "strategy_json", "num_tokens", "stored", "kv_bytes")
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_JSON_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    KV_BYTES_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    format: str
+    strategy_json: str
+    num_tokens: int
+    stored: bool
+    kv_bytes: int
+    def __init__(self, prefix_id: _Optional[str] = ..., format: _Optional[str] = ..., strategy_json: _Optional[str] = ..., num_tokens: _Optional[int] = ..., stored: _Optional[bool] = ..., kv_bytes: _Optional[int] = ...) -> None: ...
+
+class ConversationInfo(_message.Message):
+    __slots__ = ("conversation_id", "namespace", "model_fingerprint", "state", "num_turns", "num_tokens", "turns", "compressed", "created", "updated", "uncompressed_bytes", "compressed_bytes", "stored_bytes", "missing_prefixes")
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NUM_TURNS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    TURNS_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_FIELD_NUMBER: _ClassVar[int]
+    UNCOMPRESSED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MISSING_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    conversation_id: str
+    namespace: str
+    model_fingerprint: str
+    state: str
+    num_turns: int
+    num_tokens: int
+    turns: _containers.RepeatedCompositeFieldContainer[ConversationTurn]
+    compressed: CompressedForm
+    created: float
+    updated: float
+    uncompressed_bytes: int
+    compressed_bytes: int
+    stored_bytes: int
+    missing_prefixes: int
+    def __init__(self, conversation_id: _Optional[str] = ..., namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., state: _Optional[str] = ..., num_turns: _Optional[int] = ..., num_tokens: _Optional[int] = ..., turns: _Optional[_Iterable[_Union[ConversationTurn, _Mapping]]] = ..., compressed: _Optional[_Union[CompressedForm, _Mapping]] = ..., created: _Optional[float] = ..., updated: _Optional[float] = ..., uncompressed_bytes: _Optional[int] = ..., compressed_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., missing_prefixes: _Optional[int] = ...) -> None: ...
+
+class AppendTurnRequest(_message.Message):
+    __slots__ = ("namespace", "conversation_id", "turn", "prefix_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    TURN_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    conversation_id: str
+    turn: int
+    prefix_id: str
+    def __init__(self, namespace: _Optional[str] = ..., conversation_id: _Optional[str] = ..., turn: _Optional[int] = ..., prefix_id: _Optional[str] = ...) -> None: ...
+
+class MarkInactiveRequest(_message.Message):
+    __slots__ = ("namespace", "conversation_id", "compressed_prefix_id", "format", "strategy_json")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    COMPRESSED_PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    FORMAT_FIELD_NUMBER: _ClassVar[int]
+    STRATEGY_JSON_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    conversation_id: str
+    compressed_prefix_id: str
+    format: str
+    strategy_json: str
+    def __init__(self, namespace: _Optional[str] = ..., conversation_id: _Optional[str] = ..., compressed_prefix_id: _Optional[str] = ..., format: _Optional[str] = ..., strategy_json: _Optional[str] = ...) -> None: ...
+
+class ConversationRequest(_message.Message):
+    __slots__ = ("namespace", "conversation_id")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    conversation_id: str
+    def __init__(self, namespace: _Optional[str] = ..., conversation_id: _Optional[str] = ...) -> None: ...
+
+class ListConversationsRequest(_message.Message):
+    __slots__ = ("namespace",)
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    def __init__(self, namespace: _Optional[str] = ...) -> None: ...
+
+class ListConversationsResponse(_message.Message):
+    __slots__ = ("conversations",)
+    CONVERSATIONS_FIELD_NUMBER: _ClassVar[int]
+    conversations: _containers.RepeatedCompositeFieldContainer[ConversationInfo]
+    def __init__(self, conversations: _Optional[_Iterable[_Union[ConversationInfo, _Mapping]]] = ...) -> None: ...
+
+class DeleteConversationRequest(_message.Message):
+    __slots__ = ("namespace", "conversation_id", "delete_prefixes")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DELETE_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    conversation_id: str
+    delete_prefixes: bool
+    def __init__(self, namespace: _Optional[str] = ..., conversation_id: _Optional[str] = ..., delete_prefixes: _Optional[bool] = ...) -> None: ...
+
+class PrefixKept(_message.Message):
+    __slots__ = ("prefix_id", "reason")
+    PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    prefix_id: str
+    reason: str
+    def __init__(self, prefix_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class DeleteConversationResponse(_message.Message):
+    __slots__ = ("conversation_id", "deleted_prefixes", "kept_prefixes")
+    CONVERSATION_ID_FIELD_NUMBER: _ClassVar[int]
+    DELETED_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    KEPT_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    conversation_id: str
+    deleted_prefixes: _containers.RepeatedScalarFieldContainer[str]
+    kept_prefixes: _containers.RepeatedCompositeFieldContainer[PrefixKept]
+    def __init__(self, conversation_id: _Optional[str] = ..., deleted_prefixes: _Optional[_Iterable[str]] = ..., kept_prefixes: _Optional[_Iterable[_Union[PrefixKept, _Mapping]]] = ...) -> None: ...

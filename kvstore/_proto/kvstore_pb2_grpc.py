@@ -119,6 +119,31 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.FromString,
                 _registered_method=True)
+        self.AppendTurn = channel.unary_unary(
+                '/kvstore.v1.KVStore/AppendTurn',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.AppendTurnRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+                _registered_method=True)
+        self.MarkInactive = channel.unary_unary(
+                '/kvstore.v1.KVStore/MarkInactive',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.MarkInactiveRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+                _registered_method=True)
+        self.GetConversation = channel.unary_unary(
+                '/kvstore.v1.KVStore/GetConversation',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+                _registered_method=True)
+        self.ListConversations = channel.unary_unary(
+                '/kvstore.v1.KVStore/ListConversations',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ListConversationsRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ListConversationsResponse.FromString,
+                _registered_method=True)
+        self.DeleteConversation = channel.unary_unary(
+                '/kvstore.v1.KVStore/DeleteConversation',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -227,6 +252,36 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AppendTurn(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def MarkInactive(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetConversation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ListConversations(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def DeleteConversation(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -314,6 +369,31 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.DataChannel,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.SerializeToString,
+            ),
+            'AppendTurn': grpc.unary_unary_rpc_method_handler(
+                    servicer.AppendTurn,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.AppendTurnRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.SerializeToString,
+            ),
+            'MarkInactive': grpc.unary_unary_rpc_method_handler(
+                    servicer.MarkInactive,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.MarkInactiveRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.SerializeToString,
+            ),
+            'GetConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetConversation,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.SerializeToString,
+            ),
+            'ListConversations': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListConversations,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ListConversationsRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ListConversationsResponse.SerializeToString,
+            ),
+            'DeleteConversation': grpc.unary_unary_rpc_method_handler(
+                    servicer.DeleteConversation,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -775,6 +855,141 @@ class KVStore:
             '/kvstore.v1.KVStore/DataChannel',
             kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AppendTurn(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/AppendTurn',
+            kvstore_dot___proto_dot_kvstore__pb2.AppendTurnRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def MarkInactive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/MarkInactive',
+            kvstore_dot___proto_dot_kvstore__pb2.MarkInactiveRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/GetConversation',
+            kvstore_dot___proto_dot_kvstore__pb2.ConversationRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListConversations(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/ListConversations',
+            kvstore_dot___proto_dot_kvstore__pb2.ListConversationsRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.ListConversationsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DeleteConversation(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/DeleteConversation',
+            kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,

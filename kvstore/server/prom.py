@@ -34,6 +34,7 @@ COUNTERS = (
 )
 GAUGES = (
     ("kvstore_prefixes", "Stored prefixes.", "num_prefixes"),
+    ("kvstore_conversations", "Conversation records (AppendTurn).", "num_conversations"),
     ("kvstore_segments", "Segment files the index references.", "num_segments"),
     ("kvstore_stored_bytes", "Bytes of the segment files the index references.", "bytes_stored"),
     ("kvstore_disk_used_bytes", "Segment bytes counted against max_disk_bytes.", "disk_used_bytes"),

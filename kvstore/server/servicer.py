@@ -24,6 +24,7 @@ from ..wire import array_frames, geometry_from_pb, geometry_to_pb, groups_for_la
 from .arena import Arena
 from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
+from .conversations import ConversationRpcs
 from .metrics import Metrics
 from .prefetch import serve_prefetch
 from .read_exec import ReadExecutor, Source, read_flag
@@ -36,6 +37,7 @@ from .tiers import TierManager
 STORE_STATS = (
     "backend",
     "num_prefixes",
+    "num_conversations",
     "num_segments",
     "bytes_stored",
     "bytes_free",
@@ -153,7 +155,9 @@ class Service:
         return await asyncio.get_running_loop().run_in_executor(self.delivery_pool, functools.partial(fn, *args))
 
 
-class KVStoreServicer(pb_grpc.KVStoreServicer):
+class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
+    """The KVStore service; its conversation calls are in ``conversations.py``."""
+
     def __init__(self, service: Service):
         self.svc = service
         self.metrics = service.metrics

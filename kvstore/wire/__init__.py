@@ -10,7 +10,9 @@
 - ``codec``: geometry, tokens, array frames and layer ranges both ways, and
   every reply read into a value of ``results``;
 - ``results``: what the calls answer (``LookupResult``, ``PutResult``,
-  ``PrefixDescription``, ``StoreStats``, ``ReadResult``, ...);
+  ``PrefixDescription``, ``StoreStats``, ``ReadResult``, ...), and
+  ``conversations``: what the conversation calls answer
+  (``ConversationInfo``, ``ConversationDeleted``);
 - ``MAX_MESSAGE_BYTES``, the message size limit of both sides.
 """
 
@@ -34,6 +36,8 @@ from .codec import (
     array_frames,
     array_from_frames,
     compact_from_pb,
+    conversation_deleted_from_pb,
+    conversation_from_pb,
     description_from_pb,
     evict_from_pb,
     geometry_from_pb,
@@ -51,6 +55,7 @@ from .codec import (
     stats_from_pb,
     tokens_from_pb,
 )
+from .conversations import CompressedForm, ConversationDeleted, ConversationInfo, ConversationTurn, PrefixKept
 from .results import (
     ChunkScores,
     CompactResult,
@@ -73,7 +78,11 @@ __all__ = [
     "BackendUnavailable",
     "ChunkScores",
     "CompactResult",
+    "CompressedForm",
     "Conflict",
+    "ConversationDeleted",
+    "ConversationInfo",
+    "ConversationTurn",
     "DataLoss",
     "EvictResult",
     "FailedPrecondition",
@@ -89,6 +98,7 @@ __all__ = [
     "PrefetchStats",
     "PrefixDescription",
     "PrefixInfo",
+    "PrefixKept",
     "PutResult",
     "ReadOnly",
     "ReadResult",
@@ -99,6 +109,8 @@ __all__ = [
     "array_frames",
     "array_from_frames",
     "compact_from_pb",
+    "conversation_deleted_from_pb",
+    "conversation_from_pb",
     "description_from_pb",
     "evict_from_pb",
     "geometry_from_pb",

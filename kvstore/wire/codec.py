@@ -17,6 +17,7 @@ import numpy as np
 from .._proto import kvstore_pb2 as pb
 from ..errors import InvalidArgument
 from ..geometry import ModelSpec, StoreGeometry
+from .conversations import CompressedForm, ConversationDeleted, ConversationInfo, ConversationTurn, PrefixKept
 from .results import (
     ChunkScores,
     CompactResult,
@@ -168,6 +169,19 @@ def evict_from_pb(msg: pb.EvictResponse) -> EvictResult:
 
 def compact_from_pb(msg: pb.CompactResponse) -> CompactResult:
     return _result(CompactResult, msg)
+
+
+def conversation_from_pb(msg: pb.ConversationInfo) -> ConversationInfo:
+    return _result(
+        ConversationInfo,
+        msg,
+        turns=tuple(_result(ConversationTurn, t) for t in msg.turns),
+        compressed=_result(CompressedForm, msg.compressed) if msg.HasField("compressed") else None,
+    )
+
+
+def conversation_deleted_from_pb(msg: pb.DeleteConversationResponse) -> ConversationDeleted:
+    return ConversationDeleted(msg.conversation_id, tuple(msg.deleted_prefixes), tuple(_result(PrefixKept, k) for k in msg.kept_prefixes))
 
 
 def read_from_header(prefix_id: str, h: pb.ReadHeader, zero_copy: bool) -> ReadResult:

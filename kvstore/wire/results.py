@@ -146,6 +146,7 @@ class StoreStats:
     pinned_bytes: int
     read_queue_depth: int
     data_connections: int
+    num_conversations: int
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,10 @@ from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.wire import (
     ChunkScores,
     CompactResult,
+    CompressedForm,
+    ConversationDeleted,
+    ConversationInfo,
+    ConversationTurn,
     EvictResult,
     LatencySummary,
     LookupResult,
@@ -17,11 +21,14 @@ from kvstore.wire import (
     PrefetchStats,
     PrefixDescription,
     PrefixInfo,
+    PrefixKept,
     PutResult,
     SegmentReport,
     StoreStats,
     array_frames,
     array_from_frames,
+    conversation_deleted_from_pb,
+    conversation_from_pb,
     description_from_pb,
     geometry_to_pb,
     pb,
@@ -43,6 +50,11 @@ PAIRS = [
     (SegmentReport, pb.SegmentReport),
     (EvictResult, pb.EvictResponse),
     (CompactResult, pb.CompactResponse),
+    (ConversationTurn, pb.ConversationTurn),
+    (CompressedForm, pb.CompressedForm),
+    (ConversationInfo, pb.ConversationInfo),
+    (PrefixKept, pb.PrefixKept),
+    (ConversationDeleted, pb.DeleteConversationResponse),
 ]
 GEO = StoreGeometry(ModelSpec(4, 2, 8, "bfloat16"), chunk_tokens=16, group_layers=2)
 
@@ -85,3 +97,19 @@ def test_geometry_carries_probe_bits_both_ways_and_refuses_bad_ones_by_name():
     with pytest.raises(InvalidArgument, match="must be one of 0, 4, 8") as err:
         geometry_from_pb(msg)
     assert err.value.field == "geometry.probe_bits"
+
+
+def test_conversation_replies_become_values():
+    msg = pb.ConversationInfo(
+        conversation_id="c", state="active", num_turns=1, turns=[pb.ConversationTurn(turn=0, prefix_id="ab", stored=True)]
+    )
+    info = conversation_from_pb(msg)
+    assert info.compressed is None and info.turns == (ConversationTurn(0, "ab", 0, 0.0, True, 0),)
+    msg.compressed.CopyFrom(pb.CompressedForm(prefix_id="cd", format="kv8", strategy_json='{"bits": 8}'))
+    assert conversation_from_pb(msg).compressed.strategy == {"bits": 8}
+    deleted = conversation_deleted_from_pb(
+        pb.DeleteConversationResponse(
+            conversation_id="c", deleted_prefixes=["ab"], kept_prefixes=[pb.PrefixKept(prefix_id="cd", reason="why")]
+        )
+    )
+    assert deleted == ConversationDeleted("c", ("ab",), (PrefixKept("cd", "why"),))

@@ -1,0 +1,381 @@
+"""Conversations: records naming the prefixes of a chain of turns.
+
+After each turn a client stores the conversation's history (every previous
+turn's tokens and KV) as an ordinary prefix (``PutPrefix``; its leading
+chunks are the previous turn's, found by content hash and not written
+again), then appends the turn here.  A record, per namespace and
+conversation id, names those prefixes, so a worker can find, compress,
+restore and delete a user's conversation::
+
+    {conversation_id, namespace, model_fingerprint, state: "active" | "inactive",
+     turns: [{turn, prefix_id, num_tokens, kv_bytes, created}],
+     compressed: null | {prefix_id, format, strategy, num_tokens, kv_bytes},
+     created, updated}
+
+The rules (``appended``, ``marked_inactive`` and the checks of request
+fields) are pure functions of a record and the prefixes' views; they raise
+before anything changes.  ``Conversations`` applies them: one lock per
+record, the record file written durably (``conversation_files.py``), then
+the index commit (``index_ops``), and only then the answer.
+
+Prefixes stay cache entries: eviction or ``Delete`` may remove one, and the
+record then reports it as not stored instead of failing.  ``stored_bytes``
+counts the segment files of the prefixes still stored, each segment once
+(chunks shared between turns count once; a segment shared with a prefix
+outside the conversation counts whole).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import string
+import time
+from typing import TYPE_CHECKING
+
+import lmdb
+
+from . import index as ix
+from . import index_ops as ops
+from .conversation_files import SUFFIX, encode, file_name
+from .errors import FailedPrecondition, InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
+from .faults import crash_point
+from .hashing import MAX_NAMESPACE_BYTES, validate_label
+from .identity import damaged, fsync_dir, write_atomic
+from .keyed_locks import KeyedLocks
+from .records import PREFIX, PrefixView
+
+if TYPE_CHECKING:
+    from .store import ChunkStore
+
+log = logging.getLogger("kvstore.store")
+
+ACTIVE, INACTIVE = "active", "inactive"
+ID_CHARS = frozenset(string.ascii_letters + string.digits + "._:-")
+MAX_ID_CHARS = 128
+FORMAT_CHARS = frozenset(string.ascii_lowercase + string.digits + "._-")
+MAX_FORMAT_CHARS = 32
+MAX_STRATEGY_BYTES = 64 * 1024
+
+
+# ------------------------------------------------------------ request fields
+def check_key(namespace: str, conversation_id: str) -> bytes:
+    """The record key; InvalidArgument naming the field that is wrong."""
+    validate_label("namespace", namespace, MAX_NAMESPACE_BYTES)
+    if not isinstance(conversation_id, str) or not 1 <= len(conversation_id) <= MAX_ID_CHARS:
+        got = len(conversation_id) if isinstance(conversation_id, str) else type(conversation_id).__name__
+        raise InvalidArgument("conversation_id", f"must be 1-{MAX_ID_CHARS} characters, got {got}")
+    bad = sorted(set(conversation_id) - ID_CHARS)
+    if bad:
+        raise InvalidArgument("conversation_id", f"may hold only letters, digits and . _ : -, got {bad[0]!r}")
+    return ix.conversation_key(namespace, conversation_id)
+
+
+def check_format(fmt: str) -> str:
+    if not 1 <= len(fmt) <= MAX_FORMAT_CHARS or not set(fmt) <= FORMAT_CHARS:
+        raise InvalidArgument("format", f"must be 1-{MAX_FORMAT_CHARS} characters of [a-z0-9._-] (e.g. kv8), got {fmt[:40]!r}")
+    return fmt
+
+
+def parse_strategy(text: str) -> dict:
+    """The strategy object of ``strategy_json`` ("" = {})."""
+    if len(text.encode()) > MAX_STRATEGY_BYTES:
+        raise InvalidArgument("strategy_json", f"longer than {MAX_STRATEGY_BYTES} bytes")
+    if not text:
+        return {}
+    try:
+        value = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise InvalidArgument("strategy_json", f"is not JSON ({exc.__class__.__name__})") from None
+    if not isinstance(value, dict):
+        raise InvalidArgument("strategy_json", f"must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_prefix(view: PrefixView, field: str, namespace: str, model_fingerprint: str | None) -> None:
+    """A prefix a record may name: a token prefix of the conversation's namespace and model."""
+    pid = view.prefix_id[:16]
+    if view.kind != PREFIX:
+        raise InvalidArgument(field, f"{pid} is a batch of pages ({view.kind}), not a prefix")
+    if view.namespace != namespace:
+        raise InvalidArgument(field, f"prefix {pid} is in namespace {view.namespace!r}, the conversation in {namespace!r}")
+    if model_fingerprint is not None and view.model_fingerprint != model_fingerprint:
+        raise InvalidArgument(field, f"prefix {pid} is of model {view.model_fingerprint!r}, the conversation of {model_fingerprint!r}")
+
+
+# ------------------------------------------------------------ rules
+def appended(record: dict | None, namespace: str, conversation_id: str, turn: int, view: PrefixView, now: float) -> dict | None:
+    """The record with ``turn`` appended; None when it is a retry of the last turn (nothing changes)."""
+    turns = record["turns"] if record else []
+    if record is None and turn != 0:
+        raise NotFound(f"conversation {conversation_id!r} is not stored in namespace {namespace!r} (its first turn is 0)")
+    if turn < len(turns):
+        if turn == len(turns) - 1 and turns[-1]["prefix_id"] == view.prefix_id:
+            return None
+        raise FailedPrecondition(
+            f"turn: turn {turn} is recorded already (prefix {turns[turn]['prefix_id'][:16]}); the next turn is {len(turns)}"
+        )
+    if turn > len(turns):
+        raise FailedPrecondition(f"turn: turn {turn} would leave a gap; the next turn is {len(turns)}")
+    check_prefix(view, "prefix_id", namespace, record["model_fingerprint"] if record else None)
+    if turns and view.num_tokens < turns[-1]["num_tokens"]:
+        raise InvalidArgument(
+            "prefix_id", f"holds {view.num_tokens} tokens, fewer than turn {turn - 1}'s {turns[-1]['num_tokens']}: a history only grows"
+        )
+    entry = {"turn": turn, "prefix_id": view.prefix_id, "num_tokens": view.num_tokens, "kv_bytes": view.kv_bytes, "created": now}
+    base = record or {
+        "conversation_id": conversation_id,
+        "namespace": namespace,
+        "model_fingerprint": view.model_fingerprint,
+        "compressed": None,
+        "created": now,
+    }
+    return {**base, "state": ACTIVE, "turns": [*turns, entry], "updated": now}
+
+
+def marked_inactive(record: dict, view: PrefixView | None, fmt: str, strategy: dict, now: float) -> dict:
+    """The record inactive, its compressed form ``view`` (None: none) replacing the one before."""
+    compressed = None
+    if view is not None:
+        check_prefix(view, "compressed_prefix_id", record["namespace"], record["model_fingerprint"])
+        last = record["turns"][-1]
+        if view.num_tokens != last["num_tokens"]:
+            raise InvalidArgument(
+                "compressed_prefix_id",
+                f"holds {view.num_tokens} tokens; the compressed form holds the last turn's {last['num_tokens']}",
+            )
+        compressed = {"prefix_id": view.prefix_id, "format": fmt, "strategy": strategy, "num_tokens": view.num_tokens}
+        compressed["kv_bytes"] = view.kv_bytes
+    return {**record, "state": INACTIVE, "compressed": compressed, "updated": now}
+
+
+def prefix_ids(record: dict) -> list[str]:
+    """The prefixes a record names, turns first, each once."""
+    ids = [t["prefix_id"] for t in record["turns"]]
+    if record.get("compressed"):
+        ids.append(record["compressed"]["prefix_id"])
+    return list(dict.fromkeys(ids))
+
+
+def check_record(record: dict) -> bytes:
+    """The key of a record read from a file; ValueError, KeyError or TypeError if it is not one."""
+    key = check_key(record["namespace"], record["conversation_id"])
+    if record["state"] not in (ACTIVE, INACTIVE) or not record["turns"]:
+        raise ValueError("not a conversation record")
+    for i, t in enumerate(record["turns"]):
+        if t["turn"] != i or not isinstance(t["prefix_id"], str) or int(t["num_tokens"]) < 0:
+            raise ValueError(f"turn {i} is malformed")
+    if record["compressed"] is not None and not isinstance(record["compressed"]["prefix_id"], str):
+        raise ValueError("compressed form is malformed")
+    return key
+
+
+# ------------------------------------------------------------ the store's records
+class Conversations:
+    """The conversation records of one store: its index and its record files."""
+
+    def __init__(self, store: ChunkStore):
+        self.store = store
+        self.index = store.index
+        self.files = store.conversation_files
+        self._locks = KeyedLocks()
+
+    def append_turn(self, namespace: str, conversation_id: str, turn: int, prefix_id: str, *, resolve=None) -> dict:
+        """Record ``turn``'s history prefix; ``resolve`` maps the id the caller gave to a full one it may use."""
+        key = check_key(namespace, conversation_id)
+        if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
+            raise InvalidArgument("turn", f"must be an integer >= 0, got {turn!r}")
+        view = self.store.describe((resolve or self.store.resolve)(prefix_id))
+        with self._locks.locked(key):
+            record = ops.conversation(self.index, key)
+            new = appended(record, namespace, conversation_id, turn, view, time.time())
+            if new is None:
+                return record
+            self._commit(key, record, new)
+        return new
+
+    def mark_inactive(
+        self, namespace: str, conversation_id: str, compressed_prefix_id: str, fmt: str, strategy_json: str, *, resolve=None
+    ) -> dict:
+        """The conversation inactive, with its compressed form (``compressed_prefix_id`` "" = none)."""
+        key = check_key(namespace, conversation_id)
+        if compressed_prefix_id:
+            check_format(fmt)
+            strategy = parse_strategy(strategy_json)
+        elif fmt or strategy_json:
+            raise InvalidArgument("format" if fmt else "strategy_json", "must be empty without a compressed_prefix_id")
+        else:
+            strategy = {}
+        view = None
+        if compressed_prefix_id:
+            view = self.store.describe((resolve or self.store.resolve)(compressed_prefix_id))
+        with self._locks.locked(key):
+            record = self._record(key, namespace, conversation_id)
+            new = marked_inactive(record, view, fmt, strategy, time.time())
+            self._commit(key, record, new)
+        return new
+
+    def get(self, namespace: str, conversation_id: str) -> dict:
+        return self._record(check_key(namespace, conversation_id), namespace, conversation_id)
+
+    def records(self, namespace: str | None = None) -> list[dict]:
+        """Every record (of one namespace), in namespace and id order."""
+        if namespace is not None:
+            validate_label("namespace", namespace, MAX_NAMESPACE_BYTES)
+        return list(ops.conversations(self.index, namespace).values())
+
+    def delete(self, namespace: str, conversation_id: str, *, delete_prefixes: bool = False) -> dict:
+        """Remove the record; with ``delete_prefixes`` also the prefixes it names that no other record names.
+
+        A prefix is deleted as eviction deletes one: claimed first, so one
+        in use by a read or a put is kept; what was kept, and why, is in
+        the answer.  A prefix that another conversation names at the same
+        moment may go: that record then shows it as not stored, as after an
+        eviction.
+        """
+        key = check_key(namespace, conversation_id)
+        with self._locks.locked(key):
+            record = self._record(key, namespace, conversation_id)
+            self.store.state.check_writable()
+            ops.delete_conversation(self.index, key)
+            crash_point("conversation:deleted")
+            try:
+                self.files.remove(key)
+            except OSError as exc:  # the delete is committed; a rebuild could bring the record back
+                self.store.state.turn_read_only(
+                    f"removing the record file of conversation {conversation_id!r} failed: {exc.strerror or exc}"
+                )
+        deleted, kept = [], []
+        if delete_prefixes:
+            named_elsewhere = {p for r in ops.conversations(self.index).values() for p in prefix_ids(r)}
+            for pid in prefix_ids(record):
+                why = "named by another conversation" if pid in named_elsewhere else self._delete_prefix(pid)
+                if why is None:
+                    deleted.append(pid)
+                else:
+                    kept.append((pid, why))
+            if deleted:
+                self.store.capacity.compact()
+        return {"conversation_id": conversation_id, "deleted_prefixes": deleted, "kept_prefixes": kept}
+
+    def info(self, record: dict, *, turns: bool = True) -> dict:
+        """The record as ``ConversationInfo`` reports it: which prefixes are still stored, and bytes."""
+        views = {}
+        for pid in prefix_ids(record):
+            try:
+                views[pid] = self.store.describe(pid)
+            except NotFound:
+                pass
+        stored_bytes = sum(self._segment_bytes(s) for s in {s for v in views.values() for s in v.segment_ids})
+        last, comp = record["turns"][-1], record["compressed"]
+        return {
+            "conversation_id": record["conversation_id"],
+            "namespace": record["namespace"],
+            "model_fingerprint": record["model_fingerprint"],
+            "state": record["state"],
+            "num_turns": len(record["turns"]),
+            "num_tokens": last["num_tokens"],
+            "turns": [{**t, "stored": t["prefix_id"] in views} for t in record["turns"]] if turns else [],
+            "compressed": None
+            if comp is None
+            else {
+                **{k: v for k, v in comp.items() if k != "strategy"},
+                "strategy_json": json.dumps(comp["strategy"], separators=(",", ":")),
+                "stored": comp["prefix_id"] in views,
+            },
+            "created": record["created"],
+            "updated": record["updated"],
+            "uncompressed_bytes": last["kv_bytes"],
+            "compressed_bytes": comp["kv_bytes"] if comp else 0,
+            "stored_bytes": stored_bytes,
+            "missing_prefixes": len(prefix_ids(record)) - len(views),
+        }
+
+    # ------------------------------------------------------------ opening
+    def reconcile_files(self) -> int:
+        """Make the record files match the (cleanly opened) index; files changed.
+
+        A change killed between its file and its index commit left a file
+        the index does not hold (or holds otherwise): the index is what was
+        acknowledged.
+        """
+        try:
+            records = {file_name(k): encode(r) for k, r in ops.conversations(self.index).items()}
+        except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
+            path = os.path.join(self.index.path, "data.mdb")
+            raise damaged(self.store.data_dir, path, f"holds an undecodable conversation record ({exc.__class__.__name__})") from None
+        changed = 0
+        present = set()
+        for name in self.files.names():
+            path = os.path.join(self.files.directory, name)
+            if name.endswith(SUFFIX) and name in records:
+                present.add(name)
+                with open(path, "rb") as fh:
+                    if fh.read() == records[name]:
+                        continue
+                write_atomic(path, records[name])
+            else:
+                os.unlink(path)
+            changed += 1
+        for name in records.keys() - present:
+            write_atomic(os.path.join(self.files.directory, name), records[name])
+            changed += 1
+        if changed:
+            fsync_dir(self.files.directory)
+            log.info("conversation record files: %d brought in line with the index", changed)
+        return changed
+
+    # ------------------------------------------------------------ internals
+    def _record(self, key: bytes, namespace: str, conversation_id: str) -> dict:
+        record = ops.conversation(self.index, key)
+        if record is None:
+            raise NotFound(f"conversation {conversation_id!r} is not stored in namespace {namespace!r}")
+        return record
+
+    def _commit(self, key: bytes, old: dict | None, new: dict) -> None:
+        """Record file durable, then the index commit; the file put back if the commit fails."""
+        state = self.store.state
+        state.check_writable()
+        try:
+            self.files.write(key, new)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise StoreFull(f"data file system is full ({exc.strerror}) writing conversation {new['conversation_id']!r}") from None
+            state.turn_read_only(f"writing the record file of conversation {new['conversation_id']!r} failed: {exc.strerror or exc}")
+            raise ReadOnly(f"write not durable ({exc.strerror or exc}); store is now read-only") from None
+        crash_point("conversation:file-written")
+        try:
+            ops.put_conversation(self.index, key, new)
+        except BaseException:
+            try:
+                self.files.remove(key) if old is None else self.files.write(key, old)
+            except OSError as exc:  # the next open brings the file in line with the index
+                state.turn_read_only(f"restoring the record file of conversation {new['conversation_id']!r} failed: {exc.strerror or exc}")
+            raise
+
+    def _delete_prefix(self, prefix_id: str) -> str | None:
+        """Delete one prefix as eviction does; why not, or None when deleted."""
+        holds = self.store.holds
+        if not holds.claim([prefix_id]):
+            return "in use by a read or a put"
+        try:
+            self.store.delete(prefix_id, compact=False)
+        except NotFound:
+            return "not stored"
+        except KVStoreError as exc:
+            return str(exc)
+        finally:
+            holds.unclaim([prefix_id])
+        return None
+
+    def _segment_bytes(self, segment_id: int) -> int:
+        try:
+            return self.store.segment_info(segment_id).layout.total_bytes
+        except NotFound:  # freed since the prefix was described
+            return 0
