@@ -6,9 +6,12 @@
 Each example is a conversation of the real-text ``multiturn`` task: the
 earlier turns (the needle in one of them) are the stored history, the last
 user turn (the question) is the new input.  The history is prefilled once
-and stored in a daemon started for the run, twice: as it is, and with its
-KV quantized (``--kv-quant``, the compressed form); then per conversation,
-in one interleaved run:
+and stored in a daemon started for the run as a worker leaves a conversation:
+its history put and recorded as a turn (``AppendTurn``), then marked
+inactive (``MarkInactive``) with its KV quantized (``--kv-quant``) as the
+compressed form.  Then per conversation, in one interleaved run, each
+system looks the conversation up (``GetConversation``: which prefix holds
+which form) and restores it:
 
 * ``recompute``: the history's KV recomputed from its tokens;
 * ``load``: every chunk of the stored history loaded (uncompressed);
@@ -138,12 +141,15 @@ def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
     _, kv, mass = prefill_with_attention(model, history, range(num_layers) if args.baselines else ())
     plain = model_geometry(model, group_layers=args.group_layers)
     quant = model_geometry(model, group_layers=args.group_layers, kv_quant=q)
-    stored = {
-        "plain": client.put_prefix(history.numpy(), kv, plain).prefix_id,
-        "quant": client.put_prefix(history.numpy(), kv, quant).prefix_id,
-    }
+    # the conversation as a worker leaves it: its history stored and recorded as a turn, then marked
+    # inactive with the quantized history as its compressed form
+    conv = f"bench-{args.stream}-{ex.seed}"
+    client.append_turn(conv, 0, client.put_prefix(history.numpy(), kv, plain).prefix_id)
+    compressed = client.put_prefix(history.numpy(), kv, quant).prefix_id
+    strategy = {"kv_quant": q, "restore": "pyramid", "group_layers": args.group_layers}
+    client.mark_inactive(conv, compressed_prefix_id=compressed, format=q, strategy=strategy)
     if profile is None:
-        profile = measure_profile(model, client, stored["quant"], history, quant)
+        profile = measure_profile(model, client, compressed, history, quant)
     f, f_att = recompute_flops(model.config)
     c = plain.chunk_tokens
 
@@ -156,19 +162,28 @@ def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
             bytes_per_token_layer=per, profile=profile, shape=shape, step_tokens=c,
         )  # fmt: skip
 
-    runs = {
-        "recompute": (plain, stored["plain"], plan_for(plain, counts=[n] * num_layers)),
-        "load": (plain, stored["plain"], plan_for(plain, counts=[0] * num_layers)),
-        f"load-{q}": (quant, stored["quant"], plan_for(quant, counts=[0] * num_layers)),
-        f"krul-{q}": (quant, stored["quant"], plan_for(quant, "pyramid")),
-        f"krul-{q}-uniform": (quant, stored["quant"], plan_for(quant, "uniform")),
+    runs = {  # name: (geometry, read the compressed form, plan)
+        "recompute": (plain, False, plan_for(plain, counts=[n] * num_layers)),
+        "load": (plain, False, plan_for(plain, counts=[0] * num_layers)),
+        f"load-{q}": (quant, True, plan_for(quant, counts=[0] * num_layers)),
+        f"krul-{q}": (quant, True, plan_for(quant, "pyramid")),
+        f"krul-{q}-uniform": (quant, True, plan_for(quant, "uniform")),
     }
-    if warm:  # the first restore of a run pays for kernel and page warm-up: once per system, untimed
-        for geo, pid, plan in runs.values():
-            restore_kv(model, client, pid, history, geo, plan)
-    out, reference = {}, None
-    for name, (geo, pid, plan) in runs.items():
+
+    def restore(geo, from_compressed, plan):
+        t0 = time.perf_counter()
+        info = client.get_conversation(conv)  # which prefixes hold it: the worker's first step
+        pid = info.compressed.prefix_id if from_compressed else info.turns[-1].prefix_id
+        record_s = time.perf_counter() - t0
         restored, t = restore_kv(model, client, pid, history, geo, plan)
+        return restored, t, record_s, info.compressed_bytes if from_compressed else info.uncompressed_bytes
+
+    if warm:  # the first restore of a run pays for kernel and page warm-up: once per system, untimed
+        for run in runs.values():
+            restore(*run)
+    out, reference = {}, None
+    for name, (geo, from_compressed, plan) in runs.items():
+        restored, t, record_s, stored_bytes = restore(geo, from_compressed, plan)
         gen = dense_generate(model, history, turn, max_new, tokenizer=tok, prefix_kv=restored)
         if name == "load":
             reference = gen
@@ -177,14 +192,15 @@ def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
             "correct": bool(ex.is_correct(gen.text)),
             "text": gen.text,
             "first_token": int(gen.tokens[0]) if gen.tokens else -1,
-            "ttft_s": t.total_s + gen.ttft_s,
-            "restore_s": t.total_s,
+            "ttft_s": record_s + t.total_s + gen.ttft_s,
+            "restore_s": record_s + t.total_s,
+            "record_s": record_s,
             "recompute_s": t.recompute_s,
             "load_s": t.load_s,
             "compute_wait_s": t.compute_wait_s,
             "load_idle_s": t.load_idle_s,
             "bytes_loaded": t.bytes_useful,
-            "bytes_stored": geo.kv_bytes(n),
+            "bytes_stored": stored_bytes,  # as the conversation record counts it
             "r_c": plan.r_c,
             "recompute_tokens": list(plan.recompute_tokens),
         }
@@ -203,11 +219,13 @@ def _baselines(model, tok, ex, history, turn, kv, mass, max_new, plain, quant, r
 
     n, num_layers = history.numel(), model.num_layers
     raw = plain.kv_bytes(n)
-    merged_kv, stored = kv.clone(), raw
+    merged_kv, stored, angles = kv.clone(), raw, []
     for a in range(num_layers // 2, num_layers - 1, 2):  # adjacent pairs of the latter half
         pair = merge_pair(kv[a], kv[a + 1], retain_threshold=np.pi)  # every token merged: MiniCache's fixed compression
         merged_kv[a], merged_kv[a + 1] = restore(pair)
         stored += pair.nbytes - pair.raw_nbytes
+        cos = torch.nn.functional.cosine_similarity(kv[a].double(), kv[a + 1].double(), dim=-1)  # [2, H, n]
+        angles.append(torch.arccos(cos.clamp(-1, 1)).median().item())
     keep = max(SINK_TOKENS + RECENT_TOKENS, round(n * quant.kv_bytes(n) / raw))
     order = storage_order(mass.sum(dim=0), sink_tokens=SINK_TOKENS, local_tokens=RECENT_TOKENS)
     keep_rows = torch.sort(order[: min(keep, n)]).values
@@ -223,6 +241,7 @@ def _baselines(model, tok, ex, history, turn, kv, mass, max_new, plain, quant, r
             "text": gen.text,
             "first_token_agrees": bool(gen.tokens[:1] == reference.tokens[:1]),
             "bytes_stored": int(nbytes),
+            **({"pair_angle_median_rad": float(np.median(angles))} if name == "minicache" else {}),
         }
     return out
 
