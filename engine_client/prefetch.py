@@ -218,15 +218,8 @@ class PrefetchStream:
         self._wait_group(group)
         chunks, refs = self._ready.pop(group)
         geo = self.geometry
-        parts = []
-        for i, j in enumerate(chunks):
-            if refs is not None:
-                ref = refs[i]
-                raw = self._client.session.view(ref)
-            else:
-                raw = self._extents.pop((group, j))
-            parts.append(geo.extent_array(raw, group, int(self._chunk_tokens[j])))
-        return np.concatenate(parts, axis=3)
+        raws = [self._client.session.view(refs[i]) if refs is not None else self._extents.pop((group, j)) for i, j in enumerate(chunks)]
+        return geo.group_array(raws, group, [int(self._chunk_tokens[j]) for j in chunks])
 
     def groups(self, period: int):
         """Yield ``(group, kv)`` for the period's groups, each as soon as it has arrived."""

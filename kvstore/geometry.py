@@ -196,6 +196,23 @@ class StoreGeometry:
         values = kvquant.decode(self.kv_quant, raw, self.layers_in_group(group), m.num_kv_heads, tokens, m.head_dim)
         return float32_as_kv(values, m.dtype)
 
+    def group_array(self, raws, group: int, token_counts) -> np.ndarray:
+        """Several extents of one group (uint8 each, ``token_counts[i]`` tokens) as one
+        ``[layers_in_group, 2, heads, sum(tokens), dim]`` array in the numpy KV dtype, in the given
+        order; quantized extents of equal size are dequantized together, one numpy pass each size."""
+        m = self.model
+        if not self.kv_quant or not raws:
+            return np.concatenate([self.extent_array(r, group, int(t)) for r, t in zip(raws, token_counts)], axis=3)
+        layers, counts = self.layers_in_group(group), [int(t) for t in token_counts]
+        parts = [None] * len(raws)
+        for t in sorted(set(counts)):
+            idx = [i for i, c in enumerate(counts) if c == t]
+            batch = np.stack([np.asarray(raws[i]).reshape(-1) for i in idx])
+            values = kvquant.decode_many(self.kv_quant, batch, layers, m.num_kv_heads, t, m.head_dim)  # [k, layers, 2, H, t, d]
+            for row, i in enumerate(idx):
+                parts[i] = values[row]
+        return float32_as_kv(np.concatenate(parts, axis=3), m.dtype)
+
     def check_storable(self, kv: np.ndarray) -> None:
         """InvalidArgument naming ``kv`` when ``kv_quant`` cannot hold these values (checked before a put streams)."""
         if self.kv_quant:

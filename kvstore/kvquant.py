@@ -114,13 +114,6 @@ def _quantize(x: np.ndarray, bits: int, per_token: bool) -> tuple[np.ndarray, np
     return codes, np.squeeze(scale, axis=axis), np.squeeze(zero, axis=axis)
 
 
-def _dequantize(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray, per_token: bool) -> np.ndarray:
-    dim = codes.shape[-1]
-    grouped, axis = _grouped(codes.astype(np.float32), per_token, dim)
-    out = grouped * np.expand_dims(scale.astype(np.float32), axis) + np.expand_dims(zero.astype(np.float32), axis)
-    return out.reshape(codes.shape)
-
-
 def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
     flat = codes.reshape(codes.shape[0], codes.shape[1], -1)
     if bits == 8:
@@ -129,6 +122,7 @@ def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
 
 
 def _unpack(packed: np.ndarray, bits: int, dim: int) -> np.ndarray:
+    """Codes ``[..., dim]`` from their packed bytes ``[..., dim * bits / 8]``."""
     if bits == 8:
         return packed
     out = np.empty(packed.shape[:-1] + (dim,), dtype=np.uint8)
@@ -169,23 +163,40 @@ def encode(name: str, extent: np.ndarray) -> np.ndarray:
 
 def decode(name: str, raw: np.ndarray, layers: int, heads: int, tokens: int, dim: int) -> np.ndarray:
     """The ``encode``d bytes back to ``[layers, 2, heads, tokens, dim]`` float32."""
+    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    return decode_many(name, raw.reshape(1, -1), layers, heads, tokens, dim)[0]
+
+
+def decode_many(name: str, raw: np.ndarray, layers: int, heads: int, tokens: int, dim: int) -> np.ndarray:
+    """``m`` extents of the same size at once, ``raw [m, extent bytes]`` uint8 -> ``[m, layers, 2, heads, tokens, dim]`` float32.
+
+    One pass of numpy over all of them: decoding a prefix's chunks one by one
+    spends most of its time in per-call overhead (16-token extents are small).
+    """
     s = KV_QUANT[name]
     parts = layer_parts(name, heads, tokens, dim)
-    raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
+    raw = np.ascontiguousarray(raw, dtype=np.uint8)
     expected = layers * layer_bytes(name, heads, tokens, dim)
-    if raw.size != expected:
-        raise InvalidArgument("extent", f"{raw.size} bytes, a {name} extent of {layers} layers x {tokens} tokens has {expected}")
-    out = np.empty((layers, 2, heads, tokens, dim), dtype=np.float32)
+    if raw.ndim != 2 or raw.shape[1] != expected:
+        raise InvalidArgument("extent", f"{raw.shape[-1]} bytes, a {name} extent of {layers} layers x {tokens} tokens has {expected}")
+    m = raw.shape[0]
+    out = np.empty((m, layers, 2, heads, tokens, dim), dtype=np.float32)
     off = 0
     for layer in range(layers):
         arrays = {}
         for part, shape, dt in parts:
             n = int(np.prod(shape)) * dt.itemsize
-            arrays[part] = raw[off : off + n].view(dt).reshape(shape)
+            arrays[part] = np.ascontiguousarray(raw[:, off : off + n]).view(dt).reshape((m, *shape))
             off += n
         for kv, per_token, prefix in ((0, s.key_per_token, "k"), (1, True, "v")):
-            codes = _unpack(arrays[f"{prefix}_codes"], s.bits, dim)
-            out[layer, kv] = _dequantize(codes, arrays[f"{prefix}_scale"], arrays[f"{prefix}_zero"], per_token)
+            codes = _unpack(arrays[f"{prefix}_codes"], s.bits, dim)  # [m, heads, tokens, dim]
+            scale, zero = arrays[f"{prefix}_scale"].astype(np.float32), arrays[f"{prefix}_zero"].astype(np.float32)
+            if per_token:
+                g = value_group(dim)
+                grouped = codes.reshape(m, heads, tokens, dim // g, g).astype(np.float32)
+                out[:, layer, kv] = (grouped * scale[..., None] + zero[..., None]).reshape(m, heads, tokens, dim)
+            else:  # per channel: scale, zero [m, heads, dim]
+                out[:, layer, kv] = codes.astype(np.float32) * scale[:, :, None, :] + zero[:, :, None, :]
     return out
 
 

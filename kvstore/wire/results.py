@@ -236,7 +236,8 @@ class ReadResult:
 
     def group_kv(self, group: int) -> np.ndarray:
         """The group's selected tokens: ``[layers_in_group, 2, kv_heads, tokens, head_dim]``."""
-        return np.concatenate([self.extent(group, int(j)) for j in self.chunks], axis=3)
+        raws = [self._views[(group, int(j))] for j in self.chunks]
+        return self.geometry.group_array(raws, group, self.chunk_tokens)
 
     def to_kv(self) -> np.ndarray:
         """All requested groups' layers: ``[layers, 2, kv_heads, tokens, head_dim]`` (a copy)."""

@@ -47,7 +47,7 @@ def test_restored_kv_is_recomputed_rows_then_stored_rows(daemon, tiny_model, gro
         torch.testing.assert_close(got[layer, :, :, :k], kv[layer, :, :, :k], rtol=1e-5, atol=1e-5)  # recomputed
         assert torch.equal(got[layer, :, :, k:], stored[layer, :, :, k:])  # loaded, as stored
     # the loader reads each group from its last layer's count: whole chunks, the short one included
-    first = [min(counts[layer] for layer in geo.group_layer_range(g)) // 16 for g in range(geo.num_groups)]
+    first = [-(-min(counts[layer] for layer in geo.group_layer_range(g)) // 16) for g in range(geo.num_groups)]
     want = sum(geo.extent_bytes(g, min(16, N - j * 16)) for g in range(geo.num_groups) for j in range(first[g], geo.num_chunks(N)))
     assert timings.bytes_useful == want
     assert timings.recompute_tokens == counts and timings.total_s >= max(timings.recompute_s, timings.compute_wait_s)

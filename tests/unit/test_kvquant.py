@@ -126,3 +126,14 @@ def test_bfloat16_rounding_is_to_nearest_even():
     vals = np.array([1.0, 1.0 + 2**-8, 1.0 + 3 * 2**-8, -2.5, 0.0], dtype=np.float32)
     got = keys_as_float32(float32_as_kv(vals, "bfloat16"), "bfloat16")
     np.testing.assert_array_equal(got, [1.0, 1.0, 1.0 + 2**-6, -2.5, 0.0])
+
+
+@pytest.mark.parametrize("name", ["", "kv8", "kv4t"])
+def test_a_groups_extents_decode_together_as_one_by_one(name):
+    geo = StoreGeometry(ModelSpec(3, 2, 8, "bfloat16"), chunk_tokens=16, group_layers=2, kv_quant=name)
+    rng = np.random.default_rng(2)
+    counts = [16, 16, 5, 16]  # a short chunk among full ones: each size decodes in its own pass
+    exts = [float32_as_kv(rng.standard_normal((2, 2, 2, t, 8)).astype(np.float32), "bfloat16") for t in counts]
+    raws = [np.ascontiguousarray(geo.extent_payload(e)).reshape(-1).view(np.uint8) for e in exts]
+    one_by_one = np.concatenate([geo.extent_array(r, 0, t) for r, t in zip(raws, counts)], axis=3)
+    np.testing.assert_array_equal(geo.group_array(raws, 0, counts), one_by_one)
