@@ -32,3 +32,7 @@ def test_restore_bench_reports_every_system_from_its_rows(tmp_path):
     for s in systems.values():
         assert s["correct"] == sum(row["correct"] for row in s["rows"]) and s["examples"] == 1
     assert rows["load"]["first_token_agrees"]  # the reference agrees with itself
+    paper = r["paper"]  # the same restore planned for an H100 host: modelled times, in order
+    assert paper["profile"] == "h100" and 0 <= paper["krul-kv4t"]["r_c"] <= 1
+    assert paper["krul-kv4t"]["restore_s"] <= min(paper["recompute_s"], paper["load-kv4t_s"]) + 1e-12
+    assert paper["load-kv4t_s"] < paper["load_s"]

@@ -73,6 +73,14 @@ def add_restore_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--max-new-tokens", type=int, default=0, help="tokens to decode (default: the task's)")
     p.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip the in-process minicache and h2o rows")
+    p.add_argument(
+        "--paper-profile",
+        default="h100",
+        help="an accelerator profile (tools.bench.compute_model: h100, a100, a800, custom:...) to plan the same restore for on paper",
+    )
+    p.add_argument(
+        "--paper-load-gbps", type=float, default=6.0, help="storage read rate of that host, GB/s (an assumption: one NVMe drive)"
+    )
     p.add_argument("--directory", default=".kvstore/bench", help="where the run's store lives (removed after)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=command_restore)
@@ -81,6 +89,14 @@ def add_restore_parser(sub) -> None:
 def command_restore(args) -> int:
     if min(args.tokens, args.examples, args.threads, args.group_layers) < 1:
         raise BenchError("--tokens, --examples, --threads and --group-layers must be positive")
+    from .compute_model import parse_profile
+
+    try:
+        args.paper = parse_profile(args.paper_profile)
+    except ValueError as exc:
+        raise BenchError(f"--paper-profile: {exc}") from None
+    if not args.paper_load_gbps > 0:
+        raise BenchError("--paper-load-gbps must be positive")
     report = run_restore(args)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_restore(report))
     return 0
@@ -294,7 +310,34 @@ def _report(args, pm, examples, rows, profile, seconds) -> dict:
         "profile": {"flops_per_s": profile.flops_per_s, "load_bytes_per_s": profile.load_bytes_per_s} if profile else None,
         "seconds": seconds,
         "systems": systems,
+        "paper": _paper_plans(args, pm.decoder, examples),
     }
+
+
+def _paper_plans(args, model, examples) -> dict:
+    """The same restores planned for ``--paper-profile`` (compute) and ``--paper-load-gbps`` (storage): the
+    cost model's times, nothing measured.  Stored bytes in 16 bits as a GPU keeps KV, quantized as stored."""
+    from engine_client.krul import HardwareProfile, plan_restore, recompute_flops
+    from engine_client.runner import model_geometry
+    from kvstore.geometry import ModelSpec, StoreGeometry
+
+    n = int(np.mean([ex.num_prefix_tokens for ex in examples]))
+    profile = HardwareProfile(args.paper.flops_per_s, args.paper_load_gbps * 1e9)
+    f, f_att = recompute_flops(model.config)
+    m = model_geometry(model).model
+    half = StoreGeometry(ModelSpec(m.num_layers, m.num_kv_heads, m.head_dim, "bfloat16"), group_layers=args.group_layers)
+    quant = StoreGeometry(half.model, group_layers=args.group_layers, kv_quant=args.kv_quant)
+    out = {"profile": args.paper.name, "flops_per_s": profile.flops_per_s, "load_bytes_per_s": profile.load_bytes_per_s, "tokens": n}
+    q = args.kv_quant
+    for name, geo in (("load", half), (f"load-{q}", quant)):
+        out[f"{name}_s"] = n * m.num_layers * (geo.kv_bytes(n) / (n * m.num_layers)) / profile.load_bytes_per_s
+    plan = plan_restore(
+        m.num_layers, n, recompute_flops_per_token_layer=f, attention_flops_per_token_pair=f_att,
+        bytes_per_token_layer=quant.kv_bytes(n) / (n * m.num_layers), profile=profile, step_tokens=quant.chunk_tokens,
+    )  # fmt: skip
+    out["recompute_s"] = plan.costs.times([n] * m.num_layers)[0]
+    out[f"krul-{q}"] = {"r_c": plan.r_c, "t_compute_s": plan.t_compute, "t_load_s": plan.t_load, "restore_s": plan.restore_s}
+    return out
 
 
 def format_restore(r: dict) -> str:
@@ -322,4 +365,14 @@ def format_restore(r: dict) -> str:
             head += f"  {'-':>7}  {'-':>6}  {'-':>7}  {'-':>5}  {'-':>8}  {'-':>6}  {'-':>11}  {'-':>9}"
         head += f"  {s['bytes_stored_mean'] / 1e6:>9.1f}  {s['storage_vs_load']:>6.2f}x"
         lines.append(head)
+    pp = r.get("paper")
+    if pp:
+        krul = next(k for k in pp if k.startswith("krul-"))
+        lines += [
+            "",
+            f"on paper, {pp['profile']} ({pp['flops_per_s'] / 1e12:.0f} TFLOP/s) with storage at {pp['load_bytes_per_s'] / 1e9:.1f} GB/s, "
+            f"{pp['tokens']} tokens: recompute {pp['recompute_s'] * 1e3:.2f} ms, load (16-bit) {pp['load_s'] * 1e3:.2f} ms, "
+            f"load-{krul[5:]} {pp['load-' + krul[5:] + '_s'] * 1e3:.2f} ms, {krul} r_c {pp[krul]['r_c']:.2f} -> "
+            f"{pp[krul]['restore_s'] * 1e3:.2f} ms (the cost model's times, not measured)",
+        ]
     return "\n".join(lines)
