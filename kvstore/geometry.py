@@ -204,14 +204,19 @@ class StoreGeometry:
         if not self.kv_quant or not raws:
             return np.concatenate([self.extent_array(r, group, int(t)) for r, t in zip(raws, token_counts)], axis=3)
         layers, counts = self.layers_in_group(group), [int(t) for t in token_counts]
-        parts = [None] * len(raws)
-        for t in sorted(set(counts)):
-            idx = [i for i, c in enumerate(counts) if c == t]
-            batch = np.stack([np.asarray(raws[i]).reshape(-1) for i in idx])
-            values = kvquant.decode_many(self.kv_quant, batch, layers, m.num_kv_heads, t, m.head_dim)  # [k, layers, 2, H, t, d]
-            for row, i in enumerate(idx):
-                parts[i] = values[row]
-        return float32_as_kv(np.concatenate(parts, axis=3), m.dtype)
+        out = np.empty((layers, 2, m.num_kv_heads, sum(counts), m.head_dim), dtype=np.float32)
+        i = row = 0
+        while i < len(counts):  # runs of equal-size extents (all full chunks, then a short last one)
+            j = i
+            while j < len(counts) and counts[j] == counts[i]:
+                j += 1
+            t, k = counts[i], j - i
+            batch = np.stack([np.asarray(r).reshape(-1) for r in raws[i:j]])
+            region = out[:, :, :, row : row + k * t].reshape(layers, 2, m.num_kv_heads, k, t, m.head_dim)
+            assert np.may_share_memory(region, out), "splitting the token axis is a view"
+            kvquant.decode_many(self.kv_quant, batch, layers, m.num_kv_heads, t, m.head_dim, out=region)
+            i, row = j, row + k * t
+        return float32_as_kv(out, m.dtype)
 
     def check_storable(self, kv: np.ndarray) -> None:
         """InvalidArgument naming ``kv`` when ``kv_quant`` cannot hold these values (checked before a put streams)."""

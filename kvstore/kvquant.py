@@ -164,14 +164,18 @@ def encode(name: str, extent: np.ndarray) -> np.ndarray:
 def decode(name: str, raw: np.ndarray, layers: int, heads: int, tokens: int, dim: int) -> np.ndarray:
     """The ``encode``d bytes back to ``[layers, 2, heads, tokens, dim]`` float32."""
     raw = np.ascontiguousarray(raw).reshape(-1).view(np.uint8)
-    return decode_many(name, raw.reshape(1, -1), layers, heads, tokens, dim)[0]
+    return decode_many(name, raw.reshape(1, -1), layers, heads, tokens, dim)[:, :, :, 0]
 
 
-def decode_many(name: str, raw: np.ndarray, layers: int, heads: int, tokens: int, dim: int) -> np.ndarray:
-    """``m`` extents of the same size at once, ``raw [m, extent bytes]`` uint8 -> ``[m, layers, 2, heads, tokens, dim]`` float32.
+def decode_many(name: str, raw: np.ndarray, layers: int, heads: int, tokens: int, dim: int, out: np.ndarray | None = None) -> np.ndarray:
+    """``m`` extents of the same size at once: ``raw [m, extent bytes]`` uint8 ->
+    ``[layers, 2, heads, m, tokens, dim]`` float32 (``out`` if given, any strides).
 
-    One pass of numpy over all of them: decoding a prefix's chunks one by one
-    spends most of its time in per-call overhead (16-token extents are small).
+    Chunks sit next to each other on the token axis, so ``reshape(layers, 2,
+    heads, m * tokens, dim)`` is the rows in order.  One numpy pass over all
+    of them, written in place: decoding chunks one by one spends most of its
+    time in per-call overhead (16-token extents are small), temporaries in
+    copies.
     """
     s = KV_QUANT[name]
     parts = layer_parts(name, heads, tokens, dim)
@@ -180,23 +184,28 @@ def decode_many(name: str, raw: np.ndarray, layers: int, heads: int, tokens: int
     if raw.ndim != 2 or raw.shape[1] != expected:
         raise InvalidArgument("extent", f"{raw.shape[-1]} bytes, a {name} extent of {layers} layers x {tokens} tokens has {expected}")
     m = raw.shape[0]
-    out = np.empty((m, layers, 2, heads, tokens, dim), dtype=np.float32)
+    if out is None:
+        out = np.empty((layers, 2, heads, m, tokens, dim), dtype=np.float32)
+    g = value_group(dim)
     off = 0
     for layer in range(layers):
         arrays = {}
         for part, shape, dt in parts:
             n = int(np.prod(shape)) * dt.itemsize
-            arrays[part] = np.ascontiguousarray(raw[:, off : off + n]).view(dt).reshape((m, *shape))
+            arrays[part] = raw[:, off : off + n].view(dt).reshape((m, *shape))
             off += n
         for kv, per_token, prefix in ((0, s.key_per_token, "k"), (1, True, "v")):
             codes = _unpack(arrays[f"{prefix}_codes"], s.bits, dim)  # [m, heads, tokens, dim]
             scale, zero = arrays[f"{prefix}_scale"].astype(np.float32), arrays[f"{prefix}_zero"].astype(np.float32)
-            if per_token:
-                g = value_group(dim)
-                grouped = codes.reshape(m, heads, tokens, dim // g, g).astype(np.float32)
-                out[:, layer, kv] = (grouped * scale[..., None] + zero[..., None]).reshape(m, heads, tokens, dim)
-            else:  # per channel: scale, zero [m, heads, dim]
-                out[:, layer, kv] = codes.astype(np.float32) * scale[:, :, None, :] + zero[:, :, None, :]
+            target = out[layer, kv].transpose(1, 0, 2, 3)  # [m, heads, tokens, dim], a view
+            if not per_token:  # per channel: scale, zero [m, heads, dim]
+                np.multiply(codes, scale[:, :, None, :], out=target)
+                np.add(target, zero[:, :, None, :], out=target)
+                continue
+            for i in range(dim // g):  # per token: scale, zero [m, heads, tokens, dim / g]
+                cols = target[..., i * g : (i + 1) * g]
+                np.multiply(codes[..., i * g : (i + 1) * g], scale[..., i : i + 1], out=cols)
+                np.add(cols, zero[..., i : i + 1], out=cols)
     return out
 
 
