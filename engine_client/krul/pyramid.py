@@ -72,14 +72,23 @@ SHAPES = ("pyramid", "uniform")
 
 @dataclass(frozen=True)
 class HardwareProfile:
-    """The two rates a plan balances: recompute FLOP/s and load bytes/s (``math.inf`` allowed)."""
+    """The two rates a plan balances: recompute FLOP/s and load bytes/s (``math.inf`` allowed).
+
+    ``overlap``: the share of the shorter stream that runs hidden under the
+    longer one, 1 when they use separate hardware (an accelerator computing
+    while storage reads), less when they share it (a CPU that recomputes and
+    also dequantizes what it loads); a restore takes
+    ``max(T_C, T_L) + (1 - overlap) x min(T_C, T_L)``.
+    """
 
     flops_per_s: float
     load_bytes_per_s: float
+    overlap: float = 1.0
 
     def __post_init__(self):
         check_real("profile.flops_per_s", self.flops_per_s, 0.0, math.inf, open_low=True)
         check_real("profile.load_bytes_per_s", self.load_bytes_per_s, 0.0, math.inf, open_low=True)
+        check_real("profile.overlap", self.overlap, 0.0, 1.0)
 
 
 @dataclass(frozen=True)
@@ -140,8 +149,9 @@ class RestorePlan:
 
     @property
     def restore_s(self) -> float:
-        """Both streams at once: ``max(T_C, T_L)``."""
-        return max(self.t_compute, self.t_load)
+        """Both streams at once: ``max(T_C, T_L)``, plus the part of the shorter one the profile cannot overlap."""
+        hidden = self.costs.profile.overlap
+        return max(self.t_compute, self.t_load) + (1.0 - hidden) * min(self.t_compute, self.t_load)
 
     @property
     def imbalance_s(self) -> float:
@@ -222,16 +232,22 @@ def plan_restore(
         raise InvalidArgument("bytes_per_token_layer", f"expected {num_layers} values (one per layer), got {len(bytes_per_token_layer)}")
     costs = RestoreCosts(num_tokens, recompute_flops_per_token_layer, attention_flops_per_token_pair, tuple(bytes_per_token_layer), profile)
     bounds = list(range(0, num_tokens, step_tokens)) + [num_tokens]  # the counts a layer may take
-    uniform = min((make_plan(costs, [n] * num_layers, "uniform") for n in bounds), key=_balance)
+    key = _balance if profile.overlap == 1.0 else _fastest  # with a partial overlap balance no longer means fastest
+    uniform = min((make_plan(costs, [n] * num_layers, "uniform") for n in bounds), key=key)
     if shape == "uniform":
         return uniform
     candidates = [make_plan(costs, counts, "pyramid") for counts in _cheapest_path(costs, bounds)]
-    return min([*candidates, uniform], key=_balance)  # min keeps the first of equals: the path's
+    return min([*candidates, uniform], key=key)  # min keeps the first of equals: the path's
 
 
 def _balance(plan: RestorePlan) -> tuple[float, float]:
     """Sort key: the smaller imbalance, then the shorter restore."""
     return plan.imbalance_s, plan.restore_s
+
+
+def _fastest(plan: RestorePlan) -> tuple[float, float]:
+    """Sort key when the streams do not fully overlap: the shorter restore, then the smaller imbalance."""
+    return plan.restore_s, plan.imbalance_s
 
 
 def _step_cost(costs: RestoreCosts, bounds: list[int], layer: int, index: int) -> float:
@@ -244,14 +260,27 @@ def _step_cost(costs: RestoreCosts, bounds: list[int], layer: int, index: int) -
 
 
 def _cheapest_path(costs: RestoreCosts, bounds: list[int]) -> list[list[int]]:
-    """The last two plans (counts) of the pyramid path, around where ``T_C - T_L`` turns non-negative; one if it never moves."""
+    """The last two plans (counts) of the pyramid path, around where ``T_C - T_L`` turns non-negative; one if it never moves.
+
+    With a partial overlap (``profile.overlap < 1``) the walk goes on to the
+    end of the path and the fastest plan seen is a third candidate: a step
+    past the balance still shortens ``T_C + T_L`` terms while it costs less
+    compute than the load it saves.
+    """
     num_layers = costs.num_layers
     index = [0] * num_layers  # layer l recomputes bounds[index[l]] tokens
     last = len(bounds) - 1
     gap = -costs.times([0] * num_layers)[1]  # T_C - T_L, kept up to date step by step
     heap = [(_step_cost(costs, bounds, 0, 0), 0)] if last else []  # layers that can grow by one step
     previous = None
-    while gap < 0 and heap:
+    walk_on = costs.profile.overlap < 1.0
+    best = ([0] * num_layers, make_plan(costs, [0] * num_layers).restore_s) if walk_on else None
+    crossing = None  # (previous step, index) where T_C - T_L first is non-negative
+    while heap:
+        if gap >= 0 and crossing is None:
+            crossing = (previous, list(index))
+            if not walk_on:
+                break
         _, layer = heapq.heappop(heap)
         i = index[layer]
         gap += costs.compute_s(bounds[i + 1]) - costs.compute_s(bounds[i]) + costs.load_s(layer, bounds[i + 1] - bounds[i])
@@ -261,10 +290,19 @@ def _cheapest_path(costs: RestoreCosts, bounds: list[int]) -> list[list[int]]:
             heapq.heappush(heap, (_step_cost(costs, bounds, layer, index[layer]), layer))
         if layer + 1 < num_layers and index[layer + 1] == i:  # the next layer was held at this one's count
             heapq.heappush(heap, (_step_cost(costs, bounds, layer + 1, i), layer + 1))
+        if walk_on:
+            counts = [bounds[k] for k in index]
+            restore = make_plan(costs, counts).restore_s
+            if restore < best[1]:
+                best = (counts, restore)
+    if crossing is None:
+        crossing = (previous, list(index))
+    previous, index = crossing
     after = [bounds[i] for i in index]
+    extra = [best[0]] if best is not None else []
     if previous is None:
-        return [after]
+        return [after, *extra]
     layer, i = previous
     before = list(after)
     before[layer] = bounds[i]
-    return [before, after]
+    return [before, after, *extra]

@@ -16,7 +16,8 @@ finished before the recompute (the bubbles a balanced plan avoids).
 
 ``measure_profile`` times both paths on the prefix itself (a few layers'
 recompute of a sample of tokens; a read of some chunks of every layer,
-dequantization included), so a plan balances this machine's rates; a
+dequantization included) and then both at once, so a plan balances this
+machine's rates and knows how much of one stream the other hides; a
 profile for a GPU can be given instead (``HardwareProfile``).
 """
 
@@ -148,38 +149,58 @@ def restore_kv(model, client, prefix_id: str, tokens, geometry: StoreGeometry, p
 
 @torch.inference_mode()
 def measure_profile(
-    model, client, prefix_id: str, tokens, geometry: StoreGeometry, *, sample_tokens: int = 256, shm=None
+    model, client, prefix_id: str, tokens, geometry: StoreGeometry, *, sample_tokens: int = 1024, shm=None
 ) -> HardwareProfile:
-    """This machine's recompute FLOP/s and load bytes/s, timed on the prefix itself.
+    """This machine's recompute FLOP/s, load bytes/s and how far the two overlap, timed on the prefix itself.
 
     Recompute: the first ``sample_tokens`` tokens through the first two
     layers (projections, MLP and causal attention FLOPs as ``recompute_flops``
     counts them).  Load: the chunks of those tokens for every stored group,
-    read and dequantized as ``restore_kv`` does; bytes are the stored
-    (quantized) bytes, so the plan's ``bytes_per_token_layer`` must be too.
+    read and dequantized as ``restore_kv`` does, one call per group (a
+    sample as large as the restores it plans for keeps the per-call cost in
+    proportion); bytes are the stored (quantized) bytes, so the plan's
+    ``bytes_per_token_layer`` must be too.  Overlap: both again at once, the
+    load in a thread as in a restore; the share of the shorter one that the
+    joint time hides (1: separate hardware; near 0 on a CPU whose cores both
+    streams need).
     """
     tokens = torch.as_tensor(np.asarray(tokens), dtype=torch.long).reshape(-1)
     k = max(1, min(sample_tokens, tokens.numel()))
     f, f_att = recompute_flops(model.config)
     layers = min(2, model.num_layers)
-    hidden = model.embed(tokens[:k])
     positions = torch.arange(k)
-    model.layer_forward(0, hidden, positions, None)  # warm the kernels
-    t0 = time.perf_counter()
-    for layer in range(layers):
-        hidden, _ = model.layer_forward(layer, hidden, positions, None)
-    compute_s = time.perf_counter() - t0
-    flops = layers * (k * f + f_att * k * (k + 1) / 2)
     chunks = range(geometry.num_chunks(k))
+
+    def compute():
+        hidden = model.embed(tokens[:k])
+        for layer in range(layers):
+            hidden, _ = model.layer_forward(layer, hidden, positions, None)
+
+    def load() -> int:
+        useful = 0
+        for g in range(geometry.num_groups):
+            span = geometry.group_layer_range(g)
+            with client.read_chunks(prefix_id, chunks, layer_start=span.start, layer_end=span.stop, shm=shm) as read:
+                np.ascontiguousarray(read.group_kv(g))
+                useful += read.bytes_useful
+        return useful
+
+    compute()  # warm the kernels
     t0 = time.perf_counter()
-    useful = 0
-    for g in range(geometry.num_groups):
-        layer_range = geometry.group_layer_range(g)
-        with client.read_chunks(prefix_id, chunks, layer_start=layer_range.start, layer_end=layer_range.stop, shm=shm) as read:
-            np.ascontiguousarray(read.group_kv(g))
-            useful += read.bytes_useful
+    compute()
+    compute_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    useful = load()
     load_s = time.perf_counter() - t0
-    return HardwareProfile(flops / max(compute_s, 1e-9), useful / max(load_s, 1e-9))
+    thread = threading.Thread(target=load, daemon=True)
+    t0 = time.perf_counter()
+    thread.start()
+    compute()
+    thread.join()
+    both_s = time.perf_counter() - t0
+    overlap = (compute_s + load_s - both_s) / max(min(compute_s, load_s), 1e-9)
+    flops = layers * (k * f + f_att * k * (k + 1) / 2)
+    return HardwareProfile(flops / max(compute_s, 1e-9), useful / max(load_s, 1e-9), min(1.0, max(0.0, overlap)))
 
 
 def bytes_per_token_layer(geometry: StoreGeometry, num_tokens: int) -> float:

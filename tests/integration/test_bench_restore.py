@@ -28,7 +28,7 @@ def test_restore_bench_reports_every_system_from_its_rows(tmp_path):
     assert abs(krul["ttft_mean_vs_krul"] - 1.0) < 1e-9
     assert abs(load["ttft_mean_vs_krul"] - load["ttft_s_mean"] / krul["ttft_s_mean"]) < 1e-9
     assert abs(quant["storage_vs_load"] - rows["load"]["bytes_stored"] / rows["load-kv4t"]["bytes_stored"]) < 1e-9
-    assert r["profile"]["flops_per_s"] > 0 and r["profile"]["load_bytes_per_s"] > 0
+    assert r["profile"]["flops_per_s"] > 0 and r["profile"]["load_bytes_per_s"] > 0 and 0 <= r["profile"]["overlap"] <= 1
     for s in systems.values():
         assert s["correct"] == sum(row["correct"] for row in s["rows"]) and s["examples"] == 1
     assert rows["load"]["first_token_agrees"]  # the reference agrees with itself

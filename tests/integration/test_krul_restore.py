@@ -75,6 +75,7 @@ def test_a_measured_profile_makes_a_balanced_plan(daemon, tiny_model):
         pid = client.put_prefix(tokens.numpy(), kv, geo).prefix_id
         profile = measure_profile(tiny_model, client, pid, tokens, geo, sample_tokens=32)
         assert 0 < profile.flops_per_s < float("inf") and 0 < profile.load_bytes_per_s < float("inf")
+        assert 0.0 <= profile.overlap <= 1.0
         f, f_att = recompute_flops(tiny_model.config)
         plan = plan_restore(
             2,

@@ -206,3 +206,34 @@ def test_recompute_flops_of_a_llama_layer():
     f, f_att = recompute_flops(config)
     qkv, out, mlp = 64 * (4 + 2 + 2) * 16, 4 * 16 * 64, 3 * 64 * 160
     assert f == 2 * (qkv + out + mlp) and f_att == 4 * 4 * 16
+
+
+def _restore_s(costs: RestoreCosts, counts) -> float:
+    t_compute, t_load = loop_times(costs, counts)
+    o = costs.profile.overlap
+    return max(t_compute, t_load) + (1 - o) * min(t_compute, t_load)
+
+
+@settings(max_examples=200, deadline=None)
+@given(problem=problems(max_layers=4, max_tokens=24), overlap=st.floats(0.0, 0.99))
+def test_with_streams_that_share_hardware_the_plan_is_no_slower_than_all_load_all_recompute_or_uniform(problem, overlap):
+    problem["profile"] = dataclasses.replace(problem["profile"], overlap=overlap)
+    plan = plan_restore(**problem)
+    check_plan(plan)
+    costs, n = plan.costs, problem["num_tokens"]
+    assert math.isclose(plan.restore_s, _restore_s(costs, plan.recompute_tokens), rel_tol=1e-9, abs_tol=1e-12)
+    bounds = sorted({*range(0, n, problem["step_tokens"]), n})
+    others = [[0] * costs.num_layers, [n] * costs.num_layers, *([b] * costs.num_layers for b in bounds)]
+    assert plan.restore_s <= min(_restore_s(costs, c) for c in others) * (1 + 1e-9) + 1e-12
+
+
+def test_serial_streams_load_what_is_cheaper_to_load_and_recompute_what_is_cheaper_to_recompute():
+    kw = dict(num_layers=4, num_tokens=64, recompute_flops_per_token_layer=100.0, bytes_per_token_layer=10.0, step_tokens=16)
+    loads = plan_restore(**kw, profile=HardwareProfile(1000.0, 1000.0, overlap=0.0))  # 0.1 s to recompute, 0.01 s to load a token
+    assert loads.recompute_tokens == (0, 0, 0, 0)
+    computes = plan_restore(**kw, profile=HardwareProfile(1e5, 10.0, overlap=0.0))  # 1 ms to recompute, 1 s to load
+    assert computes.recompute_tokens == (64, 64, 64, 64)
+    concurrent = plan_restore(**kw, profile=HardwareProfile(1000.0, 1000.0))  # fully overlapped: balance, some recompute
+    assert 0 < concurrent.r_c < 1
+    with pytest.raises(InvalidArgument, match="overlap"):
+        HardwareProfile(1.0, 1.0, overlap=1.5)

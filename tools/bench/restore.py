@@ -307,7 +307,9 @@ def _report(args, pm, examples, rows, profile, seconds) -> dict:
         "threads": args.threads,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, CPU only",
         "load_average_1min_before": round(os.getloadavg()[0], 2),
-        "profile": {"flops_per_s": profile.flops_per_s, "load_bytes_per_s": profile.load_bytes_per_s} if profile else None,
+        "profile": {"flops_per_s": profile.flops_per_s, "load_bytes_per_s": profile.load_bytes_per_s, "overlap": profile.overlap}
+        if profile
+        else None,
         "seconds": seconds,
         "systems": systems,
         "paper": _paper_plans(args, pm.decoder, examples),
@@ -346,7 +348,7 @@ def format_restore(r: dict) -> str:
         f"{r['model']} {r['task']} @ {r['tokens']} tokens, {r['examples']} conversations (seeds {r['seeds']}), "
         f"compressed form {r['kv_quant']}, {r['threads']} threads, {r['seconds']:.0f}s",
         f"measured profile: recompute {p['flops_per_s'] / 1e9:.1f} GFLOP/s, load {p['load_bytes_per_s'] / 1e6:.0f} MB/s "
-        f"(stored bytes, dequantization included)",
+        f"(stored bytes, dequantization included), overlap {p.get('overlap', 1.0):.2f} (share of the shorter stream hidden)",
         "",
         f"{'system':>18}  {'correct':>8}  {'Wilson 95%':>13}  {'agree':>5}  {'TTFT s':>7}  {'P95 s':>6}  {'vs krul':>7}  "
         f"{'r_c':>5}  {'recomp s':>8}  {'load s':>6}  {'idle C/L s':>11}  {'loaded MB':>9}  {'stored MB':>9}  {'smaller':>7}",
