@@ -20,7 +20,9 @@ Cost model (``RestoreCosts``), in seconds:
   layer of a merged pair can cost less), at ``load_bytes_per_s``;
   ``T_L = sum_l (N - n_l) x bytes_l / bandwidth``;
 * the restore takes ``max(T_C, T_L)``; a plan is chosen to make
-  ``|T_C - T_L|`` small.
+  ``|T_C - T_L|`` small.  When the two streams share hardware
+  (``HardwareProfile.overlap`` below 1) it takes
+  ``max + (1 - overlap) x min`` and the plan is the fastest instead.
 
 Counts move in steps of ``step_tokens`` (a store restoring whole 16-token
 chunks passes 16; the last step of a layer may be shorter when it does not
@@ -263,9 +265,9 @@ def _cheapest_path(costs: RestoreCosts, bounds: list[int]) -> list[list[int]]:
     """The last two plans (counts) of the pyramid path, around where ``T_C - T_L`` turns non-negative; one if it never moves.
 
     With a partial overlap (``profile.overlap < 1``) the walk goes on to the
-    end of the path and the fastest plan seen is a third candidate: a step
-    past the balance still shortens ``T_C + T_L`` terms while it costs less
-    compute than the load it saves.
+    end of the path and the fastest plan seen is a third candidate: past the
+    balance a step still shortens the restore while its compute costs less
+    than the unhidden share of the load it saves.
     """
     num_layers = costs.num_layers
     index = [0] * num_layers  # layer l recomputes bounds[index[l]] tokens
