@@ -88,3 +88,33 @@ def test_a_measured_profile_makes_a_balanced_plan(daemon, tiny_model):
         )
         got, _ = restore_kv(tiny_model, client, pid, tokens, geo, plan)
     assert got.shape == kv.shape
+
+
+def test_a_conversation_compressed_and_restored_through_the_daemon_answers_like_the_uncompressed_one(daemon, tiny_model):
+    from engine_client.generation import suffix_over_prefix
+
+    plain = model_geometry(tiny_model, group_layers=1)
+    quant = model_geometry(tiny_model, group_layers=1, kv_quant="kv8")
+    history, turn = torch.arange(N) * 5 % 500, torch.tensor([7, 8, 9, 10])
+    _, kv = chunked_prefill(tiny_model, history)
+    with KVStoreClient(daemon.target) as client:
+        client.append_turn("user-1", 0, client.put_prefix(history.numpy(), kv, plain).prefix_id)
+        small = client.put_prefix(history.numpy(), kv, quant).prefix_id
+        client.mark_inactive("user-1", compressed_prefix_id=small, format="kv8", strategy={"kv_quant": "kv8"})
+        info = client.get_conversation("user-1")
+        assert info.state == "inactive" and info.compressed.prefix_id == small
+        assert info.compressed_bytes == quant.kv_bytes(N) < info.uncompressed_bytes / 3
+        logits = {}
+        for name, geo, pid, counts in (
+            ("uncompressed", plain, info.turns[-1].prefix_id, (0, 0)),
+            ("kv8", quant, info.compressed.prefix_id, (0, 0)),
+            ("kv8-pyramid", quant, info.compressed.prefix_id, (32, 16)),
+        ):
+            restored, _ = restore_kv(tiny_model, client, pid, history, geo, _plan(tiny_model, geo, counts))
+            logits[name], _ = suffix_over_prefix(tiny_model, restored, N, turn)
+    reference, _ = suffix_over_prefix(tiny_model, kv, N, turn)
+    torch.testing.assert_close(logits["uncompressed"], reference, rtol=0, atol=0)  # loaded bytes are the stored bytes
+    for name in ("kv8", "kv8-pyramid"):  # 8-bit KV: the next turn's logits move by far less than their spread
+        drift = float((logits[name] - reference).abs().max() / reference.std())
+        assert drift < 0.05, drift
+        assert logits[name].argmax() == reference.argmax()
