@@ -33,9 +33,8 @@ import torch
 
 from kvstore.geometry import StoreGeometry
 
+from ..client import to_torch
 from .pyramid import HardwareProfile, RestorePlan, check_plan, recompute_flops
-
-_TORCH = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ def _first_chunks(plan_counts, geometry: StoreGeometry) -> list[int]:
 def _loader(client, prefix_id, geometry, plan_counts, num_tokens, out: queue.Queue, stats: dict, shm) -> None:
     """Put ``(layer, kv [2, H, rows, d] torch)`` of the loaded rows for every layer, in layer order, then None."""
     try:
-        c, dtype = geometry.chunk_tokens, _TORCH[geometry.model.dtype]
+        c = geometry.chunk_tokens
         num_chunks = geometry.num_chunks(num_tokens)
         for g, first in enumerate(_first_chunks(plan_counts, geometry)):
             layers = geometry.group_layer_range(g)
@@ -71,7 +70,7 @@ def _loader(client, prefix_id, geometry, plan_counts, num_tokens, out: queue.Que
                     arr = np.ascontiguousarray(read.group_kv(g))  # [layers, 2, H, rows, d], dequantized, a copy
                     stats["bytes_read"] += read.bytes_read
                     stats["bytes_useful"] += read.bytes_useful
-                kv = torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16) if dtype is torch.bfloat16 else torch.from_numpy(arr)
+                kv = to_torch(arr, geometry.model.dtype)
             else:
                 kv = None
             stats["load_s"] += time.perf_counter() - t0
