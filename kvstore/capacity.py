@@ -4,7 +4,8 @@ Usage is the bytes of segment files the index references (each record's
 ``total_bytes``) plus what puts in progress have reserved, kept as running
 counters.  A put that would take usage past ``disk_high_watermark`` first
 evicts down to ``disk_low_watermark`` (with its own bytes counted), by the
-policy in ``kvstore.policy.disk``; prefixes in use are never evicted.  If
+policy in ``kvstore.policy.disk``; prefixes in use, and those conversation
+records hold (``conversations.held_prefix_id``), are never evicted.  If
 usage still cannot fit the put under ``max_disk_bytes``, the put fails as
 full.  Evictions delete through the store's normal delete path, then
 compaction reclaims what they left dead in shared segments.
@@ -67,7 +68,8 @@ class DiskCapacity:
                 if self.used_bytes + self.reserved_bytes + nbytes > self.max_bytes:
                     raise StoreFull(
                         f"store is at its capacity: {nbytes} bytes needed, {self.used_bytes} stored and "
-                        f"{self.reserved_bytes} reserved of max_disk_bytes {self.max_bytes}, the rest in use"
+                        f"{self.reserved_bytes} reserved of max_disk_bytes {self.max_bytes}, the rest in use or held by "
+                        "conversation records (kvstore-admin conversations; delete the ones no longer needed)"
                     )
                 self.reserved_bytes += nbytes
         return nbytes
@@ -106,6 +108,8 @@ class DiskCapacity:
         if not holds.claim([prefix_id]):
             return False  # a read or put took it meanwhile
         try:
+            if prefix_id in self.store.conversations.held():
+                return False  # a record named it after the victims were chosen (recording holds the prefix)
             crash_point("evict:claimed")
             before = self.used_bytes
             self.store.delete(prefix_id, compact=False)  # compacted once, after the last victim
@@ -122,6 +126,7 @@ class DiskCapacity:
             manifests = [ix.loads(v) for _, v in txn.cursor(db=store.index.manifests)]
             records = {int.from_bytes(k, "big"): ix.loads(v) for k, v in txn.cursor(db=store.index.segments)}
         seg_scores = store.scores.segment_totals()
+        held = store.conversations.held()
         costs = []
         for m in manifests:
             own = {p["segment_id"] for p in m["segments"] if records[p["segment_id"]]["refcount"] == 1}
@@ -131,7 +136,7 @@ class DiskCapacity:
                     bytes_freed=sum(records[s]["total_bytes"] for s in own),
                     score=sum(seg_scores.get(s, 0.0) for s in own),
                     created=m["created"],
-                    in_use=store.holds.in_use(m["prefix_id"]),
+                    in_use=m["prefix_id"] in held or store.holds.in_use(m["prefix_id"]),
                 )
             )
         return costs

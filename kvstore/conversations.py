@@ -18,8 +18,13 @@ before anything changes.  ``Conversations`` applies them: one lock per
 record, the record file written durably (``conversation_files.py``), then
 the index commit (``index_ops``), and only then the answer.
 
-Prefixes stay cache entries: eviction or ``Delete`` may remove one, and the
-record then reports it as not stored instead of failing.  ``stored_bytes``
+A record holds one prefix against eviction (``held_prefix_id``): the one a
+restore reads, the compressed form of an inactive conversation that has
+one, else the last turn's history.  The others (earlier turns, the
+uncompressed history of a compressed conversation) stay cache entries:
+eviction, like ``Delete``, may remove one, and the record then reports it
+as not stored instead of failing.  Deleting the conversation releases its
+hold.  ``stored_bytes``
 counts the segment files of the prefixes still stored, each segment once
 (chunks shared between turns count once; a segment shared with a prefix
 outside the conversation counts whole).
@@ -163,6 +168,13 @@ def prefix_ids(record: dict) -> list[str]:
     return list(dict.fromkeys(ids))
 
 
+def held_prefix_id(record: dict) -> str:
+    """The prefix a record keeps from eviction: an inactive conversation's compressed form, else its last turn's."""
+    if record["state"] == INACTIVE and record.get("compressed"):
+        return record["compressed"]["prefix_id"]
+    return record["turns"][-1]["prefix_id"]
+
+
 def check_record(record: dict) -> bytes:
     """The key of a record read from a file; ValueError, KeyError or TypeError if it is not one."""
     key = check_key(record["namespace"], record["conversation_id"])
@@ -191,8 +203,9 @@ class Conversations:
         key = check_key(namespace, conversation_id)
         if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
             raise InvalidArgument("turn", f"must be an integer >= 0, got {turn!r}")
-        view = self.store.describe((resolve or self.store.resolve)(prefix_id))
-        with self._locks.locked(key):
+        full_id = (resolve or self.store.resolve)(prefix_id)
+        with self.store.holds.hold(full_id), self._locks.locked(key):  # no eviction between describe and commit
+            view = self.store.describe(full_id)
             record = ops.conversation(self.index, key)
             new = appended(record, namespace, conversation_id, turn, view, time.time())
             if new is None:
@@ -212,10 +225,9 @@ class Conversations:
             raise InvalidArgument("format" if fmt else "strategy_json", "must be empty without a compressed_prefix_id")
         else:
             strategy = {}
-        view = None
-        if compressed_prefix_id:
-            view = self.store.describe((resolve or self.store.resolve)(compressed_prefix_id))
-        with self._locks.locked(key):
+        full_id = (resolve or self.store.resolve)(compressed_prefix_id) if compressed_prefix_id else None
+        with self.store.holds.hold(full_id), self._locks.locked(key):  # no eviction between describe and commit
+            view = None if full_id is None else self.store.describe(full_id)
             record = self._record(key, namespace, conversation_id)
             new = marked_inactive(record, view, fmt, strategy, time.time())
             self._commit(key, record, new)
@@ -223,6 +235,10 @@ class Conversations:
 
     def get(self, namespace: str, conversation_id: str) -> dict:
         return self._record(check_key(namespace, conversation_id), namespace, conversation_id)
+
+    def held(self) -> set[str]:
+        """The prefixes records keep from eviction, one per conversation (``held_prefix_id``)."""
+        return {held_prefix_id(r) for r in ops.conversations(self.index).values()}
 
     def records(self, namespace: str | None = None) -> list[dict]:
         """Every record (of one namespace), in namespace and id order."""

@@ -86,6 +86,36 @@ def test_a_held_prefix_is_never_evicted_and_a_put_that_cannot_fit_changes_nothin
         assert_exact(store, c, kv_c)
 
 
+def test_a_conversation_holds_the_prefix_its_restore_reads_until_it_is_deleted(store_config):
+    # 2.5 segments: every third put evicts one prefix; the record's held prefix is never the one
+    with ChunkStore(capped(store_config, 2.5)) as store:
+        conv = store.conversations
+        a, kv_a = put(store, 0)
+        conv.append_turn("", "chat", 0, a)  # active: the last turn's history is held
+        b, _ = put(store, 1)
+        warm(store, b)  # a is the cheaper victim, but the record holds it
+        c, kv_c = put(store, 2)
+        assert {p["prefix_id"] for p in store.list_prefixes()} == {a, c}
+        assert_exact(store, a, kv_a)
+        # inactive with a compressed form: the hold moves to it, the uncompressed history is a cache entry again
+        conv.mark_inactive("", "chat", c, "kv8", "")
+        warm(store, a)
+        d, _ = put(store, 3)
+        assert {p["prefix_id"] for p in store.list_prefixes()} == {c, d}
+        info = conv.info(conv.get("", "chat"))
+        assert info["missing_prefixes"] == 1 and info["compressed"]["stored"]
+        # everything left held or in use: the put is refused, names the records, and changes nothing
+        with store.holds.hold(d):
+            with pytest.raises(StoreFull, match="held by conversation records"):
+                put(store, 4)
+            assert {p["prefix_id"] for p in store.list_prefixes()} == {c, d}
+        assert_exact(store, c, kv_c)
+        conv.delete("", "chat")  # the hold goes with the record
+        warm(store, d)
+        put(store, 5)
+        assert c not in {p["prefix_id"] for p in store.list_prefixes()}
+
+
 def test_usage_counter_survives_restart_and_matches_the_index(store_config):
     cfg = capped(store_config, 4)
     with ChunkStore(cfg) as store:
