@@ -119,12 +119,15 @@ def decode_greedy(
     max_new_tokens: int,
     stop_ids: frozenset[int] = frozenset(),
     row_masks: Sequence[torch.Tensor | None] | None = None,
+    observe=None,
 ) -> tuple[list[int], list[float], str]:
     """Greedy tokens from ``first_logits`` on; ``kv`` grows by one row per layer per step.
 
     ``next_position`` is the position of the first generated token (prefix +
     suffix length).  ``row_masks[layer] [Hkv, r]`` (or None) hides the first
     ``r`` rows of the layer per KV head; the rows after them stay visible.
+    ``observe(layer, hidden, position, keys)``: called after each layer of
+    each step (``prefill.prefill_with_attention`` says with what).
     Returns ``(tokens, step seconds, stop reason)``.
     """
     if len(kv) != model.num_layers:
@@ -135,8 +138,11 @@ def decode_greedy(
         position = torch.tensor([next_position + len(tokens) - 1])
         hidden = model.embed(torch.tensor([tokens[-1]]))  # [1, hidden]
         for layer in range(model.num_layers):
+            layer_input = hidden
             hidden, new_kv = model.layer_forward(layer, hidden, position, kv.view(layer), _grown(row_masks, layer, kv.rows(layer)))
             kv.append(layer, new_kv)
+            if observe is not None:
+                observe(layer, layer_input, position, kv.view(layer)[0])
         tokens.append(int(model.final_logits(hidden).argmax()))
         steps.append(time.perf_counter() - t0)
     return tokens, steps, "eos" if tokens[-1] in stop_ids else "length"
@@ -160,6 +166,7 @@ def suffix_over_prefix(
     row_masks: Sequence[torch.Tensor | None] | None = None,
     sparse_alpha: float | None = None,
     densities: list[float] | None = None,
+    observe=None,
 ):
     """The suffix over prefix rows ``keep_rows`` (all if None) of ``prefix_kv [L, 2, Hkv, n, d]``.
 
@@ -167,6 +174,7 @@ def suffix_over_prefix(
     ``sparse_alpha``: each layer's suffix attends through the lines covering
     that share of its last queries' attention (``sparse_prefill.pattern``);
     each layer's density is appended to ``densities``.
+    ``observe``: as in ``decode_greedy`` (with the full prefix only).
     Returns ``(first logits [vocab], per-layer KV [2, Hkv, rows + s, d])``.
     """
     positions = torch.arange(num_prefix, num_prefix + suffix.numel())
@@ -183,8 +191,11 @@ def suffix_over_prefix(
             if densities is not None:
                 densities.append(density)
         mask = None if row_masks is None else row_masks[layer]
+        layer_input = hidden
         hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows, mask, pattern_mask)
         layers.append(torch.cat([rows, suffix_kv], dim=2))
+        if observe is not None:
+            observe(layer, layer_input, positions, layers[-1][0])
     return model.final_logits(hidden), layers
 
 
@@ -200,6 +211,7 @@ def dense_generate(
     prefix_kv: torch.Tensor | None = None,
     streaming=None,
     sparse_prefill: float | None = None,
+    observe=None,
 ) -> GenerationResult:
     """Full-KV reference: prefill the prefix, run the suffix over its rows (``keep_rows``: only those), decode.
 
@@ -207,24 +219,28 @@ def dense_generate(
     ``streaming`` (a ``model.streaming.StreamingHeads``): its streaming heads
     see only the sink and recent prefix rows.  ``sparse_prefill`` (alpha in
     (0, 1]): the suffix's prefill through LoopServe's lines (``sparse_prefill``).
+    ``observe`` (e.g. ``krul.AttentionEstimator.observe``) sees every layer of
+    the prefill, the suffix and each decoding step; with the full KV only.
     """
     max_new_tokens = check_max_new_tokens(max_new_tokens)
+    if observe is not None and (keep_rows is not None or streaming is not None or sparse_prefill is not None):
+        raise ValueError("observe sees dense attention over the full KV: not with keep_rows, streaming or sparse_prefill")
     prefix = torch.as_tensor(np.asarray(prefix_tokens), dtype=torch.long).reshape(-1)
     suffix = torch.as_tensor(np.asarray(suffix_tokens), dtype=torch.long).reshape(-1)
     if prefix.numel() == 0 or suffix.numel() == 0:
         raise ValueError("prefix_tokens and suffix_tokens must not be empty")
     t0 = time.perf_counter()
     if prefix_kv is None:
-        _, prefix_kv = chunked_prefill(model, prefix)
+        _, prefix_kv = chunked_prefill(model, prefix, observe=observe)
     positions = torch.arange(prefix.numel()) if keep_rows is None else keep_rows
     masks = row_masks(streaming, [positions] * model.num_layers, prefix.numel())
     densities: list[float] = []
-    logits, layers = suffix_over_prefix(model, prefix_kv, prefix.numel(), suffix, keep_rows, masks, sparse_prefill, densities)
+    logits, layers = suffix_over_prefix(model, prefix_kv, prefix.numel(), suffix, keep_rows, masks, sparse_prefill, densities, observe)
     ttft = time.perf_counter() - t0
     kv = LayerKV(layers, max_new_tokens)
     rows = [kv.rows(i) - suffix.numel() for i in range(len(kv))]
     tokens, steps, stop = decode_greedy(
-        model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids), masks
+        model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids), masks, observe
     )
     density = sum(densities) / len(densities) if densities else None
     return GenerationResult(tokens, ttft, steps, stop, logits, _text(tokenizer, tokens), rows_attended=rows, prefill_density=density)

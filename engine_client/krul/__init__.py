@@ -5,6 +5,8 @@ Policies over torch tensors and plain numbers, and their restoration through the
 - ``sketch``: a conversation's attention statistics per layer (a pooled
   attention map on a fixed grid and the edge mass), folded in from prefill
   blocks and decode rows without keeping any ``n x n`` map;
+- ``estimator``: the sketch fed by the model's own prefill and decoding
+  (their ``observe`` callback), computed in a background thread;
 - ``strategy``: which layers stay whole (input-sensitive) and which pairs
   share one merged KV, chosen greedily by map distance;
 - ``merge``: the MiniCache-style merge of a pair's KV and its restoration;
@@ -20,6 +22,7 @@ Policies over torch tensors and plain numbers, and their restoration through the
     plan = plan_restore(30, n, recompute_flops_per_token_layer=f, bytes_per_token_layer=b, profile=p)
 """
 
+from .estimator import AttentionEstimator
 from .merge import MergedPair, merge_pair, restore
 from .pyramid import HardwareProfile, RestoreCosts, RestorePlan, check_plan, make_plan, plan_restore, recompute_flops, repair
 from .restoration import RestoreTimings, bytes_per_token_layer, measure_profile, restore_kv
@@ -27,6 +30,7 @@ from .sketch import AttentionSketch, AttentionStats, edge_mass, pooled_attention
 from .strategy import Strategy, choose_strategy, layer_distances
 
 __all__ = [
+    "AttentionEstimator",
     "AttentionSketch",
     "AttentionStats",
     "HardwareProfile",

@@ -144,6 +144,11 @@ LAZY_COMMANDS = {
         "add_restore_parser",
         "restore an inactive conversation: recompute, load, Krul (TTFT, bytes, accuracy)",
     ),
+    "estimator": (
+        "tools.bench.estimator",
+        "add_estimator_parser",
+        "Krul's attention estimator: its cost on generation (time per token, memory)",
+    ),
     "replay": (
         "tools.bench.replay_cli",
         "add_replay_parser",
