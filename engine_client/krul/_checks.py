@@ -32,14 +32,14 @@ def check_real(name: str, value: object, low: float, high: float, *, open_low: b
     return value
 
 
-def check_tensor(name: str, value: object, dims: int) -> torch.Tensor:
-    """A finite floating-point tensor of ``dims`` dimensions."""
+def check_tensor(name: str, value: object, dims: int, *, finite: bool = True) -> torch.Tensor:
+    """A floating-point tensor of ``dims`` dimensions, finite unless ``finite=False`` (the caller checks what it derives)."""
     if not isinstance(value, torch.Tensor):
         raise InvalidArgument(name, f"must be a torch.Tensor, got {type(value).__name__}")
     if value.dim() != dims:
         raise InvalidArgument(name, f"expected {dims} dimensions, got shape {tuple(value.shape)}")
     if not value.is_floating_point():
         raise InvalidArgument(name, f"must be floating point, got {value.dtype}")
-    if not torch.isfinite(value).all():
+    if finite and not torch.isfinite(value).all():
         raise InvalidArgument(name, "contains NaN or infinity")
     return value

