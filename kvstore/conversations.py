@@ -302,7 +302,7 @@ class Conversations:
             if comp is None
             else {
                 **{k: v for k, v in comp.items() if k != "strategy"},
-                "strategy_json": json.dumps(comp["strategy"], separators=(",", ":")),
+                "strategy_json": json.dumps(comp["strategy"], separators=(",", ":"), sort_keys=True),
                 "stored": comp["prefix_id"] in views,
             },
             "created": record["created"],

@@ -200,6 +200,27 @@ def cmd_conversations(admin, args) -> tuple[object, str, int]:
     return items, text, 0
 
 
+def _strategy_lines(strategy: dict) -> list[list[str]]:
+    """The strategy's own fields on one line; a worker's recorded statistics (``krul.record_strategy``:
+    ``selector``, ``edge_mass``), where they have that shape, on lines of their own."""
+    rest, lines = dict(strategy), []
+    selector = rest.get("selector")
+    if isinstance(selector, dict) and {"gamma", "ratio", "non_ir", "pairs"} <= set(selector):
+        del rest["selector"]
+        lines.append(
+            [
+                "selector",
+                f"gamma {selector['gamma']}, ratio {selector['ratio']}: input-sensitive layers "
+                f"{json.dumps(selector['non_ir'])}, pairs {json.dumps(selector['pairs'])}",
+            ]
+        )
+    edge = rest.get("edge_mass")
+    if isinstance(edge, list) and edge and all(isinstance(e, (int, float)) and not isinstance(e, bool) for e in edge):
+        del rest["edge_mass"]
+        lines.append(["edge mass", f"per layer {' '.join(f'{e:.2f}' for e in edge)}"])
+    return [["strategy", json.dumps(rest, sort_keys=True)], *lines]
+
+
 def cmd_conversation(admin, args) -> tuple[object, str, int]:
     info = _readable(admin.get_conversation(args.conversation_id, args.namespace))
     comp = info["compressed"]
@@ -220,7 +241,7 @@ def cmd_conversation(admin, args) -> tuple[object, str, int]:
         head += [
             ["compressed prefix", f"{comp['prefix_id']}{'' if comp['stored'] else ' (NOT STORED)'}"],
             ["format", comp["format"]],
-            ["strategy", json.dumps(comp["strategy"], sort_keys=True)],
+            *_strategy_lines(comp["strategy"]),
         ]
     rows = [
         [

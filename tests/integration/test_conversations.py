@@ -21,7 +21,11 @@ GEO = StoreGeometry(ModelSpec(4, 2, 8, "float16"), chunk_tokens=16, group_layers
 MERGED = StoreGeometry(ModelSpec(2, 2, 8, "float16"), chunk_tokens=16, group_layers=2)
 HISTORY = (48, 88, 130)  # tokens of each turn's history: 3 whole chunks, then 40 and 42 more tokens
 TOKENS, KV = make_tokens(200, 1), make_kv(GEO, 200, 1)
-STRATEGY = {"pairs": [[0, 1], [2, 3]], "recompute_tokens": [16, 8]}
+STRATEGY = {
+    "recompute_tokens": [16, 8],
+    "selector": {"gamma": 0.6, "ratio": 0.5, "non_ir": [0], "pairs": [[2, 3]], "distances": [0.1], "num_layers": 4},
+    "edge_mass": [0.31, 0.9, 1.0, 1.25],
+}
 
 
 def admin(*argv) -> subprocess.CompletedProcess:
@@ -100,7 +104,8 @@ def test_a_conversation_grows_turn_by_turn_is_compressed_and_shown(daemon_factor
         assert footer == "1 conversations"
         shown = admin("--socket-path", d.socket, "conversation", "chat-1")
         assert shown.returncode == 0, shown.stderr
-        assert "krul-merge" in shown.stdout and json.dumps(STRATEGY, sort_keys=True) in shown.stdout
+        assert "krul-merge" in shown.stdout and '{"recompute_tokens": [16, 8]}' in shown.stdout
+        assert "input-sensitive layers [0], pairs [[2, 3]]" in shown.stdout and "per layer 0.31 0.90 1.00 1.25" in shown.stdout
         turn_rows = [ln.split() for ln in shown.stdout.splitlines() if ln.split()[:1] in (["0"], ["1"], ["2"])]
         assert [(r[0], r[1], r[2], r[-1]) for r in turn_rows] == [
             (str(i), p.prefix_id, str(n), "yes") for i, (p, n) in enumerate(zip(puts, HISTORY))
