@@ -27,7 +27,7 @@ from .merge import MergedPair, merge_pair, restore
 from .pyramid import HardwareProfile, RestoreCosts, RestorePlan, check_plan, make_plan, plan_restore, recompute_flops, repair
 from .restoration import RestoreTimings, bytes_per_token_layer, measure_profile, restore_kv
 from .sketch import AttentionSketch, AttentionStats, edge_mass, pooled_attention
-from .strategy import Strategy, choose_strategy, layer_distances
+from .strategy import Strategy, choose_strategy, layer_distances, record_strategy
 
 __all__ = [
     "AttentionEstimator",
@@ -51,6 +51,7 @@ __all__ = [
     "plan_restore",
     "pooled_attention",
     "recompute_flops",
+    "record_strategy",
     "repair",
     "restore",
 ]

@@ -32,6 +32,9 @@ def test_restore_bench_reports_every_system_from_its_rows(tmp_path):
     for s in systems.values():
         assert s["correct"] == sum(row["correct"] for row in s["rows"]) and s["examples"] == 1
     assert rows["load"]["first_token_agrees"]  # the reference agrees with itself
+    # the record's statistics came from an estimator fed by the history's prefill
+    k = rows["krul-kv4t"]
+    assert k["estimator_busy_s"] > 0 and 0 < k["non_ir"] <= 30 and 2 * len(k["pairs"]) <= 15
     paper = r["paper"]  # the same restore planned for an H100 host: modelled times, in order
     assert paper["profile"] == "h100" and 0 <= paper["krul-kv4t"]["r_c"] <= 1
     assert paper["krul-kv4t"]["restore_s"] <= min(paper["recompute_s"], paper["load-kv4t_s"]) + 1e-12

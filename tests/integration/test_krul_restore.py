@@ -5,7 +5,16 @@ import pytest
 import torch
 
 from engine_client.client import KVStoreClient, as_numpy_kv
-from engine_client.krul import HardwareProfile, make_plan, plan_restore, recompute_flops
+from engine_client.krul import (
+    AttentionEstimator,
+    HardwareProfile,
+    Strategy,
+    choose_strategy,
+    make_plan,
+    plan_restore,
+    recompute_flops,
+    record_strategy,
+)
 from engine_client.krul.pyramid import RestoreCosts
 from engine_client.krul.restoration import bytes_per_token_layer, measure_profile, restore_kv
 from engine_client.prefill import chunked_prefill
@@ -96,13 +105,20 @@ def test_a_conversation_compressed_and_restored_through_the_daemon_answers_like_
     plain = model_geometry(tiny_model, group_layers=1)
     quant = model_geometry(tiny_model, group_layers=1, kv_quant="kv8")
     history, turn = torch.arange(N) * 5 % 500, torch.tensor([7, 8, 9, 10])
-    _, kv = chunked_prefill(tiny_model, history)
+    with AttentionEstimator(tiny_model, grid=8) as estimator:  # the worker's sketch of the conversation, fed by its prefill
+        _, kv = chunked_prefill(tiny_model, history, observe=estimator.observe)
+        stats = estimator.stats()
+    selected = choose_strategy(stats, gamma=0.6, ratio=0.5)
     with KVStoreClient(daemon.target) as client:
         client.append_turn("user-1", 0, client.put_prefix(history.numpy(), kv, plain).prefix_id)
         small = client.put_prefix(history.numpy(), kv, quant).prefix_id
-        client.mark_inactive("user-1", compressed_prefix_id=small, format="kv8", strategy={"kv_quant": "kv8"})
+        strategy = record_strategy(stats, selected, kv_quant="kv8", restore="pyramid")
+        client.mark_inactive("user-1", compressed_prefix_id=small, format="kv8", strategy=strategy)
         info = client.get_conversation("user-1")
         assert info.state == "inactive" and info.compressed.prefix_id == small
+        kept = info.compressed.strategy  # the statistics travel with the record
+        assert kept["kv_quant"] == "kv8" and Strategy.from_dict(kept["selector"]) == selected
+        assert kept["edge_mass"] == pytest.approx(stats.edge_mass.tolist(), abs=1e-4)
         assert info.compressed_bytes == quant.kv_bytes(N) < info.uncompressed_bytes / 3
         logits = {}
         for name, geo, pid, counts in (

@@ -8,7 +8,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine_client.krul import AttentionSketch, AttentionStats, Strategy, choose_strategy, edge_mass, layer_distances, pooled_attention
+from engine_client.krul import (
+    AttentionSketch,
+    AttentionStats,
+    Strategy,
+    choose_strategy,
+    edge_mass,
+    layer_distances,
+    pooled_attention,
+    record_strategy,
+)
 from kvstore.wire import InvalidArgument
 
 
@@ -211,6 +220,18 @@ def test_bad_parameters_name_their_field(kwargs, field):
     stats = AttentionStats(torch.zeros(4, 1, 2, 2), torch.ones(4))
     with pytest.raises(InvalidArgument, match=f"^{field}: "):
         choose_strategy(stats, **kwargs)
+
+
+def test_the_recorded_strategy_keeps_the_choice_and_each_layers_edge_mass_and_refuses_a_mismatch():
+    stats = AttentionStats(torch.rand(4, 1, 2, 2, generator=torch.Generator().manual_seed(0)), torch.tensor([0.2, 0.91234, 1.5, 1.9]))
+    chosen = choose_strategy(stats, gamma=0.5, ratio=1.0)
+    kept = record_strategy(stats, chosen, kv_quant="kv8")
+    assert kept["kv_quant"] == "kv8" and Strategy.from_dict(kept["selector"]) == chosen
+    assert kept["edge_mass"] == [0.2, 0.9123, 1.5, 1.9]
+    with pytest.raises(InvalidArgument, match="^strategy: has 4 layers, the statistics 2"):
+        record_strategy(AttentionStats(torch.zeros(2, 1, 2, 2), torch.ones(2)), chosen)
+    with pytest.raises(InvalidArgument, match="^strategy: \\['edge_mass'\\] are the statistics' fields"):
+        record_strategy(stats, chosen, edge_mass=[1.0])
 
 
 def test_inconsistent_statistics_are_refused():

@@ -72,6 +72,8 @@ def add_restore_parser(sub) -> None:
     p.add_argument("--group-layers", type=int, default=4, help="layers per stored group (a load is one call per group)")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--max-new-tokens", type=int, default=0, help="tokens to decode (default: the task's)")
+    p.add_argument("--gamma", type=float, default=0.6, help="the recorded strategy's input-sensitivity threshold")
+    p.add_argument("--ratio", type=float, default=0.5, help="the recorded strategy's share of paired layers")
     p.add_argument("--no-baselines", dest="baselines", action="store_false", help="skip the in-process minicache and h2o rows")
     p.add_argument(
         "--paper-profile",
@@ -95,6 +97,8 @@ def command_restore(args) -> int:
         args.paper = parse_profile(args.paper_profile)
     except ValueError as exc:
         raise BenchError(f"--paper-profile: {exc}") from None
+    if not 0.0 <= args.gamma <= 2.0 or not 0.0 <= args.ratio <= 1.0:
+        raise BenchError("--gamma must be in [0, 2] (an edge mass) and --ratio in [0, 1]")
     if not args.paper_load_gbps > 0:
         raise BenchError("--paper-load-gbps must be positive")
     report = run_restore(args)
@@ -143,7 +147,17 @@ def run_restore(args) -> dict:
 
 def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
     from engine_client.generation import dense_generate
-    from engine_client.krul import bytes_per_token_layer, make_plan, measure_profile, plan_restore, recompute_flops, restore_kv
+    from engine_client.krul import (
+        AttentionEstimator,
+        bytes_per_token_layer,
+        choose_strategy,
+        make_plan,
+        measure_profile,
+        plan_restore,
+        recompute_flops,
+        record_strategy,
+        restore_kv,
+    )
     from engine_client.krul.pyramid import RestoreCosts
     from engine_client.prefill import prefill_with_attention
     from engine_client.runner import model_geometry
@@ -154,7 +168,12 @@ def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
     turn = torch.as_tensor(ex.suffix_tokens, dtype=torch.long)
     n, num_layers = history.numel(), model.num_layers
     max_new = args.max_new_tokens or int(ex.meta.get("max_new_tokens", 16))
-    _, kv, mass = prefill_with_attention(model, history, range(num_layers) if args.baselines else ())
+    with AttentionEstimator(model) as estimator:  # the worker's sketch of the conversation, fed by its own prefill
+        _, kv, mass = prefill_with_attention(model, history, range(num_layers) if args.baselines else (), observe=estimator.observe)
+        t0 = time.perf_counter()
+        stats = estimator.stats()
+        estimator_row = {"estimator_wait_s": time.perf_counter() - t0, "estimator_busy_s": estimator.busy_s}
+    selected = choose_strategy(stats, gamma=args.gamma, ratio=args.ratio)
     plain = model_geometry(model, group_layers=args.group_layers)
     quant = model_geometry(model, group_layers=args.group_layers, kv_quant=q)
     # the conversation as a worker leaves it: its history stored and recorded as a turn, then marked
@@ -162,7 +181,9 @@ def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
     conv = f"bench-{args.stream}-{ex.seed}"
     client.append_turn(conv, 0, client.put_prefix(history.numpy(), kv, plain).prefix_id)
     compressed = client.put_prefix(history.numpy(), kv, quant).prefix_id
-    strategy = {"kv_quant": q, "restore": "pyramid", "group_layers": args.group_layers}
+    # what the record keeps: how to restore the compressed form, and the statistics a later compression starts from
+    # (the selector's pairs are not merged: "Restoring a conversation" in the README says why)
+    strategy = record_strategy(stats, selected, kv_quant=q, restore="pyramid", group_layers=args.group_layers, merge="none")
     client.mark_inactive(conv, compressed_prefix_id=compressed, format=q, strategy=strategy)
     if profile is None:
         profile = measure_profile(model, client, compressed, history, quant)
@@ -222,6 +243,7 @@ def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
         }
     for row in out.values():
         row["first_token_agrees"] = row["first_token"] == out["load"]["first_token"]
+    out[f"krul-{q}"].update(estimator_row, non_ir=len(selected.non_ir), pairs=[list(p) for p in selected.pairs])
     if args.baselines:
         out.update(_baselines(model, tok, ex, history, turn, kv, mass, max_new, plain, quant, reference))
     return profile, out
@@ -288,6 +310,12 @@ def _report(args, pm, examples, rows, profile, seconds) -> dict:
                     for k in ("restore_s", "recompute_s", "load_s", "compute_wait_s", "load_idle_s", "bytes_loaded", "r_c")
                 },
             )
+        if "estimator_busy_s" in rs[0]:  # the sketch the record's statistics come from, fed by the history's prefill
+            s.update(
+                estimator_busy_s_mean=float(np.mean([r["estimator_busy_s"] for r in rs])),
+                estimator_wait_s_mean=float(np.mean([r["estimator_wait_s"] for r in rs])),
+                non_ir_mean=float(np.mean([r["non_ir"] for r in rs])),
+            )
         systems[name] = s
     base = systems[krul]
     for s in systems.values():
@@ -304,6 +332,9 @@ def _report(args, pm, examples, rows, profile, seconds) -> dict:
         "seeds": [examples[0].seed, examples[-1].seed] if examples else [],
         "kv_quant": q,
         "group_layers": args.group_layers,
+        "gamma": args.gamma,
+        "ratio": args.ratio,
+        "num_layers": pm.decoder.num_layers,
         "threads": args.threads,
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, CPU only",
         "load_average_1min_before": round(os.getloadavg()[0], 2),
@@ -367,6 +398,14 @@ def format_restore(r: dict) -> str:
             head += f"  {'-':>7}  {'-':>6}  {'-':>7}  {'-':>5}  {'-':>8}  {'-':>6}  {'-':>11}  {'-':>9}"
         head += f"  {s['bytes_stored_mean'] / 1e6:>9.1f}  {s['storage_vs_load']:>6.2f}x"
         lines.append(head)
+    est = r["systems"].get(f"krul-{r['kv_quant']}", {})
+    if "estimator_busy_s_mean" in est:
+        lines += [
+            "",
+            f"recorded statistics (gamma {r.get('gamma')}, ratio {r.get('ratio')}): the estimator's thread busy "
+            f"{est['estimator_busy_s_mean']:.2f} s per history, {est['estimator_wait_s_mean']:.2f} s waited for after its prefill; "
+            f"{est['non_ir_mean']:.1f} input-sensitive layers of {r.get('num_layers')} on average",
+        ]
     pp = r.get("paper")
     if pp:
         krul = next(k for k in pp if k.startswith("krul-"))
