@@ -1,6 +1,8 @@
-"""Text output of the console tools: byte sizes and aligned tables."""
+"""Text output of the console tools: byte sizes, times and aligned tables."""
 
 from __future__ import annotations
+
+import time
 
 
 def human_bytes(nbytes: float) -> str:
@@ -26,3 +28,8 @@ def format_table(headers: list[str] | None, rows: list[list], right: set[int] | 
         parts = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
         lines.append("  ".join(parts).rstrip())
     return "\n".join(lines)
+
+
+def when(ts: float) -> str:
+    """A UNIX time as local ``YYYY-MM-DD HH:MM:SS``."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))

@@ -1,15 +1,19 @@
 """``kvstore-bench restore``: bringing back an inactive conversation's KV, every way side by side, with its answer.
 
     kvstore-bench restore --model smollm2-135m --task multiturn --tokens 2048 --examples 20 \\
-        [--kv-quant kv8] [--stream eval] [--threads 2] [--json]
+        [--workload fixed|sharegpt] [--kv-quant kv8] [--stream eval] [--threads 2] [--json]
 
 Each example is a conversation of the real-text ``multiturn`` task: the
 earlier turns (the needle in one of them) are the stored history, the last
-user turn (the question) is the new input.  The history is prefilled once
-and stored in a daemon started for the run as a worker leaves a conversation:
-its history put and recorded as a turn (``AppendTurn``), then marked
-inactive (``MarkInactive``) with its KV quantized (``--kv-quant``) as the
-compressed form.  Then per conversation, in one interleaved run, each
+user turn (the question) is the new input; ``--tokens`` long, or with
+``--workload sharegpt`` as long as the returns to inactive conversations of
+a ShareGPT-shaped trace (``sharegpt_lengths``, capped at ``--tokens``).  The
+history is prefilled once, an ``AttentionEstimator`` fed by that prefill,
+and stored in a daemon started for the run as a worker leaves a
+conversation: its history put and recorded as a turn (``AppendTurn``), then
+marked inactive (``MarkInactive``) with its KV quantized (``--kv-quant``)
+as the compressed form and the estimator's statistics as its strategy
+(``krul.record_strategy`` at ``--gamma`` / ``--ratio``).  Then per conversation, in one interleaved run, each
 system looks the conversation up (``GetConversation``: which prefix holds
 which form) and restores it:
 
@@ -36,15 +40,15 @@ Reported per system: TTFT (restore + the new turn's prefill) mean and P95,
 each as a ratio to ``krul-<q>``; restore time split into recompute, load,
 recompute idle for loads and loader idle (bubbles); bytes stored and
 loaded; accuracy with its Wilson interval; the first answer token's
-agreement with ``load`` (uncompressed restoration).  The measured profile
-and the chosen recompute share ``r_c`` are printed.
+agreement with ``load`` (uncompressed restoration); with ``sharegpt``,
+TTFT per bin of history length.  The measured profile and the chosen
+recompute share ``r_c`` are printed, and the estimator's time per history.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import platform
 import shutil
 import tempfile
 import time
@@ -53,11 +57,12 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
-from .eval_common import wilson_interval
 from .io_jobs import BenchError
+from .restore_report import format_restore, make_report
 
 QUANT = ("kv8", "kv4", "kv8t", "kv4t")
 SINK_TOKENS, RECENT_TOKENS = 16, 64
+MIN_SHAREGPT_TOKENS = 256  # a return shorter than this is floored to it (a multiturn conversation needs a few turns)
 
 
 def add_restore_parser(sub) -> None:
@@ -66,6 +71,12 @@ def add_restore_parser(sub) -> None:
     p.add_argument("--task", default="multiturn", help="a real-text task (engine_client.tasks.text); multiturn by default")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of each conversation (history + new turn)")
     p.add_argument("--examples", type=int, default=20, help="conversations")
+    p.add_argument(
+        "--workload",
+        choices=("fixed", "sharegpt"),
+        default="fixed",
+        help="fixed: every conversation --tokens long; sharegpt: the lengths of returns in a ShareGPT-shaped trace, capped at --tokens",
+    )
     p.add_argument("--stream", choices=("eval", "tune"), default="eval", help="seed stream of the examples")
     p.add_argument("--start", type=int, default=0, help="first seed's offset in the stream")
     p.add_argument("--kv-quant", choices=QUANT, default="kv8", help="the compressed form's quantization (kvstore.kvquant)")
@@ -106,8 +117,25 @@ def command_restore(args) -> int:
     return 0
 
 
-def _systems(q: str) -> list[str]:
-    return ["recompute", "load", f"load-{q}", f"krul-{q}", f"krul-{q}-uniform"]
+def sharegpt_lengths(args) -> list[int]:
+    """Tokens of ``--examples`` returns to an inactive conversation (history + the new input), in trace order.
+
+    From ``workloads.conversation_trace`` (the ShareGPT shape Krul quotes:
+    outputs ~6.5x the inputs), seeded by the stream and ``--start``: every
+    turn after the first is a return; its length is capped at ``--tokens``
+    (the model's reach on this machine) and floored at ``MIN_SHAREGPT_TOKENS``.
+    """
+    from engine_client.tasks.text import seeds
+    from engine_client.workloads import conversation_trace
+
+    seed = seeds(1, args.stream, args.start)[0]
+    out: list[int] = []
+    conversations = args.examples
+    while len(out) < args.examples:  # a trace long enough to hold that many returns
+        events = conversation_trace(conversations, seed=seed)
+        out = [min(args.tokens, max(MIN_SHAREGPT_TOKENS, e.history_tokens + e.input_tokens)) for e in events if e.turn > 0]
+        conversations *= 2
+    return out[: args.examples]
 
 
 def run_restore(args) -> dict:
@@ -123,8 +151,11 @@ def run_restore(args) -> dict:
         pm = zoo.load(args.model, dtype=torch.float32)
     except (zoo.UnknownModel, zoo.ModelNotInstalled) as exc:
         raise BenchError(str(exc)) from None
-    try:
-        examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=args.stream, start=args.start)
+    lengths = sharegpt_lengths(args) if args.workload == "sharegpt" else [args.tokens] * args.examples
+    try:  # one example per length, seeds in order from --start (a held-out stream by default)
+        examples = [
+            text.examples(args.task, pm.tokenizer, 1, n, stream=args.stream, start=args.start + i)[0] for i, n in enumerate(lengths)
+        ]
     except (KeyError, ValueError) as exc:
         raise BenchError(f"--task {args.task} --tokens {args.tokens}: {exc}") from None
     rows: dict[str, list[dict]] = {}
@@ -142,7 +173,7 @@ def run_restore(args) -> dict:
             for name, row in per.items():
                 rows.setdefault(name, []).append(row)
         seconds = time.perf_counter() - started
-    return _report(args, pm, examples, rows, profile, seconds)
+    return make_report(args, pm, examples, rows, profile, seconds)
 
 
 def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
@@ -226,6 +257,7 @@ def _one_conversation(pm, client, ex, args, profile, *, warm: bool):
             reference = gen
         out[name] = {
             "seed": ex.seed,
+            "history_tokens": ex.num_prefix_tokens,
             "correct": bool(ex.is_correct(gen.text)),
             "text": gen.text,
             "first_token": int(gen.tokens[0]) if gen.tokens else -1,
@@ -275,6 +307,7 @@ def _baselines(model, tok, ex, history, turn, kv, mass, max_new, plain, quant, r
         gen = dense_generate(model, history, turn, max_new, tokenizer=tok, **kw)
         out[name] = {
             "seed": ex.seed,
+            "history_tokens": ex.num_prefix_tokens,
             "correct": bool(ex.is_correct(gen.text)),
             "text": gen.text,
             "first_token_agrees": bool(gen.tokens[:1] == reference.tokens[:1]),
@@ -282,138 +315,3 @@ def _baselines(model, tok, ex, history, turn, kv, mass, max_new, plain, quant, r
             **({"pair_angle_median_rad": float(np.median(angles))} if name == "minicache" else {}),
         }
     return out
-
-
-def _report(args, pm, examples, rows, profile, seconds) -> dict:
-    q = args.kv_quant
-    krul = f"krul-{q}"
-    systems = {}
-    for name, rs in rows.items():
-        correct = sum(r["correct"] for r in rs)
-        lo, hi = wilson_interval(correct, len(rs))
-        s = {
-            "examples": len(rs),
-            "correct": correct,
-            "accuracy": correct / len(rs),
-            "wilson95": [lo, hi],
-            "first_token_agreement": float(np.mean([r["first_token_agrees"] for r in rs])),
-            "bytes_stored_mean": float(np.mean([r["bytes_stored"] for r in rs])),
-            "rows": rs,
-        }
-        if "ttft_s" in rs[0]:
-            ttft = np.array([r["ttft_s"] for r in rs])
-            s.update(
-                ttft_s_mean=float(ttft.mean()),
-                ttft_s_p95=float(np.percentile(ttft, 95)),
-                **{
-                    f"{k}_mean": float(np.mean([r[k] for r in rs]))
-                    for k in ("restore_s", "recompute_s", "load_s", "compute_wait_s", "load_idle_s", "bytes_loaded", "r_c")
-                },
-            )
-        if "estimator_busy_s" in rs[0]:  # the sketch the record's statistics come from, fed by the history's prefill
-            s.update(
-                estimator_busy_s_mean=float(np.mean([r["estimator_busy_s"] for r in rs])),
-                estimator_wait_s_mean=float(np.mean([r["estimator_wait_s"] for r in rs])),
-                non_ir_mean=float(np.mean([r["non_ir"] for r in rs])),
-            )
-        systems[name] = s
-    base = systems[krul]
-    for s in systems.values():
-        if "ttft_s_mean" in s:
-            s["ttft_mean_vs_krul"] = s["ttft_s_mean"] / base["ttft_s_mean"]
-            s["ttft_p95_vs_krul"] = s["ttft_s_p95"] / base["ttft_s_p95"]
-        s["storage_vs_load"] = systems["load"]["bytes_stored_mean"] / s["bytes_stored_mean"]
-    return {
-        "model": args.model,
-        "task": args.task,
-        "tokens": args.tokens,
-        "examples": len(examples),
-        "stream": args.stream,
-        "seeds": [examples[0].seed, examples[-1].seed] if examples else [],
-        "kv_quant": q,
-        "group_layers": args.group_layers,
-        "gamma": args.gamma,
-        "ratio": args.ratio,
-        "num_layers": pm.decoder.num_layers,
-        "threads": args.threads,
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, CPU only",
-        "load_average_1min_before": round(os.getloadavg()[0], 2),
-        "profile": {"flops_per_s": profile.flops_per_s, "load_bytes_per_s": profile.load_bytes_per_s, "overlap": profile.overlap}
-        if profile
-        else None,
-        "seconds": seconds,
-        "systems": systems,
-        "paper": _paper_plans(args, pm.decoder, examples),
-    }
-
-
-def _paper_plans(args, model, examples) -> dict:
-    """The same restores planned for ``--paper-profile`` (compute) and ``--paper-load-gbps`` (storage): the
-    cost model's times, nothing measured.  Stored bytes in 16 bits as a GPU keeps KV, quantized as stored."""
-    from engine_client.krul import HardwareProfile, plan_restore, recompute_flops
-    from engine_client.runner import model_geometry
-    from kvstore.geometry import ModelSpec, StoreGeometry
-
-    n = int(np.mean([ex.num_prefix_tokens for ex in examples]))
-    profile = HardwareProfile(args.paper.flops_per_s, args.paper_load_gbps * 1e9)
-    f, f_att = recompute_flops(model.config)
-    m = model_geometry(model).model
-    half = StoreGeometry(ModelSpec(m.num_layers, m.num_kv_heads, m.head_dim, "bfloat16"), group_layers=args.group_layers)
-    quant = StoreGeometry(half.model, group_layers=args.group_layers, kv_quant=args.kv_quant)
-    out = {"profile": args.paper.name, "flops_per_s": profile.flops_per_s, "load_bytes_per_s": profile.load_bytes_per_s, "tokens": n}
-    q = args.kv_quant
-    for name, geo in (("load", half), (f"load-{q}", quant)):
-        out[f"{name}_s"] = n * m.num_layers * (geo.kv_bytes(n) / (n * m.num_layers)) / profile.load_bytes_per_s
-    plan = plan_restore(
-        m.num_layers, n, recompute_flops_per_token_layer=f, attention_flops_per_token_pair=f_att,
-        bytes_per_token_layer=quant.kv_bytes(n) / (n * m.num_layers), profile=profile, step_tokens=quant.chunk_tokens,
-    )  # fmt: skip
-    out["recompute_s"] = plan.costs.times([n] * m.num_layers)[0]
-    out[f"krul-{q}"] = {"r_c": plan.r_c, "t_compute_s": plan.t_compute, "t_load_s": plan.t_load, "restore_s": plan.restore_s}
-    return out
-
-
-def format_restore(r: dict) -> str:
-    p = r["profile"]
-    lines = [
-        f"{r['model']} {r['task']} @ {r['tokens']} tokens, {r['examples']} conversations (seeds {r['seeds']}), "
-        f"compressed form {r['kv_quant']}, {r['threads']} threads, {r['seconds']:.0f}s",
-        f"measured profile: recompute {p['flops_per_s'] / 1e9:.1f} GFLOP/s, load {p['load_bytes_per_s'] / 1e6:.0f} MB/s "
-        f"(stored bytes, dequantization included), overlap {p.get('overlap', 1.0):.2f} (share of the shorter stream hidden)",
-        "",
-        f"{'system':>18}  {'correct':>8}  {'Wilson 95%':>13}  {'agree':>5}  {'TTFT s':>7}  {'P95 s':>6}  {'vs krul':>7}  "
-        f"{'r_c':>5}  {'recomp s':>8}  {'load s':>6}  {'idle C/L s':>11}  {'loaded MB':>9}  {'stored MB':>9}  {'smaller':>7}",
-    ]
-    for name, s in r["systems"].items():
-        lo, hi = s["wilson95"]
-        acc = f"{s['correct']}/{s['examples']}"
-        head = f"{name:>18}  {acc:>8}  {lo:>5.1%}-{hi:>6.1%}  {s['first_token_agreement']:>5.0%}"
-        if "ttft_s_mean" in s:
-            idle = f"{s['compute_wait_s_mean']:.2f}/{s['load_idle_s_mean']:.2f}"
-            head += (
-                f"  {s['ttft_s_mean']:>7.2f}  {s['ttft_s_p95']:>6.2f}  {s['ttft_mean_vs_krul']:>6.2f}x  {s['r_c_mean']:>5.2f}  "
-                f"{s['recompute_s_mean']:>8.2f}  {s['load_s_mean']:>6.2f}  {idle:>11}  {s['bytes_loaded_mean'] / 1e6:>9.1f}"
-            )
-        else:
-            head += f"  {'-':>7}  {'-':>6}  {'-':>7}  {'-':>5}  {'-':>8}  {'-':>6}  {'-':>11}  {'-':>9}"
-        head += f"  {s['bytes_stored_mean'] / 1e6:>9.1f}  {s['storage_vs_load']:>6.2f}x"
-        lines.append(head)
-    est = r["systems"].get(f"krul-{r['kv_quant']}", {})
-    if "estimator_busy_s_mean" in est:
-        lines += [
-            "",
-            f"recorded statistics (gamma {r.get('gamma')}, ratio {r.get('ratio')}): the estimator's thread busy "
-            f"{est['estimator_busy_s_mean']:.2f} s per history, {est['estimator_wait_s_mean']:.2f} s waited for after its prefill; "
-            f"{est['non_ir_mean']:.1f} input-sensitive layers of {r.get('num_layers')} on average",
-        ]
-    pp = r.get("paper")
-    if pp:
-        krul = next(k for k in pp if k.startswith("krul-"))
-        lines += [
-            "",
-            f"on paper, {pp['profile']} ({pp['flops_per_s'] / 1e12:.0f} TFLOP/s) with storage at {pp['load_bytes_per_s'] / 1e9:.1f} GB/s, "
-            f"{pp['tokens']} tokens: recompute {pp['recompute_s'] * 1e3:.2f} ms, load (16-bit) {pp['load_s'] * 1e3:.2f} ms, "
-            f"load-{krul[5:]} {pp['load-' + krul[5:] + '_s'] * 1e3:.2f} ms, {krul} r_c {pp[krul]['r_c']:.2f} -> "
-            f"{pp[krul]['restore_s'] * 1e3:.2f} ms (the cost model's times, not measured)",
-        ]
-    return "\n".join(lines)
