@@ -27,6 +27,10 @@ only by sharing the cores, which ``kvstore-bench estimator`` measures.
 ``stats()`` sends what is gathered, waits for the thread to finish and
 returns the sketch's ``AttentionStats`` - the same, up to float rounding,
 as feeding the whole maps at once (``tests/unit/test_krul_estimator.py``).
+With ``row_stride=s`` only the rows at positions ``s-1, 2s-1, ...`` are
+computed (``AttentionSketch.add_rows``): about ``s`` times less work, and
+statistics that estimate the whole map's (``kvstore-bench estimator``
+measures how often they choose the same strategy).
 ``busy_s`` (the thread's compute time), ``queued_peak_bytes`` (hidden
 inputs waiting at most at once) and ``sketch.nbytes`` are its cost;
 ``kvstore-bench estimator`` measures it on generation.
@@ -51,13 +55,24 @@ from .sketch import AttentionSketch, AttentionStats
 class AttentionEstimator:
     """An ``AttentionSketch`` of one conversation, fed by ``observe`` and computed in a background thread."""
 
-    def __init__(self, model, *, grid: int = 32, decode_batch: int = 16, block_rows: int = 256, nice: int = 10, defer: bool = False):
+    def __init__(
+        self,
+        model,
+        *,
+        grid: int = 32,
+        decode_batch: int = 16,
+        block_rows: int = 256,
+        nice: int = 10,
+        defer: bool = False,
+        row_stride: int = 1,
+    ):
         config = model.config
         self.model = model
         self.sketch = AttentionSketch(config.num_hidden_layers, config.num_attention_heads, grid=grid)
         self.decode_batch = check_int("decode_batch", decode_batch, 1)
         self.block_rows = check_int("block_rows", block_rows, 1)
         self.nice = check_int("nice", nice, 0, 19)
+        self.row_stride = check_int("row_stride", row_stride, 1)
         self.niced = False  # whether the thread runs at the lower priority (Linux)
         if not isinstance(defer, bool):
             raise InvalidArgument("defer", f"must be a bool, got {defer!r}")
@@ -173,22 +188,28 @@ class AttentionEstimator:
 
     @torch.inference_mode()
     def _fold(self, layer: int, hidden: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor) -> None:
-        """The causal attention rows of ``positions`` over ``keys``, block by block, into the sketch."""
-        q = self.model.layer_queries(layer, hidden, positions).float()  # [Hq, s, d]
-        hq, s, d = q.shape
-        first = int(positions[0])
-        keys = keys[:, : first + s].float()  # [Hkv, k, d]
-        hkv = keys.shape[0]
+        """The causal attention rows of ``positions`` (every ``row_stride``-th) over ``keys``, block by block, into the sketch."""
+        covered = int(positions[-1]) + 1  # the job's rows, folded or skipped
+        if self.row_stride > 1:
+            keep = positions % self.row_stride == self.row_stride - 1
+            hidden, positions = hidden[keep], positions[keep]
+        s = positions.numel()
+        if s:
+            q = self.model.layer_queries(layer, hidden, positions).float()  # [Hq, s, d]
+            keys = keys[:, :covered].float()  # [Hkv, k, d]
         for start in range(0, s, self.block_rows):
             stop = min(start + self.block_rows, s)
-            k = first + stop  # the block's last row sees every key before it
+            rows = positions[start:stop]
+            k = int(rows[-1]) + 1  # the block's last row sees every key before it
+            hkv, hq, d = keys.shape[0], q.shape[0], q.shape[2]
             qb = q[:, start:stop].reshape(hkv, self._group * (stop - start), d)  # [Hkv, g*b, d]
             logits = torch.matmul(qb, keys[:, :k].transpose(1, 2)).mul_(self._scale)  # [Hkv, g*b, k]
             logits = logits.view(hq, stop - start, k)  # query head h reads KV head h // g
-            diagonal = first + start  # keys before it are visible to every row of the block
-            above = torch.arange(diagonal, k)[None, :] > torch.arange(diagonal, k)[:, None]  # [b, b]
-            logits[..., diagonal:].masked_fill_(above, float("-inf"))
-            self.sketch.add_prefill(layer, torch.softmax(logits, dim=-1))
+            first = int(rows[0])  # keys before it are visible to every row of the block
+            logits[..., first:].masked_fill_(torch.arange(first, k)[None, :] > rows[:, None], float("-inf"))
+            self.sketch.add_rows(layer, torch.softmax(logits, dim=-1), rows)
+        if self.sketch.num_rows(layer) < covered:  # the job's last rows were not sampled
+            self.sketch.add_rows(layer, torch.zeros(self.sketch.num_heads, 0, covered), torch.zeros(0, dtype=torch.long))
 
     def _raise_error(self) -> None:
         if isinstance(self._error, _Closed):

@@ -24,9 +24,10 @@ Two statistics per layer, both defined on the layer's causal attention map
   row and nothing earlier changes.
 
 ``AttentionSketch`` keeps, per layer, the grid's sums (``[heads, Gq, Gk]``
-float64), the two bin widths, the row count and the edge mass sum (float64):
-``num_layers * heads * Gq * Gk * 8`` bytes plus a few numbers per layer
-(``nbytes``), e.g. 2.1 MiB for 30 layers, 9 heads and a 32 x 32 grid,
+float64), the rows folded per row bin (``[Gq]`` float64), the two bin
+widths, the rows covered and the edge mass sum (float64):
+``num_layers * (heads * Gq * Gk + Gq) * 8`` bytes plus a few numbers per
+layer (``nbytes``), e.g. 2.1 MiB for 30 layers, 9 heads and a 32 x 32 grid,
 whatever the conversation's length.  Adding rows costs
 ``O(heads x rows x keys)`` time and the memory of the rows given.
 """
@@ -74,16 +75,15 @@ def _bin_sizes(num_positions: int, num_bins: int, width: int) -> torch.Tensor:
     return (num_positions - starts).clamp(0, width)
 
 
-def _cell_means(sums: torch.Tensor, num_positions: int, widths: tuple[int, int]) -> torch.Tensor:
-    """``sums [heads, Gq, Gk]`` divided by each cell's entry count; empty cells read 0; float32."""
-    rows = _bin_sizes(num_positions, sums.shape[1], widths[0])
-    cols = _bin_sizes(num_positions, sums.shape[2], widths[1])
+def _cell_means(sums: torch.Tensor, rows: torch.Tensor, num_positions: int, key_width: int) -> torch.Tensor:
+    """``sums [heads, Gq, Gk]`` over ``rows [Gq]`` (rows folded per row bin) x each key bin's size; empty cells read 0; float32."""
+    cols = _bin_sizes(num_positions, sums.shape[2], key_width)
     area = rows[:, None] * cols[None, :]  # [Gq, Gk]
     return torch.where(area > 0, sums / area.clamp(min=1), 0.0).float()
 
 
-def _row_block_sums(attn: torch.Tensor, first_row: int, shape: tuple[int, int], widths: tuple[int, int]) -> torch.Tensor:
-    """Sums ``[heads, Gq, Gk]`` float64 of the rows ``attn [heads, q, k]`` at positions ``first_row..``.
+def _row_block_sums(attn: torch.Tensor, rows: torch.Tensor, shape: tuple[int, int], widths: tuple[int, int]) -> torch.Tensor:
+    """Sums ``[heads, Gq, Gk]`` float64 of the rows ``attn [heads, q, k]`` at positions ``rows [q]``.
 
     Each row's key bins are summed in ``attn``'s dtype (at most ``w`` terms
     of a row that sums to 1), the rest in float64.  Key bins are contiguous,
@@ -97,19 +97,21 @@ def _row_block_sums(attn: torch.Tensor, first_row: int, shape: tuple[int, int], 
     per_row[..., :full] = attn[..., : full * width].view(heads, q, full, width).sum(-1)
     if full * width < k:
         per_row[..., full] = attn[..., full * width :].sum(-1)
-    row_bins = torch.arange(first_row, first_row + q) // widths[0]
+    row_bins = rows // widths[0]
     return torch.zeros(heads, *shape, dtype=torch.float64).index_add_(1, row_bins, per_row.double())
 
 
-def _edge_sum(attn: torch.Tensor, first_row: int) -> float:
-    """Sum over heads and rows of the initial plus recent window mass of ``attn [heads, q, k]`` (rows ``first_row..``).
+def _edge_sum(attn: torch.Tensor, rows: torch.Tensor) -> float:
+    """Sum over heads and rows of the initial plus recent window mass of ``attn [heads, q, k]`` (positions ``rows [q]``).
 
     Only the columns some row's window covers are read (the first
     ``max e`` and the band ``[min(t - e), k)``, about a fifth of a long
     row), in float64.
     """
-    q, k = attn.shape[1:]
-    visible = torch.arange(first_row + 1, first_row + q + 1)  # [q] keys each row sees
+    k = attn.shape[2]
+    if rows.numel() == 0:
+        return 0.0
+    visible = rows + 1  # [q] keys each row sees
     e = edge_tokens(visible)
     widest = int(e.max())
     initial = (torch.arange(widest)[None, :] < e[:, None]).double()  # [q, widest]
@@ -133,13 +135,14 @@ def pooled_attention(attn: torch.Tensor, grid: int | tuple[int, int]) -> torch.T
     shape = grid_shape(grid)
     n = attn.shape[1]
     widths = (bin_width(n, shape[0]), bin_width(n, shape[1]))
-    return _cell_means(_row_block_sums(attn, 0, shape, widths), n, widths)
+    sums = _row_block_sums(attn, torch.arange(n), shape, widths)
+    return _cell_means(sums, _bin_sizes(n, shape[0], widths[0]), n, widths[1])
 
 
 def edge_mass(attn: torch.Tensor) -> float:
     """Initial plus recent window mass of a whole causal map ``attn [heads, n, n]``, mean over heads and rows."""
     attn = _check_square(attn)
-    return _edge_sum(attn, 0) / (attn.shape[0] * attn.shape[1])
+    return _edge_sum(attn, torch.arange(attn.shape[1])) / (attn.shape[0] * attn.shape[1])
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,13 @@ class AttentionSketch:
     ``q = k``; a later turn's prefill is its ``q`` new rows over all ``k``
     keys; a decode step is one row).  Layers are independent: each may be
     fed whenever its attention is at hand.  Memory: see the module docstring.
+
+    ``add_rows`` folds in a sample of a block's rows instead (e.g. every
+    4th): each cell is then the mean over the rows folded into its row bin,
+    and the edge mass the mean over the rows folded - estimates of the whole
+    map's, unbiased for a sample spread evenly over each bin.  A row bin
+    that no folded row falls in reads 0, so a sample should be denser than
+    the final bin width (``n / Gq`` rounded up to a power of two).
     """
 
     def __init__(self, num_layers: int, num_heads: int, grid: int | tuple[int, int] = 32):
@@ -178,12 +188,17 @@ class AttentionSketch:
         self.grid = grid_shape(grid)
         self._sums = torch.zeros(self.num_layers, self.num_heads, *self.grid, dtype=torch.float64)  # [L, heads, Gq, Gk]
         self._widths = [(1, 1)] * self.num_layers
-        self._rows = [0] * self.num_layers
+        self._rows = [0] * self.num_layers  # positions covered
+        self._counts = torch.zeros(self.num_layers, self.grid[0], dtype=torch.float64)  # rows folded per row bin
         self._edge = [0.0] * self.num_layers
 
     def num_rows(self, layer: int) -> int:
-        """Rows (= positions) of ``layer``'s map folded in so far."""
+        """Rows (= positions) of ``layer``'s map covered so far (folded in, or skipped by a sample)."""
         return self._rows[self._check_layer(layer)]
+
+    def num_folded(self, layer: int) -> int:
+        """Rows of ``layer``'s map folded in (``num_rows`` unless ``add_rows`` sampled them)."""
+        return int(self._counts[self._check_layer(layer)].sum())
 
     def add_prefill(self, layer: int, attn: torch.Tensor) -> None:
         """Fold in the rows ``k-q .. k-1`` of ``layer``'s map: ``attn [heads, q, k]``, ``k`` = rows so far + ``q``."""
@@ -196,13 +211,39 @@ class AttentionSketch:
                 f"expected [{self.num_heads}, q, {self._rows[layer]} + q] with q >= 1 (layer {layer} has "
                 f"{self._rows[layer]} rows), got shape {tuple(attn.shape)}",
             )
+        self._fold(layer, attn, torch.arange(k - q, k))
+
+    def add_rows(self, layer: int, attn: torch.Tensor, rows: torch.Tensor) -> None:
+        """Cover the map up to ``k`` rows, folding in a sample: ``attn [heads, q, k]`` are the rows at positions ``rows [q]``.
+
+        ``rows``: increasing, from the rows covered so far up to ``k - 1``
+        (``q = 0`` only advances); entries of a row past its position must
+        be 0 (causal).  The class docstring says what the sample estimates.
+        """
+        layer = self._check_layer(layer)
+        attn = check_tensor("attn", attn, 3, finite=False)
+        rows = torch.as_tensor(rows).reshape(-1)
+        heads, q, k = attn.shape
+        first = self._rows[layer]
+        if heads != self.num_heads or k <= first or rows.numel() != q:
+            raise InvalidArgument(
+                "attn",
+                f"expected [{self.num_heads}, {rows.numel()}, k > {first}] (layer {layer} covers {first} rows), got {tuple(attn.shape)}",
+            )
+        if q and (rows.dtype.is_floating_point or int(rows[0]) < first or int(rows[-1]) >= k or bool((rows[1:] <= rows[:-1]).any())):
+            raise InvalidArgument("rows", f"must be increasing integers in [{first}, {k}), got {rows.tolist()[:4]}...")
+        self._fold(layer, attn, rows.long())
+
+    def _fold(self, layer: int, attn: torch.Tensor, rows: torch.Tensor) -> None:
+        k = attn.shape[2]
         widths = (bin_width(k, self.grid[0]), bin_width(k, self.grid[1]))
-        sums = _row_block_sums(attn, k - q, self.grid, widths)
-        edge = _edge_sum(attn, k - q)
+        sums = _row_block_sums(attn, rows, self.grid, widths)
+        edge = _edge_sum(attn, rows)
         if not (math.isfinite(edge) and torch.isfinite(sums).all()):
             raise InvalidArgument("attn", "contains NaN or infinity")
         self._grow(layer, k)
         self._sums[layer] += sums
+        self._counts[layer].index_add_(0, rows // widths[0], torch.ones(rows.numel(), dtype=torch.float64))
         self._edge[layer] += edge
         self._rows[layer] = k
 
@@ -214,12 +255,12 @@ class AttentionSketch:
     def pooled(self, layer: int) -> torch.Tensor:
         """``layer``'s pooled map ``[heads, Gq, Gk]`` float32: ``pooled_attention`` of its whole map."""
         layer = self._check_layer(layer)
-        return _cell_means(self._sums[layer], self._rows[layer], self._widths[layer])
+        return _cell_means(self._sums[layer], self._counts[layer], self._rows[layer], self._widths[layer][1])
 
     def edge_mass(self, layer: int) -> float:
-        """``layer``'s edge mass: ``edge_mass`` of its whole map (0 before any row)."""
-        layer = self._check_layer(layer)
-        return self._edge[layer] / (self.num_heads * self._rows[layer]) if self._rows[layer] else 0.0
+        """``layer``'s edge mass: ``edge_mass`` of its whole map (0 before any row folded)."""
+        folded = self.num_folded(layer)
+        return self._edge[layer] / (self.num_heads * folded) if folded else 0.0
 
     def stats(self) -> AttentionStats:
         """Every layer's statistics; all layers must hold the same, non-zero number of rows."""
@@ -231,8 +272,8 @@ class AttentionSketch:
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the state: the float64 sums plus four numbers per layer."""
-        return self._sums.numel() * self._sums.element_size() + 4 * 8 * self.num_layers
+        """Bytes of the state: the float64 sums and row counts plus four numbers per layer."""
+        return (self._sums.numel() + self._counts.numel()) * 8 + 4 * 8 * self.num_layers
 
     def _check_layer(self, layer: int) -> int:
         return check_int("layer", layer, 0, self.num_layers - 1)
@@ -247,6 +288,8 @@ class AttentionSketch:
             if factor > 1:
                 sums = _merge_bins(sums, axis + 1, factor)
                 widths[axis] = target
+                if axis == 0:
+                    self._counts[layer] = _merge_bins(self._counts[layer], 0, factor)
         self._sums[layer] = sums
         self._widths[layer] = (widths[0], widths[1])
 

@@ -94,10 +94,37 @@ def test_a_later_turn_folds_in_as_a_block_of_rows_over_all_keys():
     assert sketch.edge_mass(0) == pytest.approx(reference_edge_mass(attn), abs=1e-12)
 
 
+def test_a_sample_of_rows_gives_each_cell_the_mean_over_its_sampled_rows():
+    attn = causal_map(2, 40, seed=5)
+    rows = torch.tensor([0, 3, 9, 17, 18, 30, 39])
+    sketch = AttentionSketch(1, 2, grid=(4, 5))
+    sketch.add_rows(0, attn[:, rows[:3], :10], rows[:3])  # covers 10 rows, folds 3
+    sketch.add_rows(0, attn[:, rows[3:], :], rows[3:])
+    assert sketch.num_rows(0) == 40 and sketch.num_folded(0) == 7
+    expected = torch.zeros(2, 4, 5, dtype=torch.float64)  # bins of 16 rows x 8 keys
+    for cell_row in range(4):
+        members = [int(r) for r in rows if r // 16 == cell_row]
+        for cell_col in range(5):
+            cols = list(range(cell_col * 8, min(40, cell_col * 8 + 8)))
+            if members and cols:
+                expected[:, cell_row, cell_col] = attn[:, members][:, :, cols].double().sum((1, 2)) / (len(members) * len(cols))
+    torch.testing.assert_close(sketch.pooled(0).double(), expected, rtol=0, atol=1e-7)
+    per_row = []
+    for r in rows.tolist():
+        t, e = r + 1, math.ceil((r + 1) / 10)
+        per_row.append(float(attn[:, r, :e].sum() + attn[:, r, t - e : t].sum()) / 2)
+    assert sketch.edge_mass(0) == pytest.approx(sum(per_row) / len(per_row), abs=1e-6)
+    with pytest.raises(InvalidArgument, match="^rows: must be increasing"):
+        sketch.add_rows(0, causal_map(2, 42, seed=6)[:, [41, 40], :], torch.tensor([41, 40]))
+    with pytest.raises(InvalidArgument, match="^attn: expected"):
+        sketch.add_rows(0, attn[:, :1, :], torch.tensor([40]))  # k must pass the rows covered
+    assert sketch.num_rows(0) == 40 and sketch.num_folded(0) == 7  # refused calls change nothing
+
+
 def test_the_sketch_state_does_not_grow_with_the_conversation():
     sketch = AttentionSketch(num_layers=3, num_heads=2, grid=8)
     size = sketch.nbytes
-    assert size == 3 * 2 * 8 * 8 * 8 + 4 * 8 * 3
+    assert size == 3 * 2 * 8 * 8 * 8 + 3 * 8 * 8 + 4 * 8 * 3  # sums, row counts per bin, a few numbers per layer
     attn = causal_map(2, 300, seed=1)
     for layer in range(3):
         sketch.add_prefill(layer, attn)

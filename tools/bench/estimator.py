@@ -5,7 +5,7 @@
 
 Each example is a conversation of a real-text task (history + the new user
 turn).  Its turn is generated greedily, ``--new-tokens`` tokens (the end of
-sequence does not stop it, so every run decodes as many), four ways in one
+sequence does not stop it, so every run decodes as many), five ways in one
 interleaved run, the order rotated per example:
 
 * ``none``: ``dense_generate`` alone;
@@ -15,7 +15,10 @@ interleaved run, the order rotated per example:
   ``--decode-batch`` steps;
 * ``estimator-b1``: the same with every decode row sent at once;
 * ``estimator-deferred``: every input queued, the thread started only
-  after the last token (``defer=True``).
+  after the last token (``defer=True``);
+* ``estimator-stride``: as ``estimator``, folding every ``--row-stride``-th
+  row only (``row_stride``): its statistics are an estimate, and the report
+  says whether they choose the same strategy as the exact ones.
 
 Reported per system: time to the first token (the history's prefill and the
 turn over it), mean time per output token, and for the estimator the
@@ -39,7 +42,7 @@ import torch
 
 from .io_jobs import BenchError
 
-SYSTEMS = ("none", "estimator", "estimator-b1", "estimator-deferred")
+SYSTEMS = ("none", "estimator", "estimator-b1", "estimator-deferred", "estimator-stride")
 
 
 def add_estimator_parser(sub) -> None:
@@ -52,6 +55,7 @@ def add_estimator_parser(sub) -> None:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per run")
     p.add_argument("--decode-batch", type=int, default=16, help="decode rows per job of the estimator's thread")
     p.add_argument("--grid", type=int, default=32, help="the sketch's grid (cells per side)")
+    p.add_argument("--row-stride", type=int, default=4, help="estimator-stride folds every this many rows")
     p.add_argument("--gamma", type=float, default=0.6, help="the strategy's input-sensitivity threshold")
     p.add_argument("--ratio", type=float, default=0.5, help="the strategy's share of paired layers")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
@@ -60,8 +64,8 @@ def add_estimator_parser(sub) -> None:
 
 
 def command_estimator(args) -> int:
-    if min(args.tokens, args.examples, args.threads, args.new_tokens, args.decode_batch, args.grid) < 1:
-        raise BenchError("--tokens, --examples, --threads, --new-tokens, --decode-batch and --grid must be positive")
+    if min(args.tokens, args.examples, args.threads, args.new_tokens, args.decode_batch, args.grid, args.row_stride) < 1:
+        raise BenchError("--tokens, --examples, --threads, --new-tokens, --decode-batch, --grid and --row-stride must be positive")
     report = run_estimator(args)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_estimator(report))
     return 0
@@ -85,16 +89,23 @@ def run_estimator(args) -> dict:
     except (KeyError, ValueError) as exc:
         raise BenchError(f"--task {args.task} --tokens {args.tokens}: {exc}") from None
     model = pm.decoder
-    batches = {"estimator": args.decode_batch, "estimator-b1": 1, "estimator-deferred": args.decode_batch}
+    batches = {"estimator-b1": 1}
+    strides = {"estimator-stride": args.row_stride}
     rows: dict[str, list[dict]] = {name: [] for name in SYSTEMS}
     strategies = []
     dense_generate(model, examples[0].prefix_tokens[:64], examples[0].suffix_tokens, 2)  # kernel warm-up, untimed
     for i, ex in enumerate(progress(examples, "conversations", total=len(examples), unit="conv")):
         order = SYSTEMS[i % len(SYSTEMS) :] + SYSTEMS[: i % len(SYSTEMS)]
-        tokens = {}
+        tokens, chosen = {}, {}
         for name in order:
             est = (
-                AttentionEstimator(model, grid=args.grid, decode_batch=batches[name], defer=name == "estimator-deferred")
+                AttentionEstimator(
+                    model,
+                    grid=args.grid,
+                    decode_batch=batches.get(name, args.decode_batch),
+                    defer=name == "estimator-deferred",
+                    row_stride=strides.get(name, 1),
+                )
                 if name != "none"
                 else None
             )
@@ -112,19 +123,12 @@ def run_estimator(args) -> dict:
                         sketch_bytes=est.nbytes,
                         queued_peak_bytes=est.queued_peak_bytes,
                     )
-                    if name == "estimator":
+                    if name in ("estimator", "estimator-stride"):
                         try:
                             strategy = choose_strategy(stats, gamma=args.gamma, ratio=args.ratio)
                         except InvalidArgument as exc:
                             raise BenchError(str(exc)) from None
-                        strategies.append(
-                            {
-                                "seed": ex.seed,
-                                "edge_mass": [round(float(e), 4) for e in stats.edge_mass],
-                                "non_ir": list(strategy.non_ir),
-                                "pairs": [list(p) for p in strategy.pairs],
-                            }
-                        )
+                        chosen[name] = (stats, strategy)
             finally:
                 if est is not None:
                     est.close()
@@ -132,6 +136,21 @@ def run_estimator(args) -> dict:
             rows[name].append(row)
         for name in SYSTEMS:
             rows[name][-1]["same_tokens"] = tokens[name] == tokens["none"]
+        (stats, strategy), (sampled, sampled_strategy) = chosen["estimator"], chosen["estimator-stride"]
+        strategies.append(
+            {
+                "seed": ex.seed,
+                "edge_mass": [round(float(e), 4) for e in stats.edge_mass],
+                "non_ir": list(strategy.non_ir),
+                "pairs": [list(p) for p in strategy.pairs],
+                "stride_non_ir": list(sampled_strategy.non_ir),
+                "stride_pairs": [list(p) for p in sampled_strategy.pairs],
+                "stride_same_non_ir": set(sampled_strategy.non_ir) == set(strategy.non_ir),
+                "stride_same_pairs": set(sampled_strategy.pairs) == set(strategy.pairs),
+                "stride_edge_mass_max_error": float((sampled.edge_mass - stats.edge_mass).abs().max()),
+                "stride_map_relative_error": float((sampled.maps - stats.maps).norm() / stats.maps.norm()),
+            }
+        )
     return _report(args, examples, rows, strategies)
 
 
@@ -155,6 +174,7 @@ def _report(args, examples, rows, strategies) -> dict:
         "new_tokens": args.new_tokens,
         "decode_batch": args.decode_batch,
         "grid": args.grid,
+        "row_stride": args.row_stride,
         "gamma": args.gamma,
         "ratio": args.ratio,
         "threads": args.threads,
@@ -186,4 +206,10 @@ def format_estimator(r: dict) -> str:
     lines.append(f"strategy at gamma {r['gamma']}, ratio {r['ratio']} (what the record keeps):")
     for st in r["strategies"]:
         lines.append(f"  seed {st['seed']}: non-I-R {st['non_ir']}; pairs {st['pairs']}")
+        same = [what for what, key in (("non-I-R", "stride_same_non_ir"), ("pairs", "stride_same_pairs")) if st[key]]
+        lines.append(
+            f"    every {r['row_stride']}th row: same {' and '.join(same) or 'nothing'}"
+            + ("" if st["stride_same_pairs"] else f" (pairs {st['stride_pairs']})")
+            + f"; edge mass off by at most {st['stride_edge_mass_max_error']:.3f}, maps by {st['stride_map_relative_error']:.1%}"
+        )
     return "\n".join(lines)
