@@ -1,6 +1,11 @@
-"""How many layers of SmolLM2-135M Krul's ``gamma`` leaves input-robust (I-R), on short prose prompts.
+"""How many layers of SmolLM2-135M (or a checkpoint) Krul's ``gamma`` leaves input-robust (I-R), on short prose prompts.
 
     python -m tools.krul_ir_layers [--prompts 3] [--tokens 400] [--grid 32] [--gammas 0.5,0.6,0.7,0.8,0.9] [--ratio 0.5]
+        [--checkpoint DIR]
+
+``--checkpoint``: an HF checkpoint directory instead (e.g. the Qwen2.5-0.5B
+shape of ``tools.make_checkpoint``); the prompts are tokenized with
+SmolLM2's tokenizer, whose ids fit any larger vocabulary.
 
 Each prompt is ``--tokens`` tokens of consecutive prose sentences of the
 offline haystack (``engine_client.tasks.text.haystack``), starting at
@@ -67,18 +72,27 @@ def main(argv=None) -> int:
     parser.add_argument("--grid", type=int, default=32)
     parser.add_argument("--gammas", default="0.5,0.6,0.7,0.8,0.9")
     parser.add_argument("--ratio", type=float, default=0.5)
+    parser.add_argument("--checkpoint", help="an HF checkpoint directory to measure instead of SmolLM2-135M")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     model = zoo.load("smollm2-135m", dtype=torch.float32)
-    config = model.config
+    tokenizer, decoder, name = model.tokenizer, model.decoder, "SmolLM2-135M"
+    if args.checkpoint:
+        from engine_client.model.loader import load_checkpoint
+
+        try:
+            decoder, name = load_checkpoint(args.checkpoint, dtype=torch.float32), args.checkpoint
+        except (OSError, ValueError) as exc:
+            raise SystemExit(f"--checkpoint {args.checkpoint}: {exc}") from None
+    config = decoder.config
     gammas = [float(g) for g in args.gammas.split(",")]
     stats = []
     for p in range(args.prompts):
-        tokens = torch.tensor(prose_tokens(model.tokenizer, 300 * p, args.tokens))
+        tokens = torch.tensor(prose_tokens(tokenizer, 300 * p, args.tokens))
         sketch = AttentionSketch(config.num_hidden_layers, config.num_attention_heads, grid=args.grid)
-        layer_attention(model.decoder, tokens, sketch)
+        layer_attention(decoder, tokens, sketch)
         stats.append(sketch.stats())
-    print(f"SmolLM2-135M float32, {args.prompts} prose prompts of {args.tokens} tokens, grid {args.grid}")
+    print(f"{name} float32, {args.prompts} prose prompts of {args.tokens} tokens, grid {args.grid}")
     print("edge mass (initial + recent 10% of each row's keys, mean over heads and rows) per layer:")
     print("layer " + " ".join(f"p{p}  " for p in range(args.prompts)))
     for layer in range(config.num_hidden_layers):
