@@ -16,9 +16,11 @@ interleaved run, the order rotated per example:
 * ``estimator-b1``: the same with every decode row sent at once;
 * ``estimator-deferred``: every input queued, the thread started only
   after the last token (``defer=True``);
-* ``estimator-stride``: as ``estimator``, folding every ``--row-stride``-th
-  row only (``row_stride``): its statistics are an estimate, and the report
-  says whether they choose the same strategy as the exact ones.
+* ``estimator-stride``: as ``estimator-deferred``, folding every
+  ``--row-stride``-th row only (``row_stride``): its wait is its compute
+  time, to compare with ``estimator-deferred``'s; its statistics are an
+  estimate, and the report says whether they choose the same strategy as
+  the exact ones.
 
 Reported per system: time to the first token (the history's prefill and the
 turn over it), mean time per output token, and for the estimator the
@@ -103,7 +105,7 @@ def run_estimator(args) -> dict:
                     model,
                     grid=args.grid,
                     decode_batch=batches.get(name, args.decode_batch),
-                    defer=name == "estimator-deferred",
+                    defer=name in ("estimator-deferred", "estimator-stride"),
                     row_stride=strides.get(name, 1),
                 )
                 if name != "none"
