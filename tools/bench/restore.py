@@ -13,9 +13,9 @@ and stored in a daemon started for the run as a worker leaves a
 conversation: its history put and recorded as a turn (``AppendTurn``), then
 marked inactive (``MarkInactive``) with its KV quantized (``--kv-quant``)
 as the compressed form and the estimator's statistics as its strategy
-(``krul.record_strategy`` at ``--gamma`` / ``--ratio``).  Then per conversation, in one interleaved run, each
-system looks the conversation up (``GetConversation``: which prefix holds
-which form) and restores it:
+(``krul.record_strategy`` at ``--gamma`` / ``--ratio``).  Then per
+conversation, in one interleaved run, each system looks the conversation up
+(``GetConversation``: which prefix holds which form) and restores it:
 
 * ``recompute``: the history's KV recomputed from its tokens;
 * ``load``: every chunk of the stored history loaded (uncompressed);
