@@ -40,8 +40,8 @@ import platform
 import time
 
 import numpy as np
-import torch
 
+from .eval_common import load_pretrained
 from .io_jobs import BenchError
 
 SYSTEMS = ("none", "estimator", "estimator-b1", "estimator-deferred", "estimator-stride")
@@ -76,16 +76,11 @@ def command_estimator(args) -> int:
 def run_estimator(args) -> dict:
     from engine_client.generation import dense_generate
     from engine_client.krul import AttentionEstimator, choose_strategy
-    from engine_client.model import zoo
     from engine_client.tasks import text
     from kvstore.progress import progress
     from kvstore.wire import InvalidArgument
 
-    torch.set_num_threads(args.threads)
-    try:
-        pm = zoo.load(args.model, dtype=torch.float32)
-    except (zoo.UnknownModel, zoo.ModelNotInstalled) as exc:
-        raise BenchError(str(exc)) from None
+    pm = load_pretrained(args.model, args.threads)
     try:
         examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=args.stream)
     except (KeyError, ValueError) as exc:

@@ -2,7 +2,8 @@
 
 The chunk size and plain selectors they run, the BUDGET of a
 ``SELECTOR@BUDGET`` path, the rows left when chunks are dropped, and the
-Wilson interval every accuracy is printed with.
+Wilson interval every accuracy is printed with; and the pretrained-model
+loading the Krul benches (``restore``, ``estimator``) share.
 """
 
 from __future__ import annotations
@@ -44,3 +45,16 @@ def keep_rows_without(num_prefix: int, drop_chunks: np.ndarray, chunk_tokens: in
     for c in drop_chunks:
         keep[c * chunk_tokens : (c + 1) * chunk_tokens] = False
     return torch.from_numpy(np.flatnonzero(keep))
+
+
+def load_pretrained(name: str, threads: int):
+    """``zoo.load(name)`` in float32 on ``threads`` torch threads; an unknown or missing model is a ``BenchError``."""
+    from engine_client.model import zoo
+
+    from .io_jobs import BenchError
+
+    torch.set_num_threads(threads)
+    try:
+        return zoo.load(name, dtype=torch.float32)
+    except (zoo.UnknownModel, zoo.ModelNotInstalled) as exc:
+        raise BenchError(str(exc)) from None

@@ -57,6 +57,7 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
+from .eval_common import load_pretrained
 from .io_jobs import BenchError
 from .restore_report import format_restore, make_report
 
@@ -140,17 +141,12 @@ def sharegpt_lengths(args) -> list[int]:
 
 def run_restore(args) -> dict:
     from engine_client.client import KVStoreClient
-    from engine_client.model import zoo
     from engine_client.tasks import text
     from kvstore.progress import progress
 
     from .daemon_io import DaemonArgs, _Daemon
 
-    torch.set_num_threads(args.threads)
-    try:
-        pm = zoo.load(args.model, dtype=torch.float32)
-    except (zoo.UnknownModel, zoo.ModelNotInstalled) as exc:
-        raise BenchError(str(exc)) from None
+    pm = load_pretrained(args.model, args.threads)
     lengths = sharegpt_lengths(args) if args.workload == "sharegpt" else [args.tokens] * args.examples
     try:  # one example per length, seeds in order from --start (a held-out stream by default)
         examples = [

@@ -1,0 +1,28 @@
+"""``kvstore-bench estimator`` on SmolLM2-135M, one short conversation: every system generates the same tokens."""
+
+import json
+
+from helpers import run_bench
+from pretrained import needs_smollm2
+
+
+@needs_smollm2
+def test_estimator_bench_reports_every_system_and_the_strategies_it_chooses():
+    proc = run_bench(
+        "estimator", "--tokens", "320", "--examples", "1", "--new-tokens", "4", "--stream", "tune",
+        "--threads", "2", "--json", timeout=300,
+    )  # fmt: skip
+    r = json.loads(proc.stdout)
+    systems = r["systems"]
+    assert sorted(systems) == sorted(["none", "estimator", "estimator-b1", "estimator-deferred", "estimator-stride"])
+    assert all(s["same_tokens"] and s["tokens"] == 4 for s in systems.values())  # the estimator only reads
+    for name in ("estimator", "estimator-b1", "estimator-deferred", "estimator-stride"):
+        s = systems[name]
+        assert s["busy_s"] > 0 and s["sketch_bytes"] == 30 * (9 * 32 * 32 + 32) * 8 + 4 * 8 * 30
+        assert abs(s["ttft_vs_none"] - s["ttft_s"] / systems["none"]["ttft_s"]) < 1e-9
+    # deferred: nothing is computed before stats(), so the wait is the whole compute and every input was queued
+    deferred = systems["estimator-deferred"]
+    assert deferred["finish_wait_s"] >= deferred["busy_s"] and deferred["queued_peak_bytes"] >= systems["estimator"]["queued_peak_bytes"]
+    (st,) = r["strategies"]
+    assert len(st["edge_mass"]) == 30 and all(0 <= e <= 2 for e in st["edge_mass"])
+    assert st["stride_same_non_ir"] == (set(st["stride_non_ir"]) == set(st["non_ir"]))
