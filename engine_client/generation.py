@@ -50,6 +50,10 @@ class GenerationResult:
     rows_attended: list[int] = field(default_factory=list)  # per layer: prefix rows the first token attended to
     reselect: object | None = None  # ReselectStats when decoding re-selected (ReprefillConfig.reselect_every)
     prefill_density: float | None = None  # sparse_prefill: share of the suffix's causal attention cells computed
+    # per decoding step: the K/V rows its attention read, summed over layers and KV heads
+    # (prefix rows a head may see, the suffix, the tokens generated so far)
+    step_kv_rows: list[int] = field(default_factory=list)
+    decode_attention_s: float | None = None  # the decoding steps' attention kernels, when timed (Decoder.attention_s)
 
     @property
     def total_s(self) -> float:
@@ -120,6 +124,7 @@ def decode_greedy(
     stop_ids: frozenset[int] = frozenset(),
     row_masks: Sequence[torch.Tensor | None] | None = None,
     observe=None,
+    kv_rows: list[int] | None = None,
 ) -> tuple[list[int], list[float], str]:
     """Greedy tokens from ``first_logits`` on; ``kv`` grows by one row per layer per step.
 
@@ -128,18 +133,22 @@ def decode_greedy(
     ``r`` rows of the layer per KV head; the rows after them stay visible.
     ``observe(layer, hidden, position, keys)``: called after each layer of
     each step (``prefill.prefill_with_attention`` says with what).
+    ``kv_rows``: each step's K/V rows read (``attended_rows``) is appended.
     Returns ``(tokens, step seconds, stop reason)``.
     """
     if len(kv) != model.num_layers:
         raise ValueError(f"kv has {len(kv)} layers, the model {model.num_layers}")
+    hidden_rows = [hidden_count(None if row_masks is None else row_masks[layer]) for layer in range(model.num_layers)]
     tokens, steps = [int(first_logits.argmax())], []
     while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
         t0 = time.perf_counter()
         position = torch.tensor([next_position + len(tokens) - 1])
         hidden = model.embed(torch.tensor([tokens[-1]]))  # [1, hidden]
+        if kv_rows is not None:
+            kv_rows.append(attended_rows(kv, model.config.num_key_value_heads, hidden_rows))
         for layer in range(model.num_layers):
             layer_input = hidden
-            hidden, new_kv = model.layer_forward(layer, hidden, position, kv.view(layer), _grown(row_masks, layer, kv.rows(layer)))
+            hidden, new_kv = model.layer_forward(layer, hidden, position, kv.view(layer), grown_mask(row_masks, layer, kv.rows(layer)))
             kv.append(layer, new_kv)
             if observe is not None:
                 observe(layer, layer_input, position, kv.view(layer)[0])
@@ -148,7 +157,22 @@ def decode_greedy(
     return tokens, steps, "eos" if tokens[-1] in stop_ids else "length"
 
 
-def _grown(row_masks, layer: int, rows: int) -> torch.Tensor | None:
+def hidden_count(mask: torch.Tensor | None) -> int:
+    """(row, KV head) pairs a row mask hides."""
+    return 0 if mask is None else int((~mask).sum())
+
+
+def attended_rows(kv: LayerKV, kv_heads: int, hidden: Sequence[int], layers: Sequence[int] | None = None) -> int:
+    """K/V rows the next token's attention reads, summed over ``layers`` (all) and KV heads.
+
+    Each head reads the rows it may see and the row the token adds;
+    ``hidden[i]`` counts the (row, head) pairs ``layers[i]``'s row mask hides.
+    """
+    layers = range(len(kv)) if layers is None else layers
+    return sum(kv_heads * (kv.rows(layer) + 1) - h for layer, h in zip(layers, hidden, strict=True))
+
+
+def grown_mask(row_masks, layer: int, rows: int) -> torch.Tensor | None:
     """``row_masks[layer]`` widened with visible columns to ``rows``."""
     mask = None if row_masks is None else row_masks[layer]
     if mask is None or mask.shape[1] == rows:
@@ -239,11 +263,14 @@ def dense_generate(
     ttft = time.perf_counter() - t0
     kv = LayerKV(layers, max_new_tokens)
     rows = [kv.rows(i) - suffix.numel() for i in range(len(kv))]
+    kv_rows: list[int] = []
     tokens, steps, stop = decode_greedy(
-        model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids), masks, observe
+        model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids), masks, observe, kv_rows
     )
     density = sum(densities) / len(densities) if densities else None
-    return GenerationResult(tokens, ttft, steps, stop, logits, _text(tokenizer, tokens), rows_attended=rows, prefill_density=density)
+    return GenerationResult(
+        tokens, ttft, steps, stop, logits, _text(tokenizer, tokens), rows_attended=rows, prefill_density=density, step_kv_rows=kv_rows
+    )
 
 
 def _text(tokenizer, tokens: list[int]) -> str | None:

@@ -30,13 +30,15 @@ import torch
 
 from kvstore.wire import InvalidArgument
 
-from .generation import LayerKV
+from .generation import LayerKV, attended_rows, grown_mask, hidden_count
 from .model.decoder import Decoder
 
 # select(period, first_layer, queries [Hq, t, d], chunk_count) -> chunk ids
 SelectFn = Callable[[int, int, torch.Tensor, int], torch.Tensor]
 # fetch(first_layer, num_layers, chunk ids) -> {layer: {chunk: rows [2, Hkv, tokens, d]}}, bytes read, bytes delivered
 FetchFn = Callable[[int, int, list[int]], tuple[dict[int, dict[int, torch.Tensor]], int, int]]
+# row_mask(layer, chunk ids ascending) -> [Hkv, rows of those chunks] per-KV-head visibility, or None (all visible)
+MaskFn = Callable[[int, list[int]], torch.Tensor | None]
 
 
 @dataclass
@@ -114,13 +116,19 @@ def decode_reselecting(
     max_new_tokens: int,
     every: int,
     stop_ids: frozenset[int] = frozenset(),
+    row_mask: MaskFn | None = None,
+    kv_rows: list[int] | None = None,
 ) -> tuple[list[int], list[float], str, ReselectStats]:
     """Greedy decoding like ``decode_greedy``, each Period re-selecting every ``every`` tokens.
 
     ``kv``: per layer, the Period's prefix rows (``sets[p]``'s chunks in that
     order) then the suffix; ``periods``: ``(first layer, layers, chunk count)``
     (a count equal to the prefix's chunks: loaded in full, never re-selected);
-    ``sets`` is updated in place; ``num_chunks``: the prefix's.  Returns ``(tokens, step seconds, stop reason, stats)``.
+    ``sets`` is updated in place; ``num_chunks``: the prefix's.  ``row_mask``
+    gives each layer's per-KV-head view of its set's rows (streaming heads),
+    asked again whenever the set changes; ``kv_rows`` receives each step's
+    K/V rows read (``generation.attended_rows``).  Returns ``(tokens, step
+    seconds, stop reason, stats)``.
     """
     if every < 1:
         raise ValueError(f"every must be >= 1, got {every}")
@@ -130,6 +138,17 @@ def decode_reselecting(
         rows = working.rows(l0, chunks).shape[2]
         for layer in range(l0, l0 + layers):
             prefix_rows[layer] = rows
+    masks: list[torch.Tensor | None] = [None] * model.num_layers
+    hidden_n = [0] * model.num_layers  # (row, head) pairs each mask hides
+
+    def set_masks(l0: int, layers: int, chunks: list[int]) -> None:
+        for layer in range(l0, l0 + layers):
+            masks[layer] = row_mask(layer, chunks)
+            hidden_n[layer] = hidden_count(masks[layer])
+
+    if row_mask is not None:
+        for (l0, layers, _), chunks in zip(periods, sets):
+            set_masks(l0, layers, chunks)
     inputs: dict[int, list[torch.Tensor]] = {l0: [] for l0, _, _ in periods}  # each Period's first-layer inputs
     tokens, steps = [int(first_logits.argmax())], []
     while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
@@ -137,22 +156,32 @@ def decode_reselecting(
         pos = next_position + len(tokens) - 1
         hidden = model.embed(torch.tensor([tokens[-1]]))  # [1, hidden]
         reselect = len(tokens) % every == 0
+        rows_read = 0
         for p, (l0, layers, count) in enumerate(periods):
             recent = inputs[l0]
             recent.append(hidden)
             del recent[:-every]
             if reselect and count < num_chunks:  # a Period loaded in full has nothing to choose
-                _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, working, select, fetch, stats)
-            for layer in range(l0, l0 + layers):
-                hidden, new_kv = model.layer_forward(layer, hidden, torch.tensor([pos]), kv.view(layer))
+                changed = _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, working, select, fetch, stats)
+                if changed and row_mask is not None:
+                    set_masks(l0, layers, sets[p])
+            span = range(l0, l0 + layers)
+            if kv_rows is not None:
+                rows_read += attended_rows(kv, model.config.num_key_value_heads, hidden_n[l0 : l0 + layers], span)
+            for layer in span:
+                mask = grown_mask(masks, layer, kv.rows(layer))
+                hidden, new_kv = model.layer_forward(layer, hidden, torch.tensor([pos]), kv.view(layer), mask)
                 kv.append(layer, new_kv)
         tokens.append(int(model.final_logits(hidden).argmax()))
         steps.append(time.perf_counter() - t0)
+        if kv_rows is not None:
+            kv_rows.append(rows_read)
     stats.working_set_bytes = working.nbytes
     return tokens, steps, "eos" if tokens[-1] in stop_ids else "length", stats
 
 
-def _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, working, select, fetch, stats) -> None:
+def _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, working, select, fetch, stats) -> bool:
+    """Choose Period ``p``'s set again; True when it changed (``kv`` then holds the new set's rows)."""
     t0 = time.perf_counter()
     t = len(recent)
     q = model.layer_queries(l0, torch.cat(recent), torch.arange(pos - t + 1, pos + 1))  # [Hq, t, d]
@@ -161,7 +190,7 @@ def _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, w
     stats.reselections += 1
     old = sets[p]
     if new == old:
-        return
+        return False
     stats.sets_changed += 1
     stats.chunks_swapped_in += len(set(new) - set(old))
     missing = [c for c in new if not working.has(l0, c)]
@@ -180,3 +209,4 @@ def _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, w
         kv.replace_head(layer, prefix_rows[layer], head)
         prefix_rows[layer] = head.shape[2]
     sets[p] = new
+    return True

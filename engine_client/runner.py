@@ -194,19 +194,27 @@ class ModelRunner:
         self._stored_probe_bits: dict[str, int] = {}
 
     # ------------------------------------------------------------ prefill
-    def store_prefix(self, tokens, *, progress=None) -> PrefixHandle:
+    def store_prefix(self, tokens, *, progress=None, kv: torch.Tensor | None = None) -> PrefixHandle:
         """Prefill ``tokens`` and store their KV, unless the daemon has them already.
 
         ``progress(iterable, desc, total=, unit=)`` wraps the prefill's
         block x layer steps (a bar, see kvstore.progress); None: no bar.
+        ``kv [layers, 2, kv_heads, n, head_dim]``: the tokens' KV from this
+        model's prefill when the caller has it (stored as given, no prefill).
         """
         toks = _token_tensor(tokens)
+        if kv is not None:
+            c = self.model.config
+            want = (self.model.num_layers, 2, c.num_key_value_heads, toks.numel(), c.head_dim)
+            if tuple(kv.shape) != want or kv.dtype != self.model.dtype:
+                raise InvalidArgument("kv", f"must be {self.model.dtype} {list(want)} for these tokens, got {kv.dtype} {list(kv.shape)}")
         m = self.geometry.num_chunks(toks.numel())
         hit = self.client.lookup(toks.numpy(), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
         if hit.matched_chunks == m:
             return PrefixHandle(hit.prefix_id, toks.numel(), m, cache_hit=True)
         t0 = time.perf_counter()
-        _, kv = chunked_prefill(self.model, toks, progress=progress)  # [layers, 2, kv_heads, n, head_dim]
+        if kv is None:
+            _, kv = chunked_prefill(self.model, toks, progress=progress)  # [layers, 2, kv_heads, n, head_dim]
         res = self.client.put_prefix(
             toks.numpy(), as_numpy_kv(kv), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint
         )
@@ -244,8 +252,6 @@ class ModelRunner:
             raise InvalidArgument(
                 "streaming", "this runner has no streaming heads (ModelRunner(streaming_heads=...); python -m tools.models calibrate-heads)"
             )
-        if cfg.streaming and cfg.reselect_every:
-            raise InvalidArgument("streaming", "streaming heads do not combine with re-selection while decoding (reselect_every)")
         suffix = _token_tensor(suffix_tokens, field_name="suffix_tokens")
         try:
             desc = self.client.describe(prefix_id)
@@ -502,21 +508,32 @@ class ModelRunner:
         if cfg.reselect_every and choose is not None:
             raise InvalidArgument("reselect_every", "re-selecting while decoding uses the configured selector; it cannot follow choose=")
         res = self.reprefill(prefix_id, suffix_tokens, cfg, choose=choose, keep_kv=True)
+        attention_before = self.model.attention_s  # timed when a benchmark set it (Decoder.attention_s)
         s = _token_tensor(suffix_tokens, field_name="suffix_tokens").numel()
         kv = LayerKV(res.layer_kv, max_new_tokens)
         rows = [kv.rows(i) - s for i in range(len(kv))]
         stops, start = eos_ids(tokenizer, eos_token_ids), res.num_prefix_tokens + s
+        kv_rows: list[int] = []
         if cfg.reselect_every:
-            tokens, steps, stop, stats = self._decode_reselecting(res.prefix_id, res, cfg, kv, start, max_new_tokens, stops)
+            tokens, steps, stop, stats = self._decode_reselecting(res.prefix_id, res, cfg, kv, start, max_new_tokens, stops, kv_rows)
         else:
-            decoded = decode_greedy(self.model, res.logits, kv, start, max_new_tokens, stops, res.row_masks or None)
+            decoded = decode_greedy(self.model, res.logits, kv, start, max_new_tokens, stops, res.row_masks or None, kv_rows=kv_rows)
             (tokens, steps, stop), stats = decoded, None
         res.layer_kv = []
         text = None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
-        return GenerationResult(tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows, reselect=stats)
+        gen = GenerationResult(
+            tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows, reselect=stats, step_kv_rows=kv_rows
+        )
+        if attention_before is not None:
+            gen.decode_attention_s = self.model.attention_s - attention_before
+        return gen
 
-    def _decode_reselecting(self, prefix_id, res: ReprefillResult, cfg: ReprefillConfig, kv, start, max_new_tokens, stops):
-        """``decode_reselecting`` over this request's loaded rows, re-selecting with the request's selector."""
+    def _decode_reselecting(self, prefix_id, res: ReprefillResult, cfg: ReprefillConfig, kv, start, max_new_tokens, stops, kv_rows):
+        """``decode_reselecting`` over this request's loaded rows, re-selecting with the request's selector.
+
+        With ``cfg.streaming`` the streaming heads see only the sink and
+        recent rows of each new set, as at the first token.
+        """
         geo, n = self.geometry, res.num_prefix_tokens
         m = geo.num_chunks(n)
         plan = self._plan(m, cfg)
@@ -538,6 +555,11 @@ class ModelRunner:
                             rows.setdefault(layer, {})[c] = ext[i].clone()
                 return rows, read.bytes_read, read.bytes_useful
 
+        def row_mask(layer, chunks):
+            ct = geo.chunk_tokens
+            rows = torch.cat([torch.arange(c * ct, min(c * ct + ct, n)) for c in chunks])
+            return self.streaming_heads.row_mask(layer, rows, n)
+
         return decode_reselecting(
             self.model,
             res.logits,
@@ -552,6 +574,8 @@ class ModelRunner:
             max_new_tokens=max_new_tokens,
             every=cfg.reselect_every,
             stop_ids=stops,
+            row_mask=row_mask if cfg.streaming else None,
+            kv_rows=kv_rows,
         )
 
     # ------------------------------------------------------------ baselines

@@ -24,6 +24,7 @@ another; split apart, a change to one would silently drift from the rest.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass
 
 import torch
@@ -84,6 +85,8 @@ class Decoder:
         self._inv_freq = inv_freq  # [d/2] float32
         self._rope_cos = self._rope_sin = torch.empty(0, c.head_dim, device=self.device)
         self._grow_rope(min(c.max_position_embeddings, _ROPE_PREALLOC_POSITIONS))
+        # a float: every layer adds the seconds its attention kernel took (benchmarks set it to 0.0); None: not timed
+        self.attention_s: float | None = None
 
     @property
     def num_layers(self) -> int:
@@ -263,7 +266,12 @@ class Decoder:
             r = prefix_kv.shape[2]
             keys = torch.cat([prefix_kv[0], k], dim=1)  # [Hkv, r+s, d]
             values = torch.cat([prefix_kv[1], v], dim=1)  # [Hkv, r+s, d]
-        attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask)  # [Hq, s, d]
+        if self.attention_s is None:
+            attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask)  # [Hq, s, d]
+        else:
+            t0 = time.perf_counter()
+            attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask)
+            self.attention_s += time.perf_counter() - t0
         hidden = hidden + _linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight)
         x = _rms_norm(hidden, w.post_norm, c.rms_norm_eps)
         gate, up = _linear(x, w.gate_up_weight).chunk(2, dim=-1)  # [s, intermediate] each

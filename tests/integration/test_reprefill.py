@@ -147,3 +147,24 @@ def test_bad_requests_fail_before_any_work(runner, tiny_model, daemon):
     with pytest.raises(KVStoreRpcError) as err:
         runner.client.read_chunks(handle.prefix_id, [99])
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_a_prefix_stored_from_the_callers_kv_is_the_prefix_prefilled_here(runner, tiny_model, daemon):
+    from engine_client.client import KVStoreClient
+    from engine_client.prefill import chunked_prefill
+
+    tokens = torch.arange(3, 83)
+    _, kv = chunked_prefill(tiny_model, tokens)
+    for bad in (kv[:, :, :, :40], kv.to(torch.float64)):
+        with pytest.raises(InvalidArgument, match="^kv: must be"):
+            runner.store_prefix(tokens, kv=bad)
+    assert runner.client.list_prefixes() == []  # refused before anything was stored
+    given = runner.store_prefix(tokens, kv=kv)
+    with KVStoreClient(daemon.target) as other_client:
+        other = ModelRunner(tiny_model, other_client, group_layers=runner.geometry.group_layers)
+        again = other.store_prefix(tokens)
+        assert again.cache_hit and again.prefix_id == given.prefix_id
+        suffix = torch.tensor([5, 6])
+        mine = runner.reprefill(given.prefix_id, suffix, ReprefillConfig(budget=1.0, selector="full"))
+        ref = other.full_recompute(tokens, suffix)[0]
+        torch.testing.assert_close(mine.logits, ref, atol=1e-4, rtol=1e-4)

@@ -45,16 +45,37 @@ def test_sparse_streaming_hides_the_loaded_rows_outside_the_sink_and_recent_wind
         assert mask[1:].all()
 
 
-def test_streaming_is_refused_without_heads_or_with_reselection(tiny_runner):
+def test_streaming_is_refused_without_heads_or_as_a_non_bool(tiny_runner):
     handle = tiny_runner.store_prefix(torch.arange(5, 69))
     with pytest.raises(InvalidArgument, match="streaming"):
         tiny_runner.generate(handle.prefix_id, [3], ReprefillConfig(budget=0.5, period_layers=1, streaming=True), 2)
     tiny_runner.streaming_heads = profile(tiny_runner.model, lambda layer, h: True)
-    bad = ReprefillConfig(budget=0.5, period_layers=1, selector="summary", streaming=True, reselect_every=1)
-    with pytest.raises(InvalidArgument, match="reselect_every"):
-        tiny_runner.generate(handle.prefix_id, [3], bad, 2)
     with pytest.raises(InvalidArgument, match="streaming"):
         tiny_runner.generate(handle.prefix_id, [3], ReprefillConfig(budget=0.5, period_layers=1, streaming=1), 2)
+
+
+def test_re_selection_gives_the_streaming_heads_each_new_sets_sink_and_recent_rows(tiny_runner, tiny_model):
+    """LServe's pairing while decoding: every re-selected set is masked again; the rows read per step say so."""
+    prof = profile(tiny_model, lambda layer, h: h == 0)  # sink 16 + recent 16: the forced sink and local chunks
+    calls = []
+
+    class Spy:  # the profile, recording which rows each mask is asked for
+        def row_mask(self, layer, rows, n):
+            calls.append((layer, rows.tolist()))
+            return prof.row_mask(layer, rows, n)
+
+    tiny_runner.streaming_heads = Spy()
+    prefix, suffix = torch.arange(5, 325), torch.tensor([7, 8, 9])  # 20 chunks
+    handle = tiny_runner.store_prefix(prefix)
+    cfg = ReprefillConfig(budget=0.3, period_layers=1, selector="summary", head_aggregation="max", streaming=True, reselect_every=1)
+    gen = tiny_runner.generate(handle.prefix_id, suffix, cfg, 6)
+    assert gen.reselect.sets_changed > 0
+    # one mask per layer at the first token, one as decoding starts, one per changed set (1-layer Periods)
+    assert len(calls) == 2 * tiny_model.num_layers + gen.reselect.sets_changed
+    assert len({tuple(rows) for _, rows in calls}) > 1  # the masks follow the sets
+    hkv, count, s = tiny_model.config.num_key_value_heads, 6, 3  # floor(0.3 x 20) chunks per layer
+    for t, rows in enumerate(gen.step_kv_rows, start=1):  # head 0 sees sink + local only, the others the whole set
+        assert rows == tiny_model.num_layers * ((hkv - 1) * (16 * count + s + t) + (32 + s + t))
 
 
 @needs_smollm2
