@@ -32,6 +32,8 @@ queries with the same resident keys and fetches the chunks it lacks
 (``engine_client.reselect``).  ``perlayer-follow-int4-streaming`` is the
 same selection with the model's streaming heads (``model.streaming``)
 seeing only the loaded sink and recent rows, as LServe pairs them.
+``quest``, ``lserve`` and ``loopserve`` are the decode-side systems
+``kvstore-bench decode`` compares (their definitions below).
 """
 
 from __future__ import annotations
@@ -51,6 +53,15 @@ SYSTEMS: dict[str, dict] = {
 SYSTEMS["perlayer-follow-int4-reselect"] = {**SYSTEMS["perlayer-follow-int4"], "reselect_every": 1}
 SYSTEMS["perlayer-follow-int4-reselect4"] = {**SYSTEMS["perlayer-follow-int4"], "reselect_every": 4}
 SYSTEMS["perlayer-follow-int4-streaming"] = {**SYSTEMS["perlayer-follow-int4"], "streaming": True}
+# The decode-side systems (``kvstore-bench decode``), each at the bench's token budget:
+# Quest: every layer, every generated token, chunks (16-token pages) ranked by their min/max key bound;
+SYSTEMS["quest"] = {"selector": "summary", "period_layers": 1, "head_aggregation": "max", "reselect_every": 1}
+# LServe: the same bound over logical pages, fetched as 4-chunk physical pages, the choice reused for 4
+# tokens, and the streaming heads reading only the sink and recent rows;
+SYSTEMS["lserve"] = {**SYSTEMS["quest"], "page_chunks": 4, "reselect_every": 4, "streaming": True}
+# LoopServe: re-selected every 4 generated tokens from those tokens' queries against the keys themselves
+# (4-bit resident probes), no follower chunks.
+SYSTEMS["loopserve"] = {"selector": "exact", "period_layers": 1, "head_aggregation": "max", "probe_bits": 4, "reselect_every": 4}
 
 # The stored group (SubPeriod) the layerwise systems need: their Period is one group.
 LAYERWISE_GROUP_LAYERS = 2

@@ -149,6 +149,11 @@ LAZY_COMMANDS = {
         "add_estimator_parser",
         "Krul's attention estimator: its cost on generation (time per token, memory)",
     ),
+    "decode": (
+        "tools.bench.decode",
+        "add_decode_parser",
+        "decoding from sparse, quantized KV: dense, Quest, LServe, LoopServe at one token budget",
+    ),
     "replay": (
         "tools.bench.replay_cli",
         "add_replay_parser",

@@ -1,0 +1,48 @@
+"""``kvstore-bench decode`` on SmolLM2-135M, one short prompt, through a real daemon: what each system reads per token."""
+
+import json
+
+from helpers import run_bench
+from pretrained import needs_smollm2
+
+SYSTEMS = ["dense", "quest", "lserve", "lserve-kv4"]
+
+
+@needs_smollm2
+def test_decode_bench_reports_bytes_read_per_token_for_each_system():
+    proc = run_bench(
+        "decode", "--context", "320", "--tasks", "passkey", "--examples", "1", "--new-tokens", "5", "--budget-tokens", "128",
+        "--stream", "tune", "--systems", ",".join(SYSTEMS), "--streaming-heads", "docs/figures/streaming-heads-smollm2-135m.json",
+        "--threads", "2", "--json", timeout=300,
+    )  # fmt: skip
+    r = json.loads(proc.stdout)
+    (cell,) = r["cells"]
+    systems = cell["systems"]
+    assert sorted(systems) == sorted(SYSTEMS)
+    for s in systems.values():
+        (row,) = s["rows"]
+        assert row["tokens"] == 5 and s["correct"] in (0, 1) and s["wilson95"][0] <= s["wilson95"][1]
+    dense = systems["dense"]["rows"][0]
+    n, sfx = dense["prefix_tokens"], dense["suffix_tokens"]
+    # decoding step t (t = 1..4) reads every prefix row, the suffix and t generated rows, in all 30 layers and 3 KV heads
+    rows = sum(30 * 3 * (n + sfx + t) for t in range(1, 5)) / 4
+    assert systems["dense"]["memory_bytes_per_token"] == rows * 2 * 64 * 4  # K and V, 64 float32 each
+    # at the same chunk budget, the streaming heads see only sink + recent rows: LServe reads less than Quest
+    assert systems["lserve"]["memory_bytes_per_token"] < systems["quest"]["memory_bytes_per_token"] < rows * 2 * 64 * 4
+    assert systems["lserve-kv4"]["memory_bytes_per_token"] == systems["lserve"]["memory_bytes_per_token"]  # dequantized on load
+    assert systems["lserve-kv4"]["stored_bytes"] * 5 < systems["lserve"]["stored_bytes"]  # float32 model: kv4 ~6x smaller
+    assert systems["lserve-kv4"]["store_bytes_per_token"] < systems["lserve"]["store_bytes_per_token"]
+    assert systems["quest"]["sets_changed"] >= 0 and systems["dense"]["sets_changed"] == 0
+    assert 0 < cell["streaming_layout_fraction"] < 1
+
+
+@needs_smollm2
+def test_decode_bench_refuses_bad_flags_in_one_line():
+    for argv, want in (
+        (["--systems", "dense,warp"], "unknown system 'warp'"),
+        (["--context", "4k"], "--context must be comma-separated integers"),
+        (["--kv-quant", "kv8"], "--kv-quant must be kv4 or kv4t"),
+        (["--budget-tokens", "0"], "must be positive"),
+    ):
+        proc = run_bench("decode", *argv, expect=2)
+        assert want in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -1,0 +1,334 @@
+"""``kvstore-bench decode``: decoding from sparse, quantized KV served by the store, system by system.
+
+    kvstore-bench decode --model smollm2-135m --context 4096,8192 --new-tokens 64 --budget-tokens 1024 \\
+        [--tasks passkey,niah] [--examples 10] [--systems dense,quest,lserve,lserve-kv4,loopserve] [--json] [--plot PATH]
+
+Every example's prefix is prefilled once and stored twice in one daemon on a
+private socket: in the model's dtype, and quantized (``--kv-quant``, KIVI's
+per-channel keys by default) for the ``-kv4``/``-kv8`` systems.  Each system
+then answers the question through ``ModelRunner.generate``: the first token by
+Re-Prefill, then ``--new-tokens`` greedy tokens (the end of sequence does not
+stop it, so every system decodes as many).  The systems, each at the same
+token budget per layer and KV head (``--budget-tokens``, as a fraction of the
+prefix; sink and recent chunk included):
+
+``dense``      every chunk loaded, decoding over all of them;
+``quest``      every layer, every token, chunks ranked by their min/max key bound (Quest);
+``lserve``     the same bound over 16-token logical pages fetched as 64-token physical pages, the
+               choice reused for 4 tokens, streaming heads reading only the sink and recent rows;
+``loopserve``  re-selected every 4 tokens from those tokens' queries against 4-bit keys;
+any named system of ``engine_client.selection.systems`` (e.g. ``perlayer-follow-int4``, the
+Re-Prefill default, which decodes over the first token's sets); ``NAME-kv4`` / ``NAME-kv8``
+the same over the quantized copy.
+
+Reported per system (the order rotated per example), per context and task:
+accuracy with its Wilson interval; time per output token and its attention
+kernels' share; the K/V bytes each output token's attention reads from
+memory (the rows each head may see, in the model's dtype - a masked head's
+hidden rows are counted as not read, which is what a kernel skipping them
+reads); the KV bytes the store delivered and read from disk per output
+token (the first token's load and the chunks re-selection fetched, over all
+tokens); the selector's time per output token; and the bytes stored per
+prefix, with what the streaming heads' sink + recent layout would keep (not
+a stored layout yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import tempfile
+from contextlib import ExitStack
+
+import numpy as np
+
+from .eval_common import CHUNK_TOKENS, load_pretrained, wilson_interval
+from .io_jobs import BenchError, UsageError
+from .plots import add_plot_flag, check_plot_path
+
+DEFAULT_SYSTEMS = "dense,quest,lserve,lserve-kv4,loopserve,perlayer-follow-int4"
+QUANT_SUFFIXES = ("-kv4", "-kv8", "-kv4t", "-kv8t")
+
+
+def add_decode_parser(sub) -> None:
+    p = sub.add_parser("decode", help="decoding from sparse, quantized KV: dense, Quest, LServe, LoopServe at one token budget")
+    p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
+    p.add_argument("--context", default="4096", help="prefix tokens, comma-separated (e.g. 4096,8192)")
+    p.add_argument("--tasks", default="passkey,niah", help="real-text tasks, comma-separated (engine_client.tasks.text)")
+    p.add_argument("--examples", type=int, default=5, help="examples per task and context")
+    p.add_argument("--stream", choices=("eval", "tune"), default="eval", help="seed stream of the examples")
+    p.add_argument("--start", type=int, default=0, help="skip this many seeds of the stream")
+    p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per answer (the first included)")
+    p.add_argument("--budget-tokens", type=int, default=1024, help="prefix tokens each layer may attend to (sink and recent included)")
+    p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="comma-separated; NAME-kv4 runs NAME over the quantized copy")
+    p.add_argument("--kv-quant", default="kv4", help="the quantized copy's scheme for NAME-kv4 (kv4 | kv4t); -kv8 systems use kv8")
+    p.add_argument("--streaming-heads", metavar="PATH", help="the streaming-heads file (default: the one next to the checkpoint)")
+    p.add_argument("--directory", default="/tmp", help="where the daemon's store lives")
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
+    p.add_argument("--json", action="store_true")
+    add_plot_flag(p, "bytes read per output token against accuracy")
+    p.set_defaults(run=command_decode)
+
+
+def parse_systems(text: str, kv_quant: str) -> list[tuple[str, str, str]]:
+    """``[(name, selection system, stored scheme or "")]``; a one-line UsageError for anything unknown."""
+    from engine_client.selection.systems import SYSTEMS
+
+    out = []
+    for item in (s.strip() for s in text.split(",")):
+        base, quant = item, ""
+        for suffix in QUANT_SUFFIXES:
+            if item.endswith(suffix):
+                base, quant = item[: -len(suffix)], suffix[1:]
+                break
+        if quant.startswith("kv4"):
+            quant = kv_quant
+        if base != "dense" and base not in SYSTEMS:
+            raise UsageError(
+                f"--systems: unknown system {item!r}; known: dense, {', '.join(sorted(SYSTEMS))} (each also as NAME-kv4, NAME-kv8)"
+            )
+        out.append((item, base, quant))
+    if len({n for n, _, _ in out}) != len(out) or not out:
+        raise UsageError(f"--systems {text!r}: name each system once")
+    return out
+
+
+def _ints(text: str, flag: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{flag} must be comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} must be positive, got {text!r}")
+    return values
+
+
+def command_decode(args) -> int:
+    if min(args.examples, args.new_tokens, args.budget_tokens, args.threads) < 1 or args.start < 0:
+        raise UsageError("--examples, --new-tokens, --budget-tokens and --threads must be positive, --start at least 0")
+    if args.kv_quant not in ("kv4", "kv4t"):
+        raise UsageError(f"--kv-quant must be kv4 or kv4t, got {args.kv_quant!r}")
+    args.contexts = _ints(args.context, "--context")
+    args.task_names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    args.system_list = parse_systems(args.systems, args.kv_quant)
+    check_plot_path(args.plot)
+    report = run_decode(args)
+    print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_decode(report))
+    if args.plot:
+        plot_decode(report, args.plot)
+    return 0
+
+
+def run_decode(args) -> dict:
+    from engine_client.model import zoo
+    from engine_client.model.streaming import ProfileError, StreamingHeads
+    from engine_client.tasks import text
+
+    pm = load_pretrained(args.model, args.threads)
+    model = pm.decoder
+    try:
+        heads = StreamingHeads.load(args.streaming_heads, model=model) if args.streaming_heads else zoo.streaming_heads(pm)
+    except (ProfileError, OSError, ValueError) as exc:
+        heads = exc  # only an error when a streaming system runs
+    cells = []
+    for n in args.contexts:
+        for task in args.task_names:
+            try:
+                examples = text.examples(task, pm.tokenizer, args.examples, n, stream=args.stream, start=args.start)
+            except (KeyError, ValueError) as exc:
+                raise UsageError(f"--tasks {task} --context {n}: {exc}") from None
+            limit = pm.config.max_position_embeddings
+            if any(ex.num_prefix_tokens + ex.suffix_tokens.size + args.new_tokens > limit for ex in examples):
+                raise UsageError(f"--context {n} with --new-tokens {args.new_tokens}: longer than the model's {limit} positions")
+            cells.append(_run_cell(args, pm, heads, task, n, examples))
+    return {
+        "model": args.model,
+        "contexts": args.contexts,
+        "tasks": args.task_names,
+        "examples": args.examples,
+        "stream": args.stream,
+        "start": args.start,
+        "new_tokens": args.new_tokens,
+        "budget_tokens": args.budget_tokens,
+        "kv_quant": args.kv_quant,
+        "threads": args.threads,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, CPU only",
+        "load_average_1min_before": round(os.getloadavg()[0], 2),
+        **(
+            {"streaming_heads": {"fraction": heads.fraction, "sink": heads.sink_tokens, "recent": heads.recent_tokens}}
+            if not isinstance(heads, Exception)
+            else {}
+        ),
+        "cells": cells,
+    }
+
+
+def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
+    """One context x task: every example through every system, one daemon."""
+    import torch
+
+    from engine_client.prefill import chunked_prefill
+    from engine_client.runner import ModelRunner, ReprefillConfig
+    from engine_client.selection.systems import system_fields
+    from kvstore.progress import bar as progress_bar
+
+    model = pm.decoder
+    systems = args.system_list
+    streams = any(base != "dense" and system_fields(base).get("streaming") for _, base, _ in systems)
+    if streams and isinstance(heads, Exception):
+        raise BenchError(f"a streaming system needs the model's streaming heads: {heads}")
+    rows: dict[str, list[dict]] = {name: [] for name, _, _ in systems}
+    itemsize = torch.empty(0, dtype=model.dtype).element_size()
+    row_bytes = 2 * model.config.head_dim * itemsize  # one K and one V vector of one head
+    with ExitStack() as stack:
+        client = _daemon_client(args, stack)
+        runners = {}
+        for quant in {q for _, _, q in systems}:
+            runners[quant] = ModelRunner(
+                model,
+                client,
+                chunk_tokens=CHUNK_TOKENS,
+                group_layers=1,
+                streaming_heads=None if isinstance(heads, Exception) else heads,
+                kv_quant=quant,
+            )
+        bar = progress_bar(len(examples) * len(systems), f"{task}@{n}", unit="answer")
+        for i, ex in enumerate(examples):
+            _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix_tokens))
+            handles = {q: r.store_prefix(ex.prefix_tokens, kv=kv) for q, r in runners.items()}
+            del kv
+            fraction = min(1.0, args.budget_tokens / ex.num_prefix_tokens)
+            for name, base, quant in systems[i % len(systems) :] + systems[: i % len(systems)]:
+                fields = {"selector": "full", "period_layers": 1} if base == "dense" else system_fields(base)
+                cfg = ReprefillConfig(budget=1.0 if base == "dense" else fraction, **fields)
+                runner = runners[quant]
+                resident = runner.resident_bytes()
+                model.attention_s = 0.0
+                try:
+                    gen = runner.generate(
+                        handles[quant].prefix_id, ex.suffix_tokens, cfg, args.new_tokens, tokenizer=pm.tokenizer, eos_token_ids=()
+                    )
+                finally:
+                    model.attention_s = None
+                rows[name].append(_row(ex, gen, runner, resident, row_bytes))
+                bar.update(1)
+        bar.close()
+    return _cell_report(task, n, examples, systems, rows, runners, heads)
+
+
+def _daemon_client(args, stack: ExitStack):
+    from engine_client.client import KVStoreClient
+
+    from .daemon_io import DaemonArgs, _Daemon
+
+    os.makedirs(args.directory, exist_ok=True)
+    data_dir = tempfile.mkdtemp(prefix="decode-store-", dir=args.directory)
+    stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
+    daemon = _Daemon(data_dir, DaemonArgs())
+    stack.callback(daemon.stop)
+    return stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
+
+
+def _row(ex, gen, runner, resident_before: int, row_bytes: int) -> dict:
+    res, st = gen.reprefill, gen.reselect
+    tokens = len(gen.tokens)
+    decode_steps = max(1, len(gen.step_s))
+    delivered = res.bytes_useful + (st.bytes_fetched if st else 0)
+    disk = res.bytes_read + (st.bytes_read if st else 0)
+    select_s = res.select_s + (st.select_s if st else 0.0)
+    return {
+        "seed": ex.seed,
+        "correct": ex.is_correct(gen.text),
+        "text": gen.text,
+        "depth": ex.depth,
+        "prefix_tokens": ex.num_prefix_tokens,
+        "suffix_tokens": int(ex.suffix_tokens.size),
+        "tokens": tokens,
+        "ttft_s": gen.ttft_s,
+        "per_token_s": float(np.mean(gen.step_s)) if gen.step_s else 0.0,
+        "attention_per_token_s": (gen.decode_attention_s or 0.0) / decode_steps,
+        "memory_bytes_per_token": float(np.mean(gen.step_kv_rows)) * row_bytes if gen.step_kv_rows else 0.0,
+        "store_bytes_per_token": delivered / tokens,
+        "disk_bytes_per_token": disk / tokens,
+        "first_token_bytes": res.bytes_useful,
+        "decode_bytes": st.bytes_fetched if st else 0,
+        "select_per_token_s": select_s / tokens,
+        "kv_fraction": res.kv_fraction,
+        "resident_bytes": runner.resident_bytes() - resident_before,
+        "sets_changed": st.sets_changed if st else 0,
+    }
+
+
+def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
+    out = {"task": task, "context": n, "examples": len(examples), "seeds": [examples[0].seed, examples[-1].seed], "systems": {}}
+    tokens = int(np.mean([ex.num_prefix_tokens for ex in examples]))
+    for name, base, quant in systems:
+        rs = rows[name]
+        s = {k: float(np.mean([r[k] for r in rs])) for k in rs[0] if k not in ("seed", "depth", "correct", "text")}
+        s["correct"] = sum(r["correct"] for r in rs)
+        s["wilson95"] = list(wilson_interval(s["correct"], len(rs)))
+        geo = runners[quant].geometry
+        s["stored_bytes"] = geo.kv_bytes(tokens)
+        m = geo.model  # the same KV in bfloat16: the reference the storage target is stated against
+        s["stored_vs_bf16"] = tokens * m.num_layers * 2 * m.num_kv_heads * m.head_dim * 2 / s["stored_bytes"]
+        s["kv_quant"] = quant or None
+        s["rows"] = rs
+        out["systems"][name] = s
+    if not isinstance(heads, Exception):
+        out["streaming_layout_fraction"] = heads.stored_fraction(tokens)
+    return out
+
+
+def format_decode(r: dict) -> str:
+    lines = [
+        f"{r['model']}, {r['new_tokens']} tokens per answer, budget {r['budget_tokens']} tokens per layer and KV head, "
+        f"{r['examples']} examples per cell ({r['stream']} seeds), {r['threads']} threads, {r['dtype']}"
+    ]
+    for cell in r["cells"]:
+        dense = cell["systems"].get("dense")
+        lines += [
+            "",
+            f"{cell['task']} @ {cell['context']} tokens (seeds {cell['seeds'][0]}..{cell['seeds'][1]})"
+            + (
+                f"; a sink + recent layout for the streaming heads would keep {cell['streaming_layout_fraction']:.1%} of the KV"
+                if "streaming_layout_fraction" in cell
+                else ""
+            ),
+            f"{'system':>22}  {'correct':>7}  {'Wilson 95%':>13}  {'ms/token':>8}  {'attn ms':>7}  {'memory KB/token':>15}  "
+            f"{'vs dense':>8}  {'store KB/token':>14}  {'disk KB/token':>13}  {'select ms/token':>15}  {'stored MB':>9}",
+        ]
+        for name, s in cell["systems"].items():
+            lo, hi = s["wilson95"]
+            ratio = (
+                f"{dense['memory_bytes_per_token'] / s['memory_bytes_per_token']:.1f}x" if dense and s["memory_bytes_per_token"] else "-"
+            )
+            lines.append(
+                f"{name:>22}  {s['correct']:>3.0f}/{len(s['rows']):<3}  {lo:>5.0%}-{hi:<6.0%}  {s['per_token_s'] * 1e3:>8.1f}  "
+                f"{s['attention_per_token_s'] * 1e3:>7.2f}  {s['memory_bytes_per_token'] / 1e3:>15.0f}  {ratio:>8}  "
+                f"{s['store_bytes_per_token'] / 1e3:>14.0f}  {s['disk_bytes_per_token'] / 1e3:>13.0f}  "
+                f"{s['select_per_token_s'] * 1e3:>15.2f}  {s['stored_bytes'] / 1e6:>9.1f}"
+            )
+    return "\n".join(lines)
+
+
+def plot_decode(r: dict, path: str) -> None:
+    """Per cell: KV bytes each output token reads from memory (x, log) against accuracy (y), one point per system."""
+    from .plots import pyplot, save
+
+    plt = pyplot()
+    cells = r["cells"]
+    fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.6), squeeze=False)
+    for ax, cell in zip(axes[0], cells):
+        for name, s in cell["systems"].items():
+            acc = s["correct"] / len(s["rows"])
+            ax.scatter(s["memory_bytes_per_token"] / 1e6, acc, s=30)
+            ax.annotate(name, (s["memory_bytes_per_token"] / 1e6, acc), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_ylim(-0.05, 1.05)
+        ax.set_xlabel("KV read from memory per output token (MB)")
+        ax.set_ylabel("accuracy")
+        ax.set_title(f"{cell['task']} @ {cell['context']} tokens, {cell['examples']} examples", fontsize=9)
+    save(fig, path)
