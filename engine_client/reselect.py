@@ -125,8 +125,8 @@ def decode_reselecting(
     order) then the suffix; ``periods``: ``(first layer, layers, chunk count)``
     (a count equal to the prefix's chunks: loaded in full, never re-selected);
     ``sets`` is updated in place; ``num_chunks``: the prefix's.  ``row_mask``
-    gives each layer's per-KV-head view of its set's rows (streaming heads),
-    asked again whenever the set changes; ``kv_rows`` receives each step's
+    gives each layer's per-KV-head view of its set's rows (streaming heads,
+    per-head sets), asked again at every re-selection; ``kv_rows`` receives each step's
     K/V rows read (``generation.attended_rows``).  Returns ``(tokens, step
     seconds, stop reason, stats)``.
     """
@@ -162,8 +162,8 @@ def decode_reselecting(
             recent.append(hidden)
             del recent[:-every]
             if reselect and count < num_chunks:  # a Period loaded in full has nothing to choose
-                changed = _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, working, select, fetch, stats)
-                if changed and row_mask is not None:
+                _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, working, select, fetch, stats)
+                if row_mask is not None:  # asked at every re-selection: a head's own set can change under the same union
                     set_masks(l0, layers, sets[p])
             span = range(l0, l0 + layers)
             if kv_rows is not None:
@@ -180,8 +180,8 @@ def decode_reselecting(
     return tokens, steps, "eos" if tokens[-1] in stop_ids else "length", stats
 
 
-def _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, working, select, fetch, stats) -> bool:
-    """Choose Period ``p``'s set again; True when it changed (``kv`` then holds the new set's rows)."""
+def _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, working, select, fetch, stats) -> None:
+    """Choose Period ``p``'s set again; when it changed, ``kv`` holds the new set's rows."""
     t0 = time.perf_counter()
     t = len(recent)
     q = model.layer_queries(l0, torch.cat(recent), torch.arange(pos - t + 1, pos + 1))  # [Hq, t, d]
@@ -190,7 +190,7 @@ def _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, w
     stats.reselections += 1
     old = sets[p]
     if new == old:
-        return False
+        return
     stats.sets_changed += 1
     stats.chunks_swapped_in += len(set(new) - set(old))
     missing = [c for c in new if not working.has(l0, c)]
@@ -209,4 +209,3 @@ def _reselect(model, p, l0, layers, count, recent, pos, sets, kv, prefix_rows, w
         kv.replace_head(layer, prefix_rows[layer], head)
         prefix_rows[layer] = head.shape[2]
     sets[p] = new
-    return True

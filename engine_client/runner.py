@@ -16,7 +16,7 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
 
-Why one file of ~590 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+Why one file of ~650 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
 the request's vocabulary and ``ModelRunner`` its one loop, whose steps
 (``check_request``, ``_select``, ``_row_masks``, ``_run_period``, ``_report``) share the
 runner's resident state (key summaries, quantized probe keys), which
@@ -42,6 +42,7 @@ from .model.decoder import Decoder
 from .prefill import chunked_prefill
 from .reselect import WorkingSet, check_every, decode_reselecting
 from .selection import PeriodInputs, get_selector, plan_periods, select_chunks
+from .selection.heads import kv_head_scores
 from .selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -95,6 +96,10 @@ class ReprefillConfig:
     # attend only to the loaded rows in the sink and recent window, at the
     # first token and while decoding; the other heads to every loaded row.
     streaming: bool = False
+    # per_head (LServe): each KV head chooses its own chunks at the budget (its query
+    # group's max, selection.heads.kv_head_scores) and attends only to them; the Period
+    # loads their union (a chunk holds every head).  Streaming heads choose none.
+    per_head: bool = False
 
 
 @dataclass
@@ -137,8 +142,9 @@ class ReprefillResult:
     reported_units: int = 0
     # keep_kv: per layer, the prefix rows it attended to then the suffix's KV, [2, Hkv, rows + s, d]
     layer_kv: list = field(default_factory=list)
-    # streaming: per layer, which loaded rows each KV head may see ([Hkv, rows] or None: all)
+    # streaming / per_head: per layer, which loaded rows each KV head may see ([Hkv, rows] or None: all)
     row_masks: list = field(default_factory=list)
+    head_sets: list = field(default_factory=list)  # per_head: per period, each KV head's chunk ids
     num_prefix_tokens: int = 0
     prefix_id: str = ""  # the prefix's full id (a request may name it by a leading part)
 
@@ -248,6 +254,10 @@ class ModelRunner:
             )
         if not isinstance(cfg.streaming, bool):
             raise InvalidArgument("streaming", f"must be a bool, got {cfg.streaming!r}")
+        if not isinstance(cfg.per_head, bool):
+            raise InvalidArgument("per_head", f"must be a bool, got {cfg.per_head!r}")
+        if cfg.per_head and cfg.selector not in ("exact", "summary"):
+            raise InvalidArgument("per_head", f"per-KV-head sets need per-head scores (exact or summary), not {cfg.selector!r}")
         if cfg.streaming and self.streaming_heads is None:
             raise InvalidArgument(
                 "streaming", "this runner has no streaming heads (ModelRunner(streaming_heads=...); python -m tools.models calibrate-heads)"
@@ -298,7 +308,7 @@ class ModelRunner:
         out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=n, prefix_id=desc.prefix_id)
         if keep_kv:
             out.layer_kv = [None] * model.num_layers
-        if cfg.streaming:
+        if cfg.streaming or cfg.per_head:
             out.row_masks = [None] * model.num_layers
         mass_inputs = []
         hints = bool(cfg.speculate and cfg.lookahead and choose is None and selector.name != "full" and cfg.budget < 1)
@@ -312,13 +322,15 @@ class ModelRunner:
             for p, l0 in enumerate(range(0, model.num_layers, cfg.period_layers)):
                 t0 = time.perf_counter()
                 q = model.layer_queries(l0, hidden, positions)  # [Hq, s, d]
+                head_sets: list[torch.Tensor] = []  # per_head: each KV head's chunks
                 if choose is not None:
                     chunks = torch.as_tensor(choose(p, l0, q, m), dtype=torch.long)
                 elif plan.periods[p][2] == m:  # a layer loaded in full
                     chunks = torch.arange(m)
                 else:
-                    chunks = self._select(selector, desc.prefix_id, q, l0, m, replace(cfg, budget=plan.periods[p][2]), out)
+                    chunks = self._select(selector, desc.prefix_id, q, l0, m, replace(cfg, budget=plan.periods[p][2]), out, head_sets)
                 out.selected.append(chunks)
+                out.head_sets.append(head_sets)
                 out.period_select_s[p] += time.perf_counter() - t0
                 out.select_s += time.perf_counter() - t0
                 stream.send(p, chunks.numpy())
@@ -331,7 +343,7 @@ class ModelRunner:
                     stream.hint(p + 1, out.hints[p + 1].numpy())
                     out.period_select_s[p] += time.perf_counter() - t0
                     out.select_s += time.perf_counter() - t0
-                masks = self._row_masks(chunks, l0, n, cfg, out)
+                masks = self._row_masks(chunks, l0, n, cfg, out, head_sets)
                 hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks)
                 chunk_tokens = stream.chunk_tokens(p).tolist()
                 out.tokens_loaded += sum(chunk_tokens)
@@ -366,8 +378,11 @@ class ModelRunner:
             local_chunks=cfg.local_chunks,
         )
 
-    def _select(self, selector, prefix_id, q, l0, m, cfg, out) -> torch.Tensor:
-        """``cfg.budget``: a fraction of the chunks, or an int chunk count (from the Period plan)."""
+    def _select(self, selector, prefix_id, q, l0, m, cfg, out, head_sets: list | None = None) -> torch.Tensor:
+        """``cfg.budget``: a fraction of the chunks, or an int chunk count (from the Period plan).
+
+        ``cfg.per_head``: the union of each KV head's set, the sets put in ``head_sets``.
+        """
         if selector.name == "full" or (isinstance(cfg.budget, float) and cfg.budget >= 1) or cfg.budget == m:
             return torch.arange(m)
         inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens)
@@ -383,14 +398,28 @@ class ModelRunner:
             inputs = PeriodInputs.from_store_summaries(q, summ, l0 // cfg.period_layers, chunk_tokens=self.geometry.chunk_tokens)
         elif selector.name == "recent":
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, key_min=torch.zeros(m, 1, 1), key_max=torch.zeros(m, 1, 1))
-        return select_chunks(
-            selector.score(inputs),
-            cfg.budget,
-            sink_chunks=cfg.sink_chunks,
-            local_chunks=cfg.local_chunks,
-            follow=cfg.follow,
-            page_chunks=cfg.page_chunks,
-        )
+        pick = dict(sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks, follow=cfg.follow, page_chunks=cfg.page_chunks)
+        if not cfg.per_head:
+            return select_chunks(selector.score(inputs), cfg.budget, **pick)
+        scores = kv_head_scores(selector.head_scores(inputs), self.geometry.model.num_kv_heads)  # [Hkv, m]
+        sets = []
+        for h in range(scores.shape[0]):
+            if self._streams_whole_period(l0, cfg, h):  # sees sink + recent only: the forced chunks
+                sets.append(
+                    select_chunks(scores[h], cfg.sink_chunks + cfg.local_chunks, sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks)
+                )
+            else:
+                sets.append(select_chunks(scores[h], cfg.budget, **pick))
+        if head_sets is not None:
+            head_sets[:] = sets
+        return torch.unique(torch.cat(sets))
+
+    def _streams_whole_period(self, l0: int, cfg, head: int) -> bool:
+        """KV head ``head`` is a streaming head in every layer of the Period at ``l0`` (and ``cfg.streaming``)."""
+        if not cfg.streaming:
+            return False
+        layers = range(l0, min(l0 + cfg.period_layers, self.model.num_layers))
+        return all(self.streaming_heads.streaming[layer][head] for layer in layers)
 
     def summaries(self, prefix_id: str, period_layers: int, out: ReprefillResult | None = None) -> torch.Tensor:
         """Key summaries of each Period's first layer, ``[chunks, periods, kv_heads, 2, head_dim]``.
@@ -436,17 +465,26 @@ class ModelRunner:
         itemsize = np.dtype(m.numpy_dtype()).itemsize
         return geometry.num_chunks(num_tokens) * periods * m.num_kv_heads * 2 * m.head_dim * itemsize
 
-    def _row_masks(self, chunks: torch.Tensor, l0: int, n: int, cfg, out) -> dict[int, torch.Tensor | None]:
-        """Per layer of the Period at ``l0``, the streaming heads' view of the loaded rows (empty without streaming)."""
-        if not cfg.streaming:
+    def _row_masks(self, chunks: torch.Tensor, l0: int, n: int, cfg, out, head_sets=()) -> dict[int, torch.Tensor | None]:
+        """Per layer of the Period at ``l0``, each KV head's view of the loaded rows (empty when every head sees all)."""
+        if not (cfg.streaming or head_sets):
             return {}
-        ct = self.geometry.chunk_tokens
-        starts = chunks.to(torch.long) * ct
-        rows = torch.cat([torch.arange(int(a), min(int(a) + ct, n)) for a in starts]) if len(starts) else torch.empty(0, dtype=torch.long)
         masks = {}
         for layer in range(l0, min(l0 + cfg.period_layers, self.model.num_layers)):
-            masks[layer] = out.row_masks[layer] = self.streaming_heads.row_mask(layer, rows, n)
+            masks[layer] = out.row_masks[layer] = self._layer_mask(layer, chunks.tolist(), n, cfg, head_sets)
         return masks
+
+    def _layer_mask(self, layer: int, chunks: list[int], n: int, cfg, head_sets=()) -> torch.Tensor | None:
+        """``[Hkv, rows of chunks]``: streaming heads see the sink and recent rows, with ``head_sets`` each head its own chunks."""
+        ct = self.geometry.chunk_tokens
+        ids = torch.as_tensor(chunks, dtype=torch.long)
+        rows = torch.cat([torch.arange(c * ct, min(c * ct + ct, n)) for c in chunks]) if chunks else torch.empty(0, dtype=torch.long)
+        mask = self.streaming_heads.row_mask(layer, rows, n) if cfg.streaming else None
+        if head_sets:
+            row_chunk = torch.repeat_interleave(ids, torch.tensor([min(ct, n - c * ct) for c in chunks], dtype=torch.long))
+            mine = torch.stack([torch.isin(row_chunk, hs) for hs in head_sets])  # [Hkv, rows]
+            mask = mine if mask is None else mask & mine
+        return mask
 
     def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out, masks=None):
         """Compute the period's layers, each group as soon as it has arrived (``masks``: ``_row_masks``)."""
@@ -532,7 +570,8 @@ class ModelRunner:
         """``decode_reselecting`` over this request's loaded rows, re-selecting with the request's selector.
 
         With ``cfg.streaming`` the streaming heads see only the sink and
-        recent rows of each new set, as at the first token.
+        recent rows of each new set, with ``cfg.per_head`` each KV head its
+        own chunks, as at the first token.
         """
         geo, n = self.geometry, res.num_prefix_tokens
         m = geo.num_chunks(n)
@@ -541,9 +580,14 @@ class ModelRunner:
         tokens = [[min(geo.chunk_tokens, n - c * geo.chunk_tokens) for c in chunks] for chunks in sets]
         working = WorkingSet.from_loaded(res.layer_kv, [(l0, k) for l0, k, _ in plan.periods], sets, tokens)
         selector = get_selector(cfg.selector, cfg.head_aggregation)
+        head_sets = list(res.head_sets)  # per Period: each KV head's current chunks (per_head)
+        period_of = {layer: p for p, (l0, k, _) in enumerate(plan.periods) for layer in range(l0, l0 + k)}
 
         def select(p, l0, q, count):
-            return self._select(selector, prefix_id, q, l0, m, replace(cfg, budget=count), res)
+            sets_now: list[torch.Tensor] = []
+            union = self._select(selector, prefix_id, q, l0, m, replace(cfg, budget=count), res, sets_now)
+            head_sets[p] = sets_now
+            return union
 
         def fetch(l0, layers, chunks):
             with self.client.read_chunks(prefix_id, sorted(chunks), layer_start=l0, layer_end=l0 + layers, shm=False) as read:
@@ -556,9 +600,7 @@ class ModelRunner:
                 return rows, read.bytes_read, read.bytes_useful
 
         def row_mask(layer, chunks):
-            ct = geo.chunk_tokens
-            rows = torch.cat([torch.arange(c * ct, min(c * ct + ct, n)) for c in chunks])
-            return self.streaming_heads.row_mask(layer, rows, n)
+            return self._layer_mask(layer, chunks, n, cfg, head_sets[period_of[layer]])
 
         return decode_reselecting(
             self.model,
@@ -574,7 +616,7 @@ class ModelRunner:
             max_new_tokens=max_new_tokens,
             every=cfg.reselect_every,
             stop_ids=stops,
-            row_mask=row_mask if cfg.streaming else None,
+            row_mask=row_mask if cfg.streaming or cfg.per_head else None,
             kv_rows=kv_rows,
         )
 

@@ -86,5 +86,10 @@ class ExactSelector(Selector):
             raise InvalidArgument("probe_keys", "the exact selector needs the period's probe keys")
         if self.head_aggregation == "sum":
             return exact_chunk_scores(inputs.queries, inputs.probe_keys, inputs.chunk_tokens)
-        heads = exact_head_chunk_scores(inputs.queries, inputs.probe_keys, inputs.chunk_tokens)  # [Hq, m]
-        return aggregate_heads(heads, self.head_aggregation)
+        return aggregate_heads(self.head_scores(inputs), self.head_aggregation)
+
+    def head_scores(self, inputs: PeriodInputs) -> torch.Tensor:
+        """Mass per (query head, chunk), ``[Hq, m]`` (``heads.exact_head_chunk_scores``)."""
+        if inputs.probe_keys is None:
+            raise InvalidArgument("probe_keys", "the exact selector needs the period's probe keys")
+        return exact_head_chunk_scores(inputs.queries, inputs.probe_keys, inputs.chunk_tokens)

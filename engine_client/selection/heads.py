@@ -14,7 +14,9 @@ chunk; what changes is the aggregation:
 
 ``head_chunk_scores`` returns the ``[Hq, m]`` mass per query head (each row
 sums to the number of queries ``s``); ``aggregate_heads`` reduces it to
-``[m]``.  ``sum`` over heads reproduces ``exact_chunk_scores`` /
+``[m]``.  ``kv_head_scores`` reduces it to ``[Hkv, m]`` instead (``max``
+over each KV head's query group): a set per KV head, as LServe selects
+(``ReprefillConfig.per_head``).  ``sum`` over heads reproduces ``exact_chunk_scores`` /
 ``summary_chunk_scores`` exactly.
 """
 
@@ -85,3 +87,14 @@ def aggregate_heads(head_scores: torch.Tensor, mode: str = "sum") -> torch.Tenso
         return head_scores.sum(dim=0)
     totals = head_scores.sum(dim=1, keepdim=True).clamp(min=torch.finfo(head_scores.dtype).tiny)  # [H, 1]
     return (head_scores / totals).amax(dim=0)
+
+
+def kv_head_scores(head_scores: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``[Hq, m]`` per-query-head scores -> ``[Hkv, m]``: each KV head's query group by ``max`` (normalised as above)."""
+    if head_scores.dim() != 2 or num_kv_heads < 1 or head_scores.shape[0] % num_kv_heads:
+        raise InvalidArgument(
+            "head_scores", f"expected [query heads, chunks] in groups of {num_kv_heads} KV heads, got {tuple(head_scores.shape)}"
+        )
+    totals = head_scores.sum(dim=1, keepdim=True).clamp(min=torch.finfo(head_scores.dtype).tiny)
+    normed = head_scores / totals
+    return normed.view(num_kv_heads, -1, normed.shape[1]).amax(dim=1)

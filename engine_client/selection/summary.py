@@ -86,5 +86,10 @@ class SummarySelector(Selector):
             raise InvalidArgument("key_min", "the summary selector needs key_min and key_max")
         if self.head_aggregation == "sum":
             return summary_chunk_scores(inputs.queries, inputs.key_min, inputs.key_max)
-        heads = summary_head_chunk_scores(inputs.queries, inputs.key_min, inputs.key_max)  # [Hq, m]
-        return aggregate_heads(heads, self.head_aggregation)
+        return aggregate_heads(self.head_scores(inputs), self.head_aggregation)
+
+    def head_scores(self, inputs: PeriodInputs) -> torch.Tensor:
+        """The bound's softmax per (query head, chunk), ``[Hq, m]`` (``heads.summary_head_chunk_scores``)."""
+        if inputs.key_min is None or inputs.key_max is None:
+            raise InvalidArgument("key_min", "the summary selector needs key_min and key_max")
+        return summary_head_chunk_scores(inputs.queries, inputs.key_min, inputs.key_max)

@@ -59,6 +59,8 @@ SYSTEMS["quest"] = {"selector": "summary", "period_layers": 1, "head_aggregation
 # LServe: the same bound over logical pages, fetched as 4-chunk physical pages, the choice reused for 4
 # tokens, and the streaming heads reading only the sink and recent rows;
 SYSTEMS["lserve"] = {**SYSTEMS["quest"], "page_chunks": 4, "reselect_every": 4, "streaming": True}
+# ... and with a set per KV head (each head its own pages at the budget, the union loaded), as LServe selects;
+SYSTEMS["lserve-heads"] = {**SYSTEMS["lserve"], "per_head": True}
 # LoopServe: re-selected every 4 generated tokens from those tokens' queries against the keys themselves
 # (4-bit resident probes), no follower chunks.
 SYSTEMS["loopserve"] = {"selector": "exact", "period_layers": 1, "head_aggregation": "max", "probe_bits": 4, "reselect_every": 4}

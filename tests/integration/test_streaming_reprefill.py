@@ -70,8 +70,8 @@ def test_re_selection_gives_the_streaming_heads_each_new_sets_sink_and_recent_ro
     cfg = ReprefillConfig(budget=0.3, period_layers=1, selector="summary", head_aggregation="max", streaming=True, reselect_every=1)
     gen = tiny_runner.generate(handle.prefix_id, suffix, cfg, 6)
     assert gen.reselect.sets_changed > 0
-    # one mask per layer at the first token, one as decoding starts, one per changed set (1-layer Periods)
-    assert len(calls) == 2 * tiny_model.num_layers + gen.reselect.sets_changed
+    # one mask per layer at the first token, one as decoding starts, one per re-selection (1-layer Periods)
+    assert len(calls) == 2 * tiny_model.num_layers + gen.reselect.reselections
     assert len({tuple(rows) for _, rows in calls}) > 1  # the masks follow the sets
     hkv, count, s = tiny_model.config.num_key_value_heads, 6, 3  # floor(0.3 x 20) chunks per layer
     for t, rows in enumerate(gen.step_kv_rows, start=1):  # head 0 sees sink + local only, the others the whole set
@@ -99,3 +99,25 @@ def test_smollm2s_classification_keeps_a_pass_key_answer_and_calibration_runs_on
     _, kv = chunked_prefill(pm.decoder, torch.from_numpy(ex.prefix_tokens))
     again = local_mass(pm.decoder, kv, torch.from_numpy(ex.suffix_tokens), sink_tokens=16, recent_tokens=64)
     torch.testing.assert_close(again, torch.tensor(prof.mass), atol=1e-5, rtol=0)
+
+
+def test_per_head_sets_each_head_attends_to_its_own_chunks_the_period_loads_their_union(tiny_runner, tiny_model):
+    prefix, suffix = torch.arange(5, 325), torch.tensor([7, 8, 9])  # 20 chunks; 30% = 6 per head
+    handle = tiny_runner.store_prefix(prefix)
+    hkv, s = tiny_model.config.num_key_value_heads, 3
+    for extra in ({"selector": "exact"}, {"selector": "summary", "reselect_every": 1}):
+        cfg = ReprefillConfig(budget=0.3, period_layers=1, head_aggregation="max", per_head=True, **extra)
+        gen = tiny_runner.generate(handle.prefix_id, suffix, cfg, 5)
+        res = gen.reprefill
+        for layer, (chunks, sets) in enumerate(zip(res.selected, res.head_sets)):
+            assert len(sets) == hkv and all(len(hs) == 6 and {0, 19} <= set(hs.tolist()) for hs in sets)
+            assert chunks.tolist() == sorted(set().union(*(hs.tolist() for hs in sets)))  # loaded: the union
+            rows = torch.cat([torch.arange(16 * int(c), 16 * int(c) + 16) for c in chunks])
+            for h, hs in enumerate(sets):
+                assert res.row_masks[layer][h].tolist() == torch.isin(rows // 16, hs).tolist()
+        # each head reads its 6 chunks whatever the union (re-selected or not), the suffix and the generated rows
+        assert gen.step_kv_rows == [tiny_model.num_layers * hkv * (16 * 6 + s + t) for t in range(1, 5)]
+    with pytest.raises(InvalidArgument, match="per_head"):
+        tiny_runner.generate(handle.prefix_id, suffix, ReprefillConfig(budget=0.3, period_layers=1, selector="recent", per_head=True), 2)
+    with pytest.raises(InvalidArgument, match="per_head"):
+        tiny_runner.generate(handle.prefix_id, suffix, ReprefillConfig(budget=0.3, period_layers=1, selector="exact", per_head=1), 2)

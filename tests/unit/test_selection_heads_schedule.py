@@ -17,6 +17,7 @@ from engine_client.selection import (
     summary_chunk_scores,
     summary_head_chunk_scores,
 )
+from engine_client.selection.heads import kv_head_scores
 from kvstore.errors import InvalidArgument
 
 
@@ -143,3 +144,16 @@ def test_follow_spends_exactly_the_budget(values, follow, budget):
     assert 0 in got.tolist() and m - 1 in got.tolist()
     if follow == 0:
         assert torch.equal(got, select_chunks(scores, budget))
+
+
+def test_kv_head_scores_take_each_query_group_s_sharpest_head():
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(6, 3, 4, generator=g), torch.randn(2, 40, 4, generator=g)  # 3 query heads per KV head
+    heads = exact_head_chunk_scores(q, k, 8)  # [6, 5]
+    got = kv_head_scores(heads, 2)
+    normed = heads / heads.sum(dim=1, keepdim=True)
+    want = torch.stack([normed[0:3].amax(dim=0), normed[3:6].amax(dim=0)])
+    torch.testing.assert_close(got, want)
+    assert torch.equal(got.amax(dim=0), aggregate_heads(heads, "max"))  # the shared set's max is their max
+    with pytest.raises(InvalidArgument, match="head_scores"):
+        kv_head_scores(heads, 4)
