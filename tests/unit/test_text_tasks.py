@@ -107,3 +107,20 @@ def test_jsonl_errors_name_line_and_field(tmp_path, line, message):
     assert "\n" not in str(err.value)
     with pytest.raises(jsonl.TaskFileError, match="cannot read"):
         jsonl.read(str(tmp_path / "missing.jsonl"))
+
+
+def test_question_position_variants_share_the_history_and_move_the_question(tok):
+    base = text.examples("multiturn", tok, 2, 700)
+    where = {}
+    for name in ("multiturn-qbegin", "multiturn-qmiddle", "multiturn-qend"):
+        for ex, ref in zip(text.examples(name, tok, 2, 700), base):
+            assert np.array_equal(ex.prefix_tokens, ref.prefix_tokens) and ex.answers == ref.answers  # the same history
+            suffix = tok.decode(ex.suffix_tokens)
+            ask = f"What is the special magic number for {ex.meta['city']}?"
+            assert suffix.count(ask) == 1 and not suffix.rstrip().endswith(" is")  # no answer opening
+            turn = suffix[: suffix.rindex("<|im_end|>")]  # the last user turn, before the assistant header
+            where.setdefault(name, []).append(turn.index(ask) / len(turn))
+    assert max(where["multiturn-qbegin"]) < 0.2 < min(where["multiturn-qmiddle"]) <= max(where["multiturn-qmiddle"]) < 0.8
+    assert min(where["multiturn-qend"]) > 0.8
+    with pytest.raises(ValueError, match="question_at must be one of begin, middle, end"):
+        text.multiturn.example(tok, 1, 700, question_at="top")

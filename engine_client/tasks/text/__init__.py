@@ -18,7 +18,8 @@ from types import ModuleType
 from . import multikey, multiquery, multiturn, multivalue, niah, passkey, vt
 from .base import EVAL_SEED_START, TUNING_SEED_LIMIT, Encoder, TextExample, answer_in
 
-TASKS: dict[str, ModuleType] = {m.NAME: m for m in (passkey, niah, multikey, multivalue, multiquery, vt, multiturn)}
+# a task is a module, or an object with the same NAME and example (multiturn's question-position variants)
+TASKS: dict[str, ModuleType] = {m.NAME: m for m in (passkey, niah, multikey, multivalue, multiquery, vt, multiturn, *multiturn.VARIANTS)}
 STREAMS = {"eval": EVAL_SEED_START, "tune": 0}
 
 

@@ -7,6 +7,13 @@ far; the suffix is the last user turn, the assistant header and the answer's
 opening words.  (With the full KV this small model answers chat-formatted
 recall less reliably than raw text: it is for conversation work, not the
 headline.)
+
+``multiturn-qbegin``, ``multiturn-qmiddle`` and ``multiturn-qend`` are
+LoopServe's question-position variant: the last user turn brings a new
+passage of ``SENTENCES_PER_TURN`` sentences with the question before it, in
+its middle or after it, and the suffix ends at the assistant header (no
+answer opening), so the answer's first tokens must find the evidence from
+wherever the question was asked.
 """
 
 from __future__ import annotations
@@ -19,13 +26,20 @@ from .base import Encoder, TextExample, check_depth, random_digits, task_rng
 NAME = "multiturn"
 SENTENCES_PER_TURN = 6
 REPLY = "Thank you, I have read this passage."
+QUESTION_AT = ("begin", "middle", "end")
+MAX_NEW_TOKENS_FREE = 24  # the variant's answer starts free-form ("The special magic number for ... is ...")
 
 
 def _render(tokenizer, messages, add_generation_prompt):
     return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
 
 
-def example(tokenizer, seed: int, num_tokens: int, depth: float | None = None, *, encoder: Encoder | None = None) -> TextExample:
+def example(
+    tokenizer, seed: int, num_tokens: int, depth: float | None = None, *, encoder: Encoder | None = None, question_at: str | None = None
+) -> TextExample:
+    """``question_at`` (one of ``QUESTION_AT``): the question-position variant; None: the question alone, answer opened."""
+    if question_at is not None and question_at not in QUESTION_AT:
+        raise ValueError(f"question_at must be one of {', '.join(QUESTION_AT)}, got {question_at!r}")
     depth = check_depth(depth)
     rng = task_rng(NAME, seed)
     city = str(rng.choice(niah.CITIES))
@@ -52,24 +66,51 @@ def example(tokenizer, seed: int, num_tokens: int, depth: float | None = None, *
         turns = turns[:-1]
     if len(enc.ids) > num_tokens:
         raise ValueError(f"{num_tokens} tokens cannot hold one turn")
-    last = [{"role": "user", "content": f"What is the special magic number for {city}?"}]
+    ask = f"What is the special magic number for {city}?"
+    if question_at is None:
+        last = [{"role": "user", "content": ask}]
+    else:  # a new passage from the same stream, the question placed in it
+        passage = [next(stream).strip() for _ in range(SENTENCES_PER_TURN)]
+        cut = {"begin": 0, "middle": SENTENCES_PER_TURN // 2, "end": SENTENCES_PER_TURN}[question_at]
+        last = [{"role": "user", "content": " ".join([*passage[:cut], ask, *passage[cut:]])}]
     full = _render(tokenizer, _messages(turns, (at, niah.needle(city, number)), 0) + last, True)
     if not full.startswith(prefix_text):
         raise ValueError("the chat template does not render the conversation as a prefix of its continuation")
-    suffix_text = full[len(prefix_text) :] + f"The special magic number for {city} is"
+    suffix_text = full[len(prefix_text) :] + ("" if question_at else f"The special magic number for {city} is")
     start = prefix_text.index(niah.needle(city, number).strip())
     end = start + len(niah.needle(city, number).strip())
     span = [i for i, (a, b) in enumerate(enc.offsets) if a < end and b > start]
     return TextExample(
-        task=NAME,
+        task=NAME if question_at is None else f"{NAME}-q{question_at}",
         seed=int(seed),
         prefix_tokens=np.asarray(enc.ids, dtype=np.int64),
         suffix_tokens=encode(suffix_text).copy(),
         answers=(number,),
         needle_spans=((span[0], span[-1] + 1),),
         depth=depth,
-        meta={"city": city, "turns": len(turns), "needle_turn": at, "max_new_tokens": niah.MAX_NEW_TOKENS},
+        meta={
+            "city": city,
+            "turns": len(turns),
+            "needle_turn": at,
+            "max_new_tokens": MAX_NEW_TOKENS_FREE if question_at else niah.MAX_NEW_TOKENS,
+            **({"question_at": question_at} if question_at else {}),
+        },
     )
+
+
+class QuestionAt:
+    """The task ``multiturn-q{where}``: ``example`` with the question at ``where`` in the last turn."""
+
+    def __init__(self, where: str):
+        self.NAME = f"{NAME}-q{where}"
+        self.where = where
+
+    def example(self, tokenizer, seed, num_tokens, depth=None, *, encoder=None) -> TextExample:
+        # the same conversation and needle as ``multiturn`` at this seed: only the last turn differs
+        return example(tokenizer, seed, num_tokens, depth, encoder=encoder, question_at=self.where)
+
+
+VARIANTS = tuple(QuestionAt(w) for w in QUESTION_AT)
 
 
 def _messages(turns, needle, _unused):
