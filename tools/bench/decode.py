@@ -184,7 +184,10 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
     itemsize = torch.empty(0, dtype=model.dtype).element_size()
     row_bytes = 2 * model.config.head_dim * itemsize  # one K and one V vector of one head
     with ExitStack() as stack:
-        client = _daemon_client(args, stack)
+        # dense reads a whole layer per Period: the arena's stream reserve (a quarter) holds the
+        # layers in flight (max_periods_ahead = 2, plus the one being computed) with room to spare
+        layer_bytes = n * model.config.num_key_value_heads * row_bytes
+        client = _daemon_client(args, stack, arena_bytes=max(256 << 20, -(-32 * layer_bytes // (1 << 20)) << 20))
         runners = {}
         for quant in {q for _, _, q in systems}:
             runners[quant] = ModelRunner(
@@ -219,7 +222,7 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
     return _cell_report(task, n, examples, systems, rows, runners, heads)
 
 
-def _daemon_client(args, stack: ExitStack):
+def _daemon_client(args, stack: ExitStack, arena_bytes: int):
     from engine_client.client import KVStoreClient
 
     from .daemon_io import DaemonArgs, _Daemon
@@ -227,7 +230,7 @@ def _daemon_client(args, stack: ExitStack):
     os.makedirs(args.directory, exist_ok=True)
     data_dir = tempfile.mkdtemp(prefix="decode-store-", dir=args.directory)
     stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
-    daemon = _Daemon(data_dir, DaemonArgs())
+    daemon = _Daemon(data_dir, DaemonArgs(), extra=("--shm-arena-bytes", str(arena_bytes)))
     stack.callback(daemon.stop)
     return stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
 
@@ -322,13 +325,19 @@ def plot_decode(r: dict, path: str) -> None:
     cells = r["cells"]
     fig, axes = plt.subplots(1, len(cells), figsize=(4.2 * len(cells), 3.6), squeeze=False)
     for ax, cell in zip(axes[0], cells):
-        for name, s in cell["systems"].items():
-            acc = s["correct"] / len(s["rows"])
-            ax.scatter(s["memory_bytes_per_token"] / 1e6, acc, s=30)
-            ax.annotate(name, (s["memory_bytes_per_token"] / 1e6, acc), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        points: dict[tuple[float, float], list[str]] = {}  # systems at the same spot share one label
+        for name, sys_ in cell["systems"].items():
+            x, acc = sys_["memory_bytes_per_token"] / 1e6, sys_["correct"] / len(sys_["rows"])
+            lo, hi = sys_["wilson95"]
+            ax.errorbar([x], [acc], yerr=[[acc - lo], [hi - acc]], fmt="o", ms=5, capsize=3)
+            points.setdefault((round(x, 1), round(acc, 3)), []).append(name)
+        for (x, acc), names in points.items():
+            ax.annotate("\n".join(names), (x, acc), fontsize=7, xytext=(4, -3), textcoords="offset points", va="top")
         ax.set_xscale("log")
-        ax.set_ylim(-0.05, 1.05)
+        for axis in (ax.xaxis.set_major_formatter, ax.xaxis.set_minor_formatter):
+            axis(plt.FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.set_ylim(-0.05, 1.08)
         ax.set_xlabel("KV read from memory per output token (MB)")
-        ax.set_ylabel("accuracy")
+        ax.set_ylabel("accuracy (Wilson 95%)")
         ax.set_title(f"{cell['task']} @ {cell['context']} tokens, {cell['examples']} examples", fontsize=9)
     save(fig, path)
