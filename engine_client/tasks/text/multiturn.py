@@ -11,9 +11,9 @@ headline.)
 ``multiturn-qbegin``, ``multiturn-qmiddle`` and ``multiturn-qend`` are
 LoopServe's question-position variant: the last user turn brings a new
 passage of ``SENTENCES_PER_TURN`` sentences with the question before it, in
-its middle or after it, and the suffix ends at the assistant header (no
-answer opening), so the answer's first tokens must find the evidence from
-wherever the question was asked.
+its middle or after it; the assistant's answer opens as in ``multiturn``
+(without the opening this model replies with the history's own assistant
+turn, full KV or not).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ NAME = "multiturn"
 SENTENCES_PER_TURN = 6
 REPLY = "Thank you, I have read this passage."
 QUESTION_AT = ("begin", "middle", "end")
-MAX_NEW_TOKENS_FREE = 24  # the variant's answer starts free-form ("The special magic number for ... is ...")
 
 
 def _render(tokenizer, messages, add_generation_prompt):
@@ -76,7 +75,7 @@ def example(
     full = _render(tokenizer, _messages(turns, (at, niah.needle(city, number)), 0) + last, True)
     if not full.startswith(prefix_text):
         raise ValueError("the chat template does not render the conversation as a prefix of its continuation")
-    suffix_text = full[len(prefix_text) :] + ("" if question_at else f"The special magic number for {city} is")
+    suffix_text = full[len(prefix_text) :] + f"The special magic number for {city} is"
     start = prefix_text.index(niah.needle(city, number).strip())
     end = start + len(niah.needle(city, number).strip())
     span = [i for i, (a, b) in enumerate(enc.offsets) if a < end and b > start]
@@ -92,7 +91,7 @@ def example(
             "city": city,
             "turns": len(turns),
             "needle_turn": at,
-            "max_new_tokens": MAX_NEW_TOKENS_FREE if question_at else niah.MAX_NEW_TOKENS,
+            "max_new_tokens": niah.MAX_NEW_TOKENS,
             **({"question_at": question_at} if question_at else {}),
         },
     )
