@@ -23,7 +23,7 @@ the client is done with its period, then goes back (``read_exec.py``).
 
 This module is the stream's protocol: message checks, the order of
 periods, hints and pushes; the decisions are ``read_plan``'s and the work
-``ReadExecutor``'s.  Why ~500 lines in one file: the checks, the
+``ReadExecutor``'s.  Why ~510 lines in one file: the checks, the
 speculation and the pushes all read and change one stream's state (the
 next period, the reads in flight per group, what was pushed and pinned for
 a push), so they stay one class; what could leave it has left.
@@ -94,6 +94,9 @@ class PrefetchHandler:
             raise InvalidArgument("open.push_speculation", "needs a shared-memory session (open.shm_session)")
         self.next_period = 0
         self.delivered = -1  # last period whose groups were all sent
+        # periods whose every group the client computes on from pushes: it reads nothing for
+        # them, so it may send the next set before the daemon has accounted them (check_period)
+        self._all_covered: set[int] = set()
         # What a period's descriptors point at (buffers, tier pins) stays
         # valid until the period is delivered AND the client has sent the next
         # period's set (it computed on them before it could choose that set),
@@ -149,16 +152,21 @@ class PrefetchHandler:
             raise InvalidArgument("period.period", f"period {p} already passed; the next is {self.next_period}")
         if p > self.next_period:
             raise InvalidArgument("period.period", f"periods are sent in order: expected {self.next_period}, got {p}")
-        if p - self.delivered > max_ahead:
+        delivered = self.delivered  # as the client sees it: a period computed from pushes needs no delivery
+        while delivered + 1 in self._all_covered:
+            delivered += 1
+        if p - delivered > max_ahead:
             raise Backpressure(
-                f"period.period: period {p} is {p - self.delivered} ahead of the last delivered one "
-                f"({self.delivered}); at most {max_ahead} may be outstanding"
+                f"period.period: period {p} is {p - delivered} ahead of the last delivered one "
+                f"({delivered}); at most {max_ahead} may be outstanding"
             )
         try:
             chunks = validate_chunks(list(msg.chunks), self.view.num_chunks)
         except InvalidArgument as exc:
             raise InvalidArgument("period.chunks", str(exc).split(": ", 1)[1]) from None
         self._check_covered(p, chunks, list(msg.covered_groups))
+        if set(msg.covered_groups) == set(self.period_groups(p)):
+            self._all_covered.add(p)
         self.next_period = p + 1
         self.retire()
         return chunks
@@ -367,10 +375,17 @@ class PrefetchHandler:
 
     # ------------------------------------------------------------ delivery
     async def deliver(self, period: int, plan) -> list[pb.PrefetchResponse]:
-        """Messages of the period's groups, each list ready as soon as its group is."""
+        """Messages of the period's groups, each list ready as soon as its group is.
+
+        Groups the client has from pushes are accounted first: once the last
+        served group's messages are out, nothing is left to wait for before
+        ``delivered`` moves, so a client that received them cannot be ahead of it.
+        """
         for g, sources, jobs, pushed in plan:
             if pushed is not None:  # the client has it already: account only
                 await self.svc.deliver(self.exec.serve, period, g, sources, jobs, lambda datas: [], pushed)
+        for g, sources, jobs, pushed in plan:
+            if pushed is not None:
                 continue
             self._daemon_wait_s += await self.exec.settle(period, g, sources, jobs)
             yield await self.svc.deliver(self.exec.serve, period, g, sources, jobs, self._describer(period, g, sources))
