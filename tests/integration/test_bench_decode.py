@@ -32,7 +32,8 @@ def test_decode_bench_reports_bytes_read_per_token_for_each_system():
     assert systems["lserve-kv4"]["memory_bytes_per_token"] == systems["lserve"]["memory_bytes_per_token"]  # dequantized on load
     assert systems["lserve-kv4"]["stored_bytes"] * 5 < systems["lserve"]["stored_bytes"]  # float32 model: kv4 ~6x smaller
     assert systems["lserve-kv4"]["store_bytes_per_token"] < systems["lserve"]["store_bytes_per_token"]
-    assert systems["quest"]["sets_changed"] >= 0 and systems["dense"]["sets_changed"] == 0
+    assert systems["dense"]["fetch_per_token_s"] == 0 == systems["dense"]["sets_changed"]  # chooses nothing while decoding
+    assert systems["quest"]["select_per_token_s"] > systems["dense"]["select_per_token_s"]  # Quest scores at every token
     assert 0 < cell["streaming_layout_fraction"] < 1
 
 
@@ -42,6 +43,7 @@ def test_decode_bench_refuses_bad_flags_in_one_line():
         (["--systems", "dense,warp"], "unknown system 'warp'"),
         (["--context", "4k"], "--context must be comma-separated integers"),
         (["--kv-quant", "kv8"], "--kv-quant must be kv4 or kv4t"),
+        (["--tasks", "passkey,haiku"], "--tasks: unknown task 'haiku'"),
         (["--budget-tokens", "0"], "must be positive"),
     ):
         proc = run_bench("decode", *argv, expect=2)

@@ -28,7 +28,8 @@ memory (the rows each head may see, in the model's dtype - a masked head's
 hidden rows are counted as not read, which is what a kernel skipping them
 reads); the KV bytes the store delivered and read from disk per output
 token (the first token's load and the chunks re-selection fetched, over all
-tokens); the selector's time per output token; and the bytes stored per
+tokens); the selector's time and re-selection's fetch time per output
+token; and the bytes stored per
 prefix, with what the streaming heads' sink + recent layout would keep (not
 a stored layout yet).
 """
@@ -112,6 +113,11 @@ def command_decode(args) -> int:
         raise UsageError(f"--kv-quant must be kv4 or kv4t, got {args.kv_quant!r}")
     args.contexts = _ints(args.context, "--context")
     args.task_names = [t.strip() for t in args.tasks.split(",") if t.strip()]
+    from engine_client.tasks.text import TASKS
+
+    unknown = [t for t in args.task_names if t not in TASKS and not t.startswith("file:")]
+    if unknown or not args.task_names:
+        raise UsageError(f"--tasks: unknown task {unknown[0] if unknown else args.tasks!r}; known: {', '.join(TASKS)}, file:PATH")
     args.system_list = parse_systems(args.systems, args.kv_quant)
     check_plot_path(args.plot)
     report = run_decode(args)
@@ -126,6 +132,7 @@ def run_decode(args) -> dict:
     from engine_client.model.streaming import ProfileError, StreamingHeads
     from engine_client.tasks import text
 
+    load_before = round(os.getloadavg()[0], 2)
     pm = load_pretrained(args.model, args.threads)
     model = pm.decoder
     try:
@@ -156,7 +163,7 @@ def run_decode(args) -> dict:
         "threads": args.threads,
         "dtype": str(model.dtype).removeprefix("torch."),
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs, CPU only",
-        "load_average_1min_before": round(os.getloadavg()[0], 2),
+        "load_average_1min_before": load_before,
         **(
             {"streaming_heads": {"fraction": heads.fraction, "sink": heads.sink_tokens, "recent": heads.recent_tokens}}
             if not isinstance(heads, Exception)
@@ -259,6 +266,7 @@ def _row(ex, gen, runner, resident_before: int, row_bytes: int) -> dict:
         "first_token_bytes": res.bytes_useful,
         "decode_bytes": st.bytes_fetched if st else 0,
         "select_per_token_s": select_s / tokens,
+        "fetch_per_token_s": (st.fetch_s if st else 0.0) / tokens,  # re-selection's reads while decoding
         "kv_fraction": res.kv_fraction,
         "resident_bytes": runner.resident_bytes() - resident_before,
         "sets_changed": st.sets_changed if st else 0,
@@ -301,7 +309,7 @@ def format_decode(r: dict) -> str:
                 else ""
             ),
             f"{'system':>22}  {'correct':>7}  {'Wilson 95%':>13}  {'ms/token':>8}  {'attn ms':>7}  {'memory KB/token':>15}  "
-            f"{'vs dense':>8}  {'store KB/token':>14}  {'disk KB/token':>13}  {'select ms/token':>15}  {'stored MB':>9}",
+            f"{'vs dense':>8}  {'store KB/token':>14}  {'disk KB/token':>13}  {'select ms/token':>15}  {'fetch ms/token':>14}  {'stored MB':>9}",
         ]
         for name, s in cell["systems"].items():
             lo, hi = s["wilson95"]
@@ -312,7 +320,7 @@ def format_decode(r: dict) -> str:
                 f"{name:>22}  {s['correct']:>3.0f}/{len(s['rows']):<3}  {lo:>5.0%}-{hi:<6.0%}  {s['per_token_s'] * 1e3:>8.1f}  "
                 f"{s['attention_per_token_s'] * 1e3:>7.2f}  {s['memory_bytes_per_token'] / 1e3:>15.0f}  {ratio:>8}  "
                 f"{s['store_bytes_per_token'] / 1e3:>14.0f}  {s['disk_bytes_per_token'] / 1e3:>13.0f}  "
-                f"{s['select_per_token_s'] * 1e3:>15.2f}  {s['stored_bytes'] / 1e6:>9.1f}"
+                f"{s['select_per_token_s'] * 1e3:>15.2f}  {s.get('fetch_per_token_s', 0.0) * 1e3:>14.2f}  {s['stored_bytes'] / 1e6:>9.1f}"
             )
     return "\n".join(lines)
 
