@@ -138,7 +138,8 @@ def decode_greedy(
     """
     if len(kv) != model.num_layers:
         raise ValueError(f"kv has {len(kv)} layers, the model {model.num_layers}")
-    hidden_rows = [hidden_count(None if row_masks is None else row_masks[layer]) for layer in range(model.num_layers)]
+    if kv_rows is not None:
+        hidden_rows = [hidden_count(None if row_masks is None else row_masks[layer]) for layer in range(model.num_layers)]
     tokens, steps = [int(first_logits.argmax())], []
     while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
         t0 = time.perf_counter()

@@ -477,12 +477,11 @@ class ModelRunner:
     def _layer_mask(self, layer: int, chunks: list[int], n: int, cfg, head_sets=()) -> torch.Tensor | None:
         """``[Hkv, rows of chunks]``: streaming heads see the sink and recent rows, with ``head_sets`` each head its own chunks."""
         ct = self.geometry.chunk_tokens
-        ids = torch.as_tensor(chunks, dtype=torch.long)
-        rows = torch.cat([torch.arange(c * ct, min(c * ct + ct, n)) for c in chunks]) if chunks else torch.empty(0, dtype=torch.long)
+        rows = (torch.as_tensor(chunks, dtype=torch.long)[:, None] * ct + torch.arange(ct)).reshape(-1)
+        rows = rows[rows < n]  # the last chunk may be short
         mask = self.streaming_heads.row_mask(layer, rows, n) if cfg.streaming else None
         if head_sets:
-            row_chunk = torch.repeat_interleave(ids, torch.tensor([min(ct, n - c * ct) for c in chunks], dtype=torch.long))
-            mine = torch.stack([torch.isin(row_chunk, hs) for hs in head_sets])  # [Hkv, rows]
+            mine = torch.stack([torch.isin(rows // ct, hs) for hs in head_sets])  # [Hkv, rows]
             mask = mine if mask is None else mask & mine
         return mask
 

@@ -202,6 +202,22 @@ class _Daemon:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+def private_daemon_client(directory: str, prefix: str, stack, extra=()):
+    """A client of a fresh daemon on a private socket, its store in a new directory under ``directory``.
+
+    ``stack`` (an ``ExitStack``) closes the client, stops the daemon and removes the store.
+    ``extra``: daemon flags (later flags win).
+    """
+    from engine_client.client import KVStoreClient
+
+    os.makedirs(directory, exist_ok=True)
+    data_dir = tempfile.mkdtemp(prefix=prefix, dir=directory)
+    stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
+    daemon = _Daemon(data_dir, DaemonArgs(), extra=extra)
+    stack.callback(daemon.stop)
+    return stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
+
+
 def run_via_daemon(target: str, prefix_id: str, args, num_chunks: int, geo: StoreGeometry, *, shm: bool, **client_kw) -> dict:
     from engine_client.client import KVStoreClient
 

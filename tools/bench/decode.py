@@ -39,8 +39,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import shutil
-import tempfile
 from contextlib import ExitStack
 
 import numpy as np
@@ -182,6 +180,8 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
     from engine_client.selection.systems import system_fields
     from kvstore.progress import bar as progress_bar
 
+    from .daemon_io import private_daemon_client
+
     model = pm.decoder
     systems = args.system_list
     streams = any(base != "dense" and system_fields(base).get("streaming") for _, base, _ in systems)
@@ -194,7 +194,8 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
         # dense reads a whole layer per Period: the arena's stream reserve (a quarter) holds the
         # layers in flight (max_periods_ahead = 2, plus the one being computed) with room to spare
         layer_bytes = n * model.config.num_key_value_heads * row_bytes
-        client = _daemon_client(args, stack, arena_bytes=max(256 << 20, -(-32 * layer_bytes // (1 << 20)) << 20))
+        arena_bytes = max(256 << 20, -(-32 * layer_bytes // (1 << 20)) << 20)
+        client = private_daemon_client(args.directory, "decode-store-", stack, ("--shm-arena-bytes", str(arena_bytes)))
         runners = {}
         for quant in {q for _, _, q in systems}:
             runners[quant] = ModelRunner(
@@ -227,19 +228,6 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
                 bar.update(1)
         bar.close()
     return _cell_report(task, n, examples, systems, rows, runners, heads)
-
-
-def _daemon_client(args, stack: ExitStack, arena_bytes: int):
-    from engine_client.client import KVStoreClient
-
-    from .daemon_io import DaemonArgs, _Daemon
-
-    os.makedirs(args.directory, exist_ok=True)
-    data_dir = tempfile.mkdtemp(prefix="decode-store-", dir=args.directory)
-    stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
-    daemon = _Daemon(data_dir, DaemonArgs(), extra=("--shm-arena-bytes", str(arena_bytes)))
-    stack.callback(daemon.stop)
-    return stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
 
 
 def _row(ex, gen, runner, resident_before: int, row_bytes: int) -> dict:

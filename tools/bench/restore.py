@@ -48,9 +48,6 @@ recompute share ``r_c`` are printed, and the estimator's time per history.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import time
 from contextlib import ExitStack
 
@@ -140,11 +137,10 @@ def sharegpt_lengths(args) -> list[int]:
 
 
 def run_restore(args) -> dict:
-    from engine_client.client import KVStoreClient
     from engine_client.tasks import text
     from kvstore.progress import progress
 
-    from .daemon_io import DaemonArgs, _Daemon
+    from .daemon_io import private_daemon_client
 
     pm = load_pretrained(args.model, args.threads)
     lengths = sharegpt_lengths(args) if args.workload == "sharegpt" else [args.tokens] * args.examples
@@ -156,12 +152,8 @@ def run_restore(args) -> dict:
         raise BenchError(f"--task {args.task} --tokens {args.tokens}: {exc}") from None
     rows: dict[str, list[dict]] = {}
     with ExitStack() as stack:
-        os.makedirs(args.directory, exist_ok=True)
-        data_dir = tempfile.mkdtemp(prefix="restore-store-", dir=args.directory)
-        stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
-        daemon = _Daemon(data_dir, DaemonArgs(), extra=("--prefetch-reserve-fraction", "1", "--shm-arena-bytes", str(512 << 20)))
-        stack.callback(daemon.stop)
-        client = stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
+        flags = ("--prefetch-reserve-fraction", "1", "--shm-arena-bytes", str(512 << 20))
+        client = private_daemon_client(args.directory, "restore-store-", stack, flags)
         profile = None
         started = time.perf_counter()
         for i, ex in enumerate(progress(examples, "conversations", total=len(examples), unit="conv")):

@@ -34,9 +34,6 @@ chunks each Period loaded.
 
 from __future__ import annotations
 
-import os
-import shutil
-import tempfile
 import time
 from contextlib import ExitStack
 
@@ -197,17 +194,11 @@ def _max_new(ex, args) -> int:
 
 def _runner(model, args, stack: ExitStack):
     """A ModelRunner on a fresh daemon in a private directory, torn down by ``stack``."""
-    from engine_client.client import KVStoreClient
     from engine_client.runner import ModelRunner
 
-    from .daemon_io import DaemonArgs, _Daemon
+    from .daemon_io import private_daemon_client
 
-    os.makedirs(args.directory, exist_ok=True)
-    data_dir = tempfile.mkdtemp(prefix="accuracy-store-", dir=args.directory)
-    stack.callback(shutil.rmtree, data_dir, ignore_errors=True)
-    daemon = _Daemon(data_dir, DaemonArgs())
-    stack.callback(daemon.stop)
-    client = stack.enter_context(KVStoreClient(f"unix:{daemon.socket}"))
+    client = private_daemon_client(args.directory, "accuracy-store-", stack)
     return ModelRunner(
         model,
         client,
