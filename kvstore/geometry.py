@@ -25,9 +25,9 @@ The probe keys are the keys of each group's first layer.  With ``probe_bits``
 ``[codes (d*bits/8 bytes) | scale (float32)]`` (``kvstore.wire.probes``), so
 a group's region is ``[head][token][row_bytes]`` uint8, still sliced by token.
 
-With ``kv_quant`` (``"kv8"``, ``"kv4"``, ``"kv8t"``, ``"kv4t"``) an extent holds
-each layer's K and V as quantized codes with float16 scales and zero points
-(``kvstore.kvquant``), still one chunk of one group: ``extent_bytes``,
+With ``kv_quant`` (``"kv8"``, ``"kv4"``, ``"kv8t"``, ``"kv4t"``, ``"kv8h"``,
+``"kv4h"``) an extent holds each layer's K and V as quantized codes with
+float16 scales and zero points (``kvstore.kvquant``), still one chunk of one group: ``extent_bytes``,
 ``extent_payload`` (what a put stores) and ``extent_array`` (what a read
 returns, dequantized to the KV dtype) are the only places that know.
 
@@ -134,7 +134,7 @@ class StoreGeometry:
     probe_keys: bool = True
     # 4 or 8: probe keys stored quantized to that many bits (module docstring); 0: in the KV dtype
     probe_bits: int = 0
-    # "kv8", "kv4", "kv8t", "kv4t": extents hold the KV quantized (``kvstore.kvquant``); "": in the KV dtype
+    # "kv8", "kv4", "kv8t", "kv4t", "kv8h", "kv4h": extents hold the KV quantized (``kvstore.kvquant``); "": in the KV dtype
     kv_quant: str = ""
 
     def __post_init__(self) -> None:

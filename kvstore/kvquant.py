@@ -11,7 +11,14 @@ codes ``0 .. 2^bits - 1``), groups as KIVI and QServe choose them:
   short group for per-channel parameters);
 * **values** per token: one group per (head, token, ``value_group``
   channels), ``value_group`` 64 when it divides ``head_dim``, else
-  ``head_dim``.
+  ``head_dim``;
+* with a name ending in ``h`` (``kv8h``, ``kv4h``) keys and values per
+  token as with ``t``, each token's head vector first rotated by a
+  normalized Hadamard matrix (``rotation``, as QuaRot does before
+  quantizing): an orthogonal map spreads an outlier channel's magnitude
+  over all channels of its block, so a per-token group no longer spends
+  its range on one channel.  The reader rotates back (the matrix is its
+  own inverse).  The bytes are ``t``'s; only what the codes mean differs.
 
 One layer of one extent is laid out, each part a C-contiguous array::
 
@@ -35,6 +42,7 @@ it); a reader in bfloat16 or float16 adds that dtype's own rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -49,9 +57,17 @@ VALUE_GROUP = 64
 class Scheme:
     bits: int
     key_per_token: bool
+    rotated: bool = False  # K and V rotated per token by ``rotation(dim)`` before quantizing
 
 
-KV_QUANT = {"kv8": Scheme(8, False), "kv4": Scheme(4, False), "kv8t": Scheme(8, True), "kv4t": Scheme(4, True)}
+KV_QUANT = {
+    "kv8": Scheme(8, False),
+    "kv4": Scheme(4, False),
+    "kv8t": Scheme(8, True),
+    "kv4t": Scheme(4, True),
+    "kv8h": Scheme(8, True, True),
+    "kv4h": Scheme(4, True, True),
+}
 
 
 def check_name(name) -> str:
@@ -63,6 +79,36 @@ def check_name(name) -> str:
 
 def value_group(head_dim: int) -> int:
     return VALUE_GROUP if head_dim % VALUE_GROUP == 0 else head_dim
+
+
+@lru_cache(maxsize=16)
+def rotation(dim: int) -> np.ndarray:
+    """The rotated schemes' ``[dim, dim]`` float32 matrix: block-diagonal normalized Hadamard (Sylvester),
+    blocks of the largest power of two dividing ``dim``.  Symmetric and orthogonal, so its own inverse."""
+    block = dim & -dim
+    h = np.ones((1, 1), dtype=np.float64)
+    while h.shape[0] < block:
+        h = np.block([[h, h], [h, -h]])
+    r = np.kron(np.eye(dim // block), h / np.sqrt(block)).astype(np.float32)
+    r.setflags(write=False)
+    return r
+
+
+def rotate(x: np.ndarray) -> np.ndarray:
+    """``x @ rotation(dim)`` on the last axis (float32), as a fast Walsh-Hadamard transform: adds and
+    subtracts in a fixed order, so writer, daemon and reader get the same bits whatever the batch or
+    strides (a BLAS product may round differently per shape)."""
+    x = np.asarray(x, dtype=np.float32)
+    dim = x.shape[-1]
+    block = dim & -dim
+    y = x.reshape(-1, dim // block, block)
+    h = 1
+    while h < block:
+        pairs = y.reshape(y.shape[0], y.shape[1], block // (2 * h), 2, h)
+        a, b = pairs[..., 0, :], pairs[..., 1, :]
+        y = np.stack((a + b, a - b), axis=-2).reshape(y.shape)
+        h *= 2
+    return (y * np.float32(1 / np.sqrt(block))).reshape(x.shape)
 
 
 def layer_parts(name: str, heads: int, tokens: int, dim: int) -> list[tuple[str, tuple[int, ...], np.dtype]]:
@@ -137,8 +183,13 @@ def check_values(name: str, values: np.ndarray) -> np.ndarray:
     x = np.asarray(values, dtype=np.float32)
     if not np.isfinite(x).all():
         raise InvalidArgument("kv", f"{name} stores finite values only")
-    if x.size and float(np.abs(x).max()) > F16_MAX / 2:
-        raise InvalidArgument("kv", f"{name} stores values within +-{F16_MAX / 2:g} only, got {float(np.abs(x).max()):g}")
+    peak = float(np.abs(x).max()) if x.size else 0.0
+    if KV_QUANT[name].rotated and x.size:
+        block = x.shape[-1] & -x.shape[-1]  # a rotated value is at most sqrt(block) times the largest one
+        if peak * np.sqrt(block) > F16_MAX / 2:  # only then is rotating worth its cost
+            peak = max(peak, float(np.abs(rotate(x)).max()))
+    if peak > F16_MAX / 2:
+        raise InvalidArgument("kv", f"{name} stores values within +-{F16_MAX / 2:g} only, got {peak:g}")
     return x
 
 
@@ -151,6 +202,8 @@ def encode(name: str, extent: np.ndarray) -> np.ndarray:
     s = KV_QUANT[name]
     x = check_values(name, extent)
     layers, _, heads, tokens, dim = x.shape
+    if s.rotated:
+        x = rotate(x)
     out = []
     for layer in range(layers):
         for kv, per_token in ((0, s.key_per_token), (1, True)):
@@ -206,6 +259,8 @@ def decode_many(name: str, raw: np.ndarray, layers: int, heads: int, tokens: int
                 cols = target[..., i * g : (i + 1) * g]
                 np.multiply(codes[..., i * g : (i + 1) * g], scale[..., i : i + 1], out=cols)
                 np.add(cols, zero[..., i : i + 1], out=cols)
+            if s.rotated:
+                target[...] = rotate(target)
     return out
 
 
@@ -214,11 +269,16 @@ def max_error(name: str, extent: np.ndarray) -> np.ndarray:
     s = KV_QUANT[name]
     x = np.asarray(extent, dtype=np.float32)
     layers, _, heads, tokens, dim = x.shape
+    q = rotate(x) if s.rotated else x  # what is quantized
     bound = np.empty_like(x)
     for layer in range(layers):
         for kv, per_token in ((0, s.key_per_token), (1, True)):
-            _, scale, _ = _quantize(x[layer, kv], s.bits, per_token)
-            grouped, axis = _grouped(np.zeros_like(x[layer, kv]), per_token, dim)
-            half = np.broadcast_to(np.expand_dims(scale.astype(np.float32), axis) / 2, grouped.shape).reshape(x[layer, kv].shape)
+            _, scale, _ = _quantize(q[layer, kv], s.bits, per_token)
+            grouped, axis = _grouped(np.zeros_like(q[layer, kv]), per_token, dim)
+            half = np.broadcast_to(np.expand_dims(scale.astype(np.float32), axis) / 2, grouped.shape).reshape(q[layer, kv].shape)
             bound[layer, kv] = half
-    return bound + np.abs(x) * 2.0**-10 + 1e-6
+    bound += np.abs(q) * 2.0**-10 + 1e-6
+    if not s.rotated:
+        return bound
+    # an error e in the rotated space comes back as e @ R: |(e @ R)_i| <= sum_j |e_j| |R_ji|, plus float32 rounding
+    return bound @ np.abs(rotation(dim)) + (np.abs(q) @ np.abs(rotation(dim))) * 2.0**-16

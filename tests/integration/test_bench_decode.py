@@ -42,7 +42,7 @@ def test_decode_bench_refuses_bad_flags_in_one_line():
     for argv, want in (
         (["--systems", "dense,warp"], "unknown system 'warp'"),
         (["--context", "4k"], "--context must be comma-separated integers"),
-        (["--kv-quant", "kv8"], "--kv-quant must be kv4 or kv4t"),
+        (["--kv-quant", "kv8"], "--kv-quant must be one of kv4, kv4t, kv4h"),
         (["--tasks", "passkey,haiku"], "--tasks: unknown task 'haiku'"),
         (["--budget-tokens", "0"], "must be positive"),
     ):

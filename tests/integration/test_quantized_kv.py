@@ -29,7 +29,7 @@ def _as_stored(geo: StoreGeometry, kv: np.ndarray) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("name", ["kv8", "kv4t"])
+@pytest.mark.parametrize("name", ["kv8", "kv4t", "kv4h"])
 def test_quantized_prefix_reads_back_dequantized_on_both_paths(daemon, name):
     geo, n = _quantized(name), 150
     kv, tokens = make_kv(PLAIN, n, 5), make_tokens(n, 5)

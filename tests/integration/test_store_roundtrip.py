@@ -129,7 +129,7 @@ def test_data_dir_is_locked_against_a_second_process_store(store_config):
             ChunkStore(store_config)
 
 
-@pytest.mark.parametrize("name", ["kv8", "kv4", "kv4t"])
+@pytest.mark.parametrize("name", ["kv8", "kv4", "kv4t", "kv4h"])
 def test_quantized_extents_roundtrip_within_their_bound(store_config, name):
     plain = GEOMETRIES[2]  # 4 layers, 2 heads, dim 64, float16
     geo = StoreGeometry(plain.model, chunk_tokens=plain.chunk_tokens, group_layers=2, kv_quant=name)

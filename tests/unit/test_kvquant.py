@@ -38,7 +38,7 @@ def test_roundtrip_is_within_half_a_step(name, heads, tokens, half_dim, scale, s
     assert (err <= kvquant.max_error(name, x)).all(), float((err - kvquant.max_error(name, x)).max())
 
 
-@pytest.mark.parametrize("name", SCHEMES)
+@pytest.mark.parametrize("name", [n for n in SCHEMES if not kvquant.KV_QUANT[n].rotated])
 def test_codes_use_the_whole_range_and_constant_groups_are_exact(name):
     bits = kvquant.KV_QUANT[name].bits
     x = np.zeros((1, 2, 1, 16, 64), dtype=np.float32)
@@ -137,3 +137,36 @@ def test_a_groups_extents_decode_together_as_one_by_one(name):
     raws = [np.ascontiguousarray(geo.extent_payload(e)).reshape(-1).view(np.uint8) for e in exts]
     one_by_one = np.concatenate([geo.extent_array(r, 0, t) for r, t in zip(raws, counts)], axis=3)
     np.testing.assert_array_equal(geo.group_array(raws, 0, counts), one_by_one)
+
+
+@pytest.mark.parametrize("dim", [2, 7, 12, 64, 80, 96, 128])
+def test_rotation_is_orthogonal_symmetric_and_spreads_within_blocks(dim):
+    r = kvquant.rotation(dim).astype(np.float64)
+    np.testing.assert_allclose(r @ r, np.eye(dim), atol=1e-6)  # symmetric orthogonal: its own inverse
+    np.testing.assert_array_equal(r, r.T)
+    block = dim & -dim  # 7 -> 1 (identity), 80 -> 16, 96 -> 32
+    nonzero = np.abs(r) > 0
+    assert (nonzero.sum(axis=1) == block).all()
+    np.testing.assert_allclose(np.abs(r[nonzero]), 1 / np.sqrt(block), rtol=1e-6)
+    x = np.random.default_rng(dim).standard_normal((3, 5, dim)).astype(np.float32)
+    np.testing.assert_allclose(kvquant.rotate(x), x @ kvquant.rotation(dim), atol=1e-5)  # the transform is the matrix
+    np.testing.assert_array_equal(kvquant.rotate(x)[1:2], kvquant.rotate(x[1:2]))  # the same bits whatever the batch
+
+
+def test_rotated_keys_lose_less_to_an_outlier_channel_than_plain_per_token_keys():
+    # the same bytes as kv4t, but an outlier channel no longer sets every token's step
+    x = _extent(np.random.default_rng(7), 1, 3, 16, 64)
+    assert kvquant.layer_bytes("kv4h", 3, 16, 64) == kvquant.layer_bytes("kv4t", 3, 16, 64)
+    err = {n: np.abs(kvquant.decode(n, kvquant.encode(n, x), 1, 3, 16, 64) - x)[0] for n in ("kv4t", "kv4h")}
+    assert err["kv4h"][0].mean() < err["kv4t"][0].mean() / 2  # keys
+    assert err["kv4h"][1].mean() < err["kv4t"][1].mean() / 2  # values: the outlier is in every row here
+
+
+def test_a_value_the_rotation_would_push_out_of_range_is_refused():
+    x = np.full((1, 2, 1, 2, 64), 5000.0, dtype=np.float32)  # rotated, a row of 5000s has 8 * 5000 in channel 0
+    assert kvquant.encode("kv4t", x).size
+    with pytest.raises(InvalidArgument, match="within") as exc:
+        kvquant.encode("kv4h", x)
+    assert exc.value.field == "kv"
+    with pytest.raises(InvalidArgument, match="within"):
+        kvquant.check_values("kv4h", x)

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from kvstore.kvquant import KV_QUANT
 from kvstore.progress import progress
 
 from .eval_common import CHUNK_TOKENS, SELECTORS, budget_fraction, keep_rows_without, wilson_interval
@@ -245,7 +246,7 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--store-kv-quant",
-        choices=("", "kv8", "kv4", "kv8t", "kv4t"),
+        choices=("", *KV_QUANT),
         default="",
         help="--model: store each prefix's KV quantized (kvstore.kvquant; '': in the KV dtype); 'full' stays unquantized",
     )

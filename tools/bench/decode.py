@@ -48,7 +48,8 @@ from .io_jobs import BenchError, UsageError
 from .plots import add_plot_flag, check_plot_path
 
 DEFAULT_SYSTEMS = "dense,quest,lserve,lserve-kv4,loopserve,perlayer-follow-int4"
-QUANT_SUFFIXES = ("-kv4", "-kv8", "-kv4t", "-kv8t")
+QUANT_SUFFIXES = ("-kv4", "-kv8", "-kv4t", "-kv8t", "-kv4h", "-kv8h")
+KV4_SCHEMES = ("kv4", "kv4t", "kv4h")  # what --kv-quant may name
 
 
 def add_decode_parser(sub) -> None:
@@ -62,7 +63,7 @@ def add_decode_parser(sub) -> None:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated per answer (the first included)")
     p.add_argument("--budget-tokens", type=int, default=1024, help="prefix tokens each layer may attend to (sink and recent included)")
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="comma-separated; NAME-kv4 runs NAME over the quantized copy")
-    p.add_argument("--kv-quant", default="kv4", help="the quantized copy's scheme for NAME-kv4 (kv4 | kv4t); -kv8 systems use kv8")
+    p.add_argument("--kv-quant", default="kv4", help="the quantized copy's scheme for NAME-kv4 (kv4 | kv4t | kv4h); -kv8 systems use kv8")
     p.add_argument("--streaming-heads", metavar="PATH", help="the streaming-heads file (default: the one next to the checkpoint)")
     p.add_argument("--directory", default="/tmp", help="where the daemon's store lives")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
@@ -82,11 +83,11 @@ def parse_systems(text: str, kv_quant: str) -> list[tuple[str, str, str]]:
             if item.endswith(suffix):
                 base, quant = item[: -len(suffix)], suffix[1:]
                 break
-        if quant.startswith("kv4"):
+        if quant == "kv4":  # NAME-kv4 is --kv-quant's scheme; NAME-kv4t, NAME-kv4h name their own
             quant = kv_quant
         if base != "dense" and base not in SYSTEMS:
             raise UsageError(
-                f"--systems: unknown system {item!r}; known: dense, {', '.join(sorted(SYSTEMS))} (each also as NAME-kv4, NAME-kv8)"
+                f"--systems: unknown system {item!r}; known: dense, {', '.join(sorted(SYSTEMS))} (each also as NAME-kv4, NAME-kv8, NAME-kv4h, ...)"
             )
         out.append((item, base, quant))
     if len({n for n, _, _ in out}) != len(out) or not out:
@@ -107,8 +108,8 @@ def _ints(text: str, flag: str) -> list[int]:
 def command_decode(args) -> int:
     if min(args.examples, args.new_tokens, args.budget_tokens, args.threads) < 1 or args.start < 0:
         raise UsageError("--examples, --new-tokens, --budget-tokens and --threads must be positive, --start at least 0")
-    if args.kv_quant not in ("kv4", "kv4t"):
-        raise UsageError(f"--kv-quant must be kv4 or kv4t, got {args.kv_quant!r}")
+    if args.kv_quant not in KV4_SCHEMES:
+        raise UsageError(f"--kv-quant must be one of {', '.join(KV4_SCHEMES)}, got {args.kv_quant!r}")
     args.contexts = _ints(args.context, "--context")
     args.task_names = [t.strip() for t in args.tasks.split(",") if t.strip()]
     from engine_client.tasks.text import TASKS

@@ -54,11 +54,13 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
+from kvstore.kvquant import KV_QUANT
+
 from .eval_common import load_pretrained
 from .io_jobs import BenchError
 from .restore_report import format_restore, make_report
 
-QUANT = ("kv8", "kv4", "kv8t", "kv4t")
+QUANT = tuple(KV_QUANT)
 SINK_TOKENS, RECENT_TOKENS = 16, 64
 MIN_SHAREGPT_TOKENS = 256  # a return shorter than this is floored to it (a multiturn conversation needs a few turns)
 
