@@ -2,11 +2,16 @@
 against the raw measurements they come from, not against expected values."""
 
 import json
+import os
 import re
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
-from helpers import assert_png, run_bench
+from helpers import assert_png, data_root, run_bench
 
 from tools.bench.plots import ttft_bars
 
@@ -22,6 +27,53 @@ def test_io_via_daemon_reports_all_paths(tmp_path):
         assert row["requests"] > 0 and row["bw_bytes_per_s"] > 0
         assert row["io_bytes"] == row["requests"] * 4 * 64 * 1024  # every request read 4 whole extents
     assert set(report["ratio"]) == {"daemon-shm", "daemon-bytes"}
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().decode().split("\0")
+    except OSError:
+        return []
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    return out
+
+
+def test_a_terminated_bench_stops_its_daemon_and_removes_its_socket_directory(tmp_path):
+    argv = list(SMALL_IO)
+    argv[argv.index("--runtime") + 1] = "5"  # the in-process rows first, then the daemon's
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tools.bench.cli", *argv, "--directory", str(tmp_path)],
+        cwd=data_root(),
+        env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 120
+    daemons = []
+    while not daemons and time.monotonic() < deadline and proc.poll() is None:
+        daemons = [c for c in _children(proc.pid) if "kvstore.cli" in _cmdline(c)]
+        time.sleep(0.1)
+    assert daemons, "the bench never started its daemon"
+    daemon_argv = _cmdline(daemons[0])
+    run_dir = os.path.dirname(daemon_argv[daemon_argv.index("--socket-path") + 1])
+    assert os.path.isdir(run_dir)
+    proc.send_signal(signal.SIGTERM)
+    with proc:
+        assert proc.wait(90) == 143, proc.stderr.read()[-2000:]
+    assert not os.path.exists(f"/proc/{daemons[0]}"), "the daemon outlived the bench"
+    assert not os.path.exists(run_dir), "the daemon's socket directory was left behind"
 
 
 def test_io_via_daemon_over_tcp_reports_both_remote_paths(tmp_path):

@@ -30,7 +30,9 @@ import json
 import logging
 import os
 import random
+import signal
 import sys
+import threading
 
 from kvstore import cli_flags
 from kvstore.cli_flags import fractions_arg, one_fraction_arg
@@ -252,15 +254,25 @@ def _run_io_command(args: argparse.Namespace, parser: argparse.ArgumentParser) -
     return report
 
 
+def _terminated(signum, _frame):
+    raise SystemExit(128 + signum)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point of ``kvstore-bench``; returns the exit status."""
+    """Console entry point of ``kvstore-bench``; returns the exit status.
+
+    SIGTERM unwinds like an exception (exit status 143), so a benchmark stopped with ``kill`` still
+    stops the private daemon it started and removes its store instead of leaving both behind.
+    """
     parser = build_parser(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
     try:
         args = parser.parse_args(argv)
         set_enabled(args.progress)
         return args.run(args)
-    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message printed)
+    except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message printed); SIGTERM (143)
         return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     except UsageError as exc:  # a bad argument argparse could not check: one line
         print(f"kvstore-bench: error: {exc}", file=sys.stderr)
@@ -268,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, KVStoreError, OSError) as exc:  # could not run: say why, no traceback
         print(f"kvstore-bench: error: {exc}", file=sys.stderr)
         return 1
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 if __name__ == "__main__":

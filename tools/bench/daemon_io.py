@@ -181,6 +181,17 @@ class _Daemon:
         ]
         self.log = open(os.path.join(self.run_dir, "daemon.log"), "wb")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
+        try:
+            self._wait_ready(ready, bool(tcp))
+        except BaseException as exc:  # not started, or the bench interrupted (SIGTERM): no orphan daemon
+            self.proc.kill()
+            self.proc.wait(60)
+            self.log.close()
+            if not isinstance(exc, BenchError):  # a daemon that failed keeps its log for the message
+                shutil.rmtree(self.run_dir, ignore_errors=True)
+            raise
+
+    def _wait_ready(self, ready: str, tcp: bool) -> None:
         deadline = time.monotonic() + 60
         while not os.path.exists(ready):
             if self.proc.poll() is not None or time.monotonic() > deadline:
