@@ -453,6 +453,13 @@ class ModelRunner:
                 self._probes[key] = quantize_keys(_as_torch(probe, self.geometry), bits)
         return self._probes[key]
 
+    def forget(self, prefix_id: str) -> None:
+        """Drop the client state kept for ``prefix_id`` (summaries, probe keys); the stored prefix stays,
+        and a later request fetches the state again."""
+        for cache in (self._summaries, self._probes):
+            for key in [k for k in cache if k[0] == prefix_id]:
+                del cache[key]
+
     def resident_bytes(self) -> int:
         """Bytes of client state kept between requests (key summaries, quantized probe keys)."""
         return sum(t.numel() * t.element_size() for t in self._summaries.values()) + sum(p.nbytes for p in self._probes.values())

@@ -98,6 +98,11 @@ def test_key_summaries_are_fetched_once_counted_and_kept_small(runner):
     other = ReprefillConfig(budget=0.25, period_layers=2, selector="summary", report_attention=False)
     runner.reprefill(handle.prefix_id, [4, 5], other)
     assert runner.resident_bytes() == runner.summary_bytes(runner.geometry, 200, 1) + runner.summary_bytes(runner.geometry, 200, 2)
+    kept = runner.store_prefix(prefix[:100])
+    runner.reprefill(kept.prefix_id, [4, 5], cfg)
+    runner.forget(handle.prefix_id)  # drops that prefix's state only; a later request fetches it again
+    assert runner.resident_bytes() == runner.summary_bytes(runner.geometry, 100, 1)
+    assert runner.reprefill(handle.prefix_id, [4, 5], cfg).state_bytes_fetched == first.state_bytes_fetched
 
 
 def test_chunked_prefill_equals_dense_prefill(tiny_model):

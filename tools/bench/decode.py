@@ -227,6 +227,9 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
                     model.attention_s = None
                 rows[name].append(_row(ex, gen, runner, resident, row_bytes))
                 bar.update(1)
+            for quant, runner in runners.items():  # a 100-example run would keep 30 GB of 4k prefixes
+                runner.forget(handles[quant].prefix_id)
+                client.delete(handles[quant].prefix_id)
         bar.close()
     return _cell_report(task, n, examples, systems, rows, runners, heads)
 
