@@ -66,32 +66,43 @@ def vertical_slash(probs: torch.Tensor, q_pos: torch.Tensor, alpha: float, key_p
     causal = offset >= 0  # [q, t]
     p = probs.float() * causal
     span = int(offset.max()) + 1 if offset.numel() else 1
+    where = offset.clamp_min(0)  # [q, t]: a cell's slash (its offset), clamped for indexing
     verticals, slashes, covered = [], [], torch.zeros(h)
     for head in range(h):
-        ph = p[head]
+        ph = p[head].double()
         total = float(ph.sum())
         col_mass = ph.sum(0)  # [t]
-        slash_mass = torch.zeros(span).index_add_(0, offset.clamp_min(0).flatten(), ph.flatten())
-        # candidates: verticals 0..t-1 then slashes t..t+span-1, heaviest first (stable: verticals win ties);
-        # sorted as one tensor, walked only until alpha is covered
+        slash_mass = torch.zeros(span, dtype=torch.float64).index_add_(0, where.flatten(), ph.flatten())
+        # candidates: verticals 0..t-1 then slashes t..t+span-1, heaviest first (stable: verticals win ties)
         masses = torch.cat([col_mass, slash_mass])
-        order = torch.sort(masses, descending=True, stable=True).indices.tolist()
-        mask = torch.zeros(q, t, dtype=torch.bool)
-        got, vs, ss = 0.0, [], []
-        for c in order:
-            if total == 0 or got >= alpha * total - 1e-9 * total or masses[c] <= 0:
-                break
-            kind, idx = (0, c) if c < t else (1, c - t)
-            line = (keys[None, :] == idx).expand(q, t) if kind == 0 else (offset == idx)
-            new = line & ~mask & causal
-            if not new.any():
-                continue
-            got += float(ph[new].sum())
-            mask |= new
-            (vs if kind == 0 else ss).append(idx)
-        verticals.append(torch.tensor(sorted(vs), dtype=torch.long))
-        slashes.append(torch.tensor(sorted(ss), dtype=torch.long))
-        covered[head] = got / total if total else 1.0
+        order = torch.sort(masses, descending=True, stable=True).indices
+        order = order[masses[order] > 0]  # a line with no mass is never taken
+        if total == 0 or not order.numel():
+            verticals.append(torch.zeros(0, dtype=torch.long))
+            slashes.append(torch.zeros(0, dtype=torch.long))
+            covered[head] = 1.0
+            continue
+        # rank of each line in that order (past the end: not in it)
+        rank = torch.full((t + span,), order.numel(), dtype=torch.long)
+        rank[order] = torch.arange(order.numel())
+        v_rank, s_rank = rank[:t], rank[t:]
+        cell_v, cell_s = v_rank[None, :].expand(q, t), s_rank[where]  # [q, t]: rank of each cell's two lines
+        first = torch.minimum(cell_v, cell_s).masked_fill(~causal, order.numel())  # [q, t]: the line that covers it first
+
+        # the walk takes lines in order until alpha is covered, each adding the cells no earlier line
+        # holds: the mass line r adds is that of the cells it covers first, so the mass the first k
+        # lines cover is a prefix sum, and the walk's stopping point one search in it
+        n = order.numel()
+        cells = first[causal]
+        gains = torch.zeros(n + 1, dtype=torch.float64).index_add_(0, cells, ph[causal])[:n]
+        reach = torch.cumsum(gains, 0)
+        k = min(int(torch.searchsorted(reach, torch.tensor([alpha * total - 1e-9 * total], dtype=torch.float64))) + 1, n)
+        # the walk skips a line whose cells all came in with earlier lines: keep those that cover a cell first
+        firsts = torch.bincount(cells, minlength=n + 1)[:k].nonzero().flatten()
+        kept = order[firsts]
+        verticals.append(torch.sort(kept[kept < t]).values)
+        slashes.append(torch.sort(kept[kept >= t] - t).values)
+        covered[head] = float(reach[k - 1]) / total
     return Lines(verticals, slashes, covered)
 
 

@@ -44,6 +44,50 @@ def test_the_kept_lines_cover_at_least_alpha_of_each_heads_mass(seed, heads, que
     assert not (mask & (torch.arange(probs.shape[2])[None, :] > q_pos[:, None])).any()  # never a future key
 
 
+def walk(probs, q_pos, alpha):
+    """The greedy walk written plainly: lines heaviest first, each adding the cells not held yet."""
+    h, q, t = probs.shape
+    offset = q_pos[:, None] - torch.arange(t)[None, :]
+    causal = offset >= 0
+    out = []
+    for head in range(h):
+        p = probs[head].double() * causal
+        total = float(p.sum())
+        lines = [(float(p[:, j].sum()), 0, j) for j in range(t)] + [
+            (float(p[offset == o].sum()), 1, o) for o in range(int(offset.max()) + 1)
+        ]
+        lines.sort(key=lambda x: -x[0])  # stable: verticals first among equals
+        mask, got, kept = torch.zeros(q, t, dtype=torch.bool), 0.0, ([], [])
+        for mass, kind, idx in lines:
+            if total == 0 or got >= alpha * total - 1e-9 * total or mass <= 0:
+                break
+            cells = (torch.arange(t)[None, :] == idx).expand(q, t) if kind == 0 else offset == idx
+            new = cells & ~mask & causal
+            if new.any():
+                got += float(p[new].sum())
+                mask |= new
+                kept[kind].append(idx)
+        out.append((sorted(kept[0]), sorted(kept[1]), got / total if total else 1.0))
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    queries=st.integers(1, 8),
+    extra=st.integers(0, 40),
+    sharp=st.floats(0.1, 6.0),
+    alpha=st.floats(0.05, 1.0),
+)
+def test_the_lines_are_the_greedy_walks(seed, queries, extra, sharp, alpha):
+    probs, q_pos = random_probs(seed, 2, queries, queries + extra, sharp)
+    probs = (probs * 64).round() / 64  # coarse masses: ties between lines, lines adding cells of no mass
+    lines = vertical_slash(probs, q_pos, alpha)
+    for head, (vs, ss, got) in enumerate(walk(probs, q_pos, alpha)):
+        assert lines.verticals[head].tolist() == vs and lines.slashes[head].tolist() == ss
+        assert float(lines.covered[head]) == pytest.approx(got, abs=1e-6)
+
+
 def test_a_sink_and_a_local_diagonal_are_found_as_one_vertical_and_one_slash():
     t, q = 32, 8
     q_pos = torch.arange(t - q, t)
