@@ -27,6 +27,7 @@ selectors (``selection``) already live apart.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field, replace
 
@@ -44,6 +45,7 @@ from .reselect import WorkingSet, check_every, decode_reselecting
 from .selection import PeriodInputs, get_selector, plan_periods, select_chunks
 from .selection.heads import kv_head_scores
 from .selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
+from .sparse_prefill import pattern
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -100,6 +102,10 @@ class ReprefillConfig:
     # group's max, selection.heads.kv_head_scores) and attends only to them; the Period
     # loads their union (a chunk holds every head).  Streaming heads choose none.
     per_head: bool = False
+    # prefill_alpha in (0, 1] (LoopServe's online prefill sparsification): each layer's suffix
+    # attends only through the vertical and slash lines covering that share of its last 16
+    # queries' attention over the loaded rows and itself (sparse_prefill.pattern). 0: densely.
+    prefill_alpha: float = 0.0
 
 
 @dataclass
@@ -145,6 +151,7 @@ class ReprefillResult:
     # streaming / per_head: per layer, which loaded rows each KV head may see ([Hkv, rows] or None: all)
     row_masks: list = field(default_factory=list)
     head_sets: list = field(default_factory=list)  # per_head: per period, each KV head's chunk ids
+    prefill_densities: list = field(default_factory=list)  # prefill_alpha: per layer, the share of causal cells computed
     num_prefix_tokens: int = 0
     prefix_id: str = ""  # the prefix's full id (a request may name it by a leading part)
 
@@ -256,6 +263,9 @@ class ModelRunner:
             raise InvalidArgument("streaming", f"must be a bool, got {cfg.streaming!r}")
         if not isinstance(cfg.per_head, bool):
             raise InvalidArgument("per_head", f"must be a bool, got {cfg.per_head!r}")
+        alpha = cfg.prefill_alpha
+        if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or math.isnan(alpha) or not 0 <= alpha <= 1:
+            raise InvalidArgument("prefill_alpha", f"must be in [0, 1] (0: a dense prefill), got {alpha!r}")
         if cfg.per_head and cfg.selector not in ("exact", "summary"):
             raise InvalidArgument("per_head", f"per-KV-head sets need per-head scores (exact or summary), not {cfg.selector!r}")
         if cfg.streaming and self.streaming_heads is None:
@@ -344,7 +354,8 @@ class ModelRunner:
                     out.period_select_s[p] += time.perf_counter() - t0
                     out.select_s += time.perf_counter() - t0
                 masks = self._row_masks(chunks, l0, n, cfg, out, head_sets)
-                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks)
+                row_pos = self._rows(chunks.tolist(), n) if cfg.prefill_alpha else None
+                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks, row_pos)
                 chunk_tokens = stream.chunk_tokens(p).tolist()
                 out.tokens_loaded += sum(chunk_tokens)
                 out.kv_fraction += sum(chunk_tokens) * plan.periods[p][1] / (n * model.num_layers)
@@ -481,19 +492,25 @@ class ModelRunner:
             masks[layer] = out.row_masks[layer] = self._layer_mask(layer, chunks.tolist(), n, cfg, head_sets)
         return masks
 
+    def _rows(self, chunks: list[int], n: int) -> torch.Tensor:
+        """The prefix positions of the rows ``chunks`` deliver, in their order."""
+        ct = self.geometry.chunk_tokens
+        rows = (torch.as_tensor(chunks, dtype=torch.long)[:, None] * ct + torch.arange(ct)).reshape(-1)
+        return rows[rows < n]  # the last chunk may be short
+
     def _layer_mask(self, layer: int, chunks: list[int], n: int, cfg, head_sets=()) -> torch.Tensor | None:
         """``[Hkv, rows of chunks]``: streaming heads see the sink and recent rows, with ``head_sets`` each head its own chunks."""
         ct = self.geometry.chunk_tokens
-        rows = (torch.as_tensor(chunks, dtype=torch.long)[:, None] * ct + torch.arange(ct)).reshape(-1)
-        rows = rows[rows < n]  # the last chunk may be short
+        rows = self._rows(chunks, n)
         mask = self.streaming_heads.row_mask(layer, rows, n) if cfg.streaming else None
         if head_sets:
             mine = torch.stack([torch.isin(rows // ct, hs) for hs in head_sets])  # [Hkv, rows]
             mask = mine if mask is None else mask & mine
         return mask
 
-    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out, masks=None):
-        """Compute the period's layers, each group as soon as it has arrived (``masks``: ``_row_masks``)."""
+    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out, masks=None, row_pos=None):
+        """Compute the period's layers, each group as soon as it has arrived (``masks``: ``_row_masks``;
+        ``row_pos``: the loaded rows' positions, for ``cfg.prefill_alpha``'s lines)."""
         model, geo = self.model, self.geometry
         first_keys = None
         groups = stream.groups(period)
@@ -504,7 +521,13 @@ class ModelRunner:
             kv = _as_torch(raw, geo)  # [group layers, 2, kv_heads, rows, head_dim]
             for i, layer in enumerate(geo.group_layer_range(group)):
                 t1 = time.perf_counter()
-                hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i], (masks or {}).get(layer))
+                lines = None
+                if cfg.prefill_alpha:
+                    keys = torch.cat([kv[i, 0], model.layer_keys(layer, hidden, positions)], dim=1)
+                    q = model.layer_queries(layer, hidden, positions)
+                    lines, density = pattern(q, keys, positions, torch.cat([row_pos, positions]), cfg.prefill_alpha)
+                    out.prefill_densities.append(density)
+                hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i], (masks or {}).get(layer), lines)
                 out.layer_compute_s[layer] += time.perf_counter() - t1
                 if out.layer_kv:
                     out.layer_kv[layer] = torch.cat([kv[i], suffix_kv], dim=2)  # [2, Hkv, rows + s, d]
@@ -565,8 +588,19 @@ class ModelRunner:
             (tokens, steps, stop), stats = decoded, None
         res.layer_kv = []
         text = None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
+        density = float(np.mean(res.prefill_densities)) if res.prefill_densities else None
         gen = GenerationResult(
-            tokens, res.ttft_s, steps, stop, res.logits, text, reprefill=res, rows_attended=rows, reselect=stats, step_kv_rows=kv_rows
+            tokens,
+            res.ttft_s,
+            steps,
+            stop,
+            res.logits,
+            text,
+            reprefill=res,
+            rows_attended=rows,
+            reselect=stats,
+            step_kv_rows=kv_rows,
+            prefill_density=density,
         )
         if attention_before is not None:
             gen.decode_attention_s = self.model.attention_s - attention_before

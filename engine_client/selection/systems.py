@@ -32,7 +32,7 @@ queries with the same resident keys and fetches the chunks it lacks
 (``engine_client.reselect``).  ``perlayer-follow-int4-streaming`` is the
 same selection with the model's streaming heads (``model.streaming``)
 seeing only the loaded sink and recent rows, as LServe pairs them.
-``quest``, ``lserve`` and ``loopserve`` are the decode-side systems
+``quest``, ``lserve``, ``loopserve`` and ``loopserve-sp`` are the decode-side systems
 ``kvstore-bench decode`` compares (their definitions below).
 """
 
@@ -62,8 +62,10 @@ SYSTEMS["lserve"] = {**SYSTEMS["quest"], "page_chunks": 4, "reselect_every": 4, 
 # ... and with a set per KV head (each head its own pages at the budget, the union loaded), as LServe selects;
 SYSTEMS["lserve-heads"] = {**SYSTEMS["lserve"], "per_head": True}
 # LoopServe: re-selected every 4 generated tokens from those tokens' queries against the keys themselves
-# (4-bit resident probes), no follower chunks.
+# (4-bit resident probes), no follower chunks; with -sp also the new turn's prefill through the lines
+# covering 90% of its last queries' attention (online prefill sparsification).
 SYSTEMS["loopserve"] = {"selector": "exact", "period_layers": 1, "head_aggregation": "max", "probe_bits": 4, "reselect_every": 4}
+SYSTEMS["loopserve-sp"] = {**SYSTEMS["loopserve"], "prefill_alpha": 0.9}
 
 # The stored group (SubPeriod) the layerwise systems need: their Period is one group.
 LAYERWISE_GROUP_LAYERS = 2

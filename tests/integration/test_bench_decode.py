@@ -5,7 +5,7 @@ import json
 from helpers import run_bench
 from pretrained import needs_smollm2
 
-SYSTEMS = ["dense", "quest", "lserve", "lserve-kv4"]
+SYSTEMS = ["dense", "quest", "lserve", "lserve-kv4", "lserve-kv4h", "loopserve-sp"]
 
 
 @needs_smollm2
@@ -35,6 +35,10 @@ def test_decode_bench_reports_bytes_read_per_token_for_each_system():
     assert systems["dense"]["fetch_per_token_s"] == 0 == systems["dense"]["sets_changed"]  # chooses nothing while decoding
     assert systems["quest"]["select_per_token_s"] > systems["dense"]["select_per_token_s"]  # Quest scores at every token
     assert 0 < cell["streaming_layout_fraction"] < 1
+    # NAME-kv4h: its own scheme beside --kv-quant's kv4, the same rows read, fewer bytes stored
+    assert systems["lserve-kv4h"]["memory_bytes_per_token"] == systems["lserve"]["memory_bytes_per_token"]
+    assert systems["lserve-kv4h"]["stored_bytes"] < systems["lserve-kv4"]["stored_bytes"]
+    assert systems["loopserve-sp"]["prefill_density"] < 1 == systems["dense"]["prefill_density"]  # the new turn's lines only
 
 
 @needs_smollm2

@@ -1,5 +1,7 @@
 """Re-Prefill through a real daemon process with a real (tiny) checkpoint."""
 
+from dataclasses import replace
+
 import grpc
 import numpy as np
 import pytest
@@ -7,6 +9,8 @@ import torch
 
 from engine_client.client import KVStoreRpcError
 from engine_client.fidelity import chunk_recall, compare_logits, fidelity
+from engine_client.generation import suffix_over_prefix
+from engine_client.prefill import chunked_prefill
 from engine_client.runner import ModelRunner, ReprefillConfig
 from engine_client.selection import exact_chunk_scores
 from kvstore.errors import InvalidArgument, NotFound
@@ -173,3 +177,23 @@ def test_a_prefix_stored_from_the_callers_kv_is_the_prefix_prefilled_here(runner
         mine = runner.reprefill(given.prefix_id, suffix, ReprefillConfig(budget=1.0, selector="full"))
         ref = other.full_recompute(tokens, suffix)[0]
         torch.testing.assert_close(mine.logits, ref, atol=1e-4, rtol=1e-4)
+
+
+def test_a_sparse_prefill_over_loaded_rows_is_the_in_process_one_over_the_same_rows(runner):
+    prefix = torch.randint(0, 500, (300,), generator=torch.Generator().manual_seed(11))
+    handle = runner.store_prefix(prefix)
+    suffix = torch.randint(0, 500, (40,), generator=torch.Generator().manual_seed(12))
+    chunks = [0, 3, 5, 6, 9, 12, 18]  # gaps between the rows' positions; chunk 18 holds the last 12 tokens
+    choose = lambda period, layer, q, m: chunks  # noqa: E731 - every layer over the same rows
+    base = ReprefillConfig(budget=0.5, period_layers=1, selector="exact", report_attention=False)
+    assert runner.reprefill(handle.prefix_id, suffix, base, choose=choose).prefill_densities == []
+    sparse = runner.reprefill(handle.prefix_id, suffix, replace(base, prefill_alpha=0.3), choose=choose)
+    rows = torch.cat([torch.arange(c * 16, min(c * 16 + 16, 300)) for c in chunks])
+    _, prefix_kv = chunked_prefill(runner.model, prefix)
+    densities = []
+    logits, _ = suffix_over_prefix(runner.model, prefix_kv, 300, suffix, rows, None, 0.3, densities)
+    torch.testing.assert_close(sparse.logits, logits, rtol=1e-4, atol=1e-4)
+    assert sparse.prefill_densities == pytest.approx(densities) and max(densities) < 0.9
+    for alpha in (-0.1, 1.5, float("nan"), True, "0.9"):
+        with pytest.raises(InvalidArgument, match="prefill_alpha"):
+            runner.reprefill(handle.prefix_id, suffix, replace(base, prefill_alpha=alpha))

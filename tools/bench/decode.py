@@ -260,6 +260,7 @@ def _row(ex, gen, runner, resident_before: int, row_bytes: int) -> dict:
         "select_per_token_s": select_s / tokens,
         "fetch_per_token_s": (st.fetch_s if st else 0.0) / tokens,  # re-selection's reads while decoding
         "kv_fraction": res.kv_fraction,
+        "prefill_density": 1.0 if gen.prefill_density is None else gen.prefill_density,  # share of the suffix's causal cells
         "resident_bytes": runner.resident_bytes() - resident_before,
         "sets_changed": st.sets_changed if st else 0,
     }
