@@ -68,10 +68,13 @@ def test_a_terminated_bench_stops_its_daemon_and_removes_its_socket_directory(tm
     assert daemons, "the bench never started its daemon"
     daemon_argv = _cmdline(daemons[0])
     run_dir = os.path.dirname(daemon_argv[daemon_argv.index("--socket-path") + 1])
-    assert os.path.isdir(run_dir)
+    while not os.path.exists(os.path.join(run_dir, "ready")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(1)  # the reading threads are under way
     proc.send_signal(signal.SIGTERM)
     with proc:
         assert proc.wait(90) == 143, proc.stderr.read()[-2000:]
+        assert b"Traceback" not in proc.stderr.read()  # the reading threads stop before their clients close
     assert not os.path.exists(f"/proc/{daemons[0]}"), "the daemon outlived the bench"
     assert not os.path.exists(run_dir), "the daemon's socket directory was left behind"
 

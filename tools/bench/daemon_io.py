@@ -81,21 +81,35 @@ def timed_loop(read_once, *, numjobs: int, runtime_s: float, num_chunks: int, nu
     deadline = time.perf_counter() + runtime_s
     lat: list[list[int]] = [[] for _ in range(numjobs)]
     nbytes = [0] * numjobs
+    stop = threading.Event()  # the caller is unwinding (SIGTERM): finish the read at hand, then return
+    # waited on instead of Thread.join: a join a signal interrupts marks the thread stopped while it
+    # still runs (CPython 3.11), and the next join would return at once
+    finished = [threading.Event() for _ in range(numjobs)]
 
     def job(k: int):
-        for group, chunks in _requests(SEED + k, num_chunks, num_groups, per_request):
-            t0 = time.perf_counter_ns()
-            nbytes[k] += read_once(group, chunks)
-            lat[k].append(time.perf_counter_ns() - t0)
-            if time.perf_counter() >= deadline:
-                return
+        try:
+            for group, chunks in _requests(SEED + k, num_chunks, num_groups, per_request):
+                if stop.is_set():
+                    return
+                t0 = time.perf_counter_ns()
+                nbytes[k] += read_once(group, chunks)
+                lat[k].append(time.perf_counter_ns() - t0)
+                if time.perf_counter() >= deadline:
+                    return
+        finally:
+            finished[k].set()
 
     start = time.perf_counter()
     threads = [threading.Thread(target=job, args=(k,)) for k in range(numjobs)]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join()
+    try:
+        for done in finished:
+            done.wait()
+    finally:  # before the caller closes the store or the clients the threads read through
+        stop.set()
+        for done in finished:
+            done.wait()
     elapsed = time.perf_counter() - start
     latencies = np.array([x for per in lat for x in per], dtype=np.int64)
     total = sum(nbytes)
