@@ -301,7 +301,7 @@ def format_decode(r: dict) -> str:
                 if "streaming_layout_fraction" in cell
                 else ""
             ),
-            f"{'system':>22}  {'correct':>7}  {'Wilson 95%':>13}  {'ms/token':>8}  {'attn ms':>7}  {'memory KB/token':>15}  "
+            f"{'system':>22}  {'correct':>7}  {'Wilson 95%':>13}  {'TTFT s':>6}  {'prefill':>7}  {'ms/token':>8}  {'attn ms':>7}  {'memory KB/token':>15}  "
             f"{'vs dense':>8}  {'store KB/token':>14}  {'disk KB/token':>13}  {'select ms/token':>15}  {'fetch ms/token':>14}  {'stored MB':>9}",
         ]
         for name, s in cell["systems"].items():
@@ -310,7 +310,8 @@ def format_decode(r: dict) -> str:
                 f"{dense['memory_bytes_per_token'] / s['memory_bytes_per_token']:.1f}x" if dense and s["memory_bytes_per_token"] else "-"
             )
             lines.append(
-                f"{name:>22}  {s['correct']:>3.0f}/{len(s['rows']):<3}  {lo:>5.0%}-{hi:<6.0%}  {s['per_token_s'] * 1e3:>8.1f}  "
+                f"{name:>22}  {s['correct']:>3.0f}/{len(s['rows']):<3}  {lo:>5.0%}-{hi:<6.0%}  {s['ttft_s']:>6.2f}  "
+                f"{s.get('prefill_density', 1.0):>7.1%}  {s['per_token_s'] * 1e3:>8.1f}  "
                 f"{s['attention_per_token_s'] * 1e3:>7.2f}  {s['memory_bytes_per_token'] / 1e3:>15.0f}  {ratio:>8}  "
                 f"{s['store_bytes_per_token'] / 1e3:>14.0f}  {s['disk_bytes_per_token'] / 1e3:>13.0f}  "
                 f"{s['select_per_token_s'] * 1e3:>15.2f}  {s.get('fetch_per_token_s', 0.0) * 1e3:>14.2f}  {s['stored_bytes'] / 1e6:>9.1f}"
