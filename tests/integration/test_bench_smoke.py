@@ -62,21 +62,26 @@ def test_a_terminated_bench_stops_its_daemon_and_removes_its_socket_directory(tm
     )
     deadline = time.monotonic() + 120
     daemons = []
-    while not daemons and time.monotonic() < deadline and proc.poll() is None:
-        daemons = [c for c in _children(proc.pid) if "kvstore.cli" in _cmdline(c)]
-        time.sleep(0.1)
-    assert daemons, "the bench never started its daemon"
-    daemon_argv = _cmdline(daemons[0])
-    run_dir = os.path.dirname(daemon_argv[daemon_argv.index("--socket-path") + 1])
-    while not os.path.exists(os.path.join(run_dir, "ready")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(1)  # the reading threads are under way
-    proc.send_signal(signal.SIGTERM)
-    with proc:
-        assert proc.wait(90) == 143, proc.stderr.read()[-2000:]
-        assert b"Traceback" not in proc.stderr.read()  # the reading threads stop before their clients close
-    assert not os.path.exists(f"/proc/{daemons[0]}"), "the daemon outlived the bench"
-    assert not os.path.exists(run_dir), "the daemon's socket directory was left behind"
+    try:
+        while not daemons and time.monotonic() < deadline and proc.poll() is None:
+            daemons = [c for c in _children(proc.pid) if "kvstore.cli" in _cmdline(c)]
+            time.sleep(0.1)
+        assert daemons, "the bench never started its daemon"
+        daemon_argv = _cmdline(daemons[0])
+        run_dir = os.path.dirname(daemon_argv[daemon_argv.index("--socket-path") + 1])
+        while not os.path.exists(os.path.join(run_dir, "ready")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1)  # the reading threads are under way
+        proc.send_signal(signal.SIGTERM)
+        with proc:
+            assert proc.wait(90) == 143, proc.stderr.read()[-2000:]
+            assert b"Traceback" not in proc.stderr.read()  # the reading threads stop before their clients close
+        assert not os.path.exists(f"/proc/{daemons[0]}"), "the daemon outlived the bench"
+        assert not os.path.exists(run_dir), "the daemon's socket directory was left behind"
+    finally:  # a failed run leaves no process behind
+        for pid in [proc.pid, *daemons]:
+            if "kvstore" in " ".join(_cmdline(pid)) or "tools.bench" in " ".join(_cmdline(pid)):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_io_via_daemon_over_tcp_reports_both_remote_paths(tmp_path):
