@@ -276,3 +276,29 @@ def dense_generate(
 
 def _text(tokenizer, tokens: list[int]) -> str | None:
     return None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
+
+
+@torch.inference_mode()
+def answer_margins(model: Decoder, prefix_kv: torch.Tensor, suffix_tokens, answer_tokens) -> list[float]:
+    """How firmly the full KV gives an answer: per answer token, teacher-forced, its logit minus the
+    best other token's.
+
+    ``prefix_kv [L, 2, Hkv, n, d]``; the suffix then the answer's tokens run over it, and position
+    ``len(suffix) - 1 + i`` predicts ``answer_tokens[i]``.  A margin below 0 means greedy decoding
+    would not produce that token; a small positive one is a close call that any change to the KV
+    (fewer rows, fewer bits) can tip.
+    """
+    suffix = torch.as_tensor(np.asarray(suffix_tokens), dtype=torch.long).reshape(-1)
+    answer = torch.as_tensor(np.asarray(answer_tokens), dtype=torch.long).reshape(-1)
+    if suffix.numel() == 0 or answer.numel() == 0:
+        raise ValueError("suffix_tokens and answer_tokens must not be empty")
+    tokens = torch.cat([suffix, answer[:-1]])
+    n = prefix_kv.shape[3]
+    positions = torch.arange(n, n + tokens.numel())
+    hidden = model.embed(tokens)
+    for layer in range(model.num_layers):
+        hidden, _ = model.layer_forward(layer, hidden, positions, prefix_kv[layer])
+    logits = model.position_logits(hidden)[suffix.numel() - 1 :]  # [answer, vocab]
+    picked = logits.gather(1, answer[:, None])[:, 0]
+    others = logits.scatter(1, answer[:, None], float("-inf")).max(dim=1).values
+    return (picked - others).tolist()

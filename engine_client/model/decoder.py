@@ -210,6 +210,11 @@ class Decoder:
         return self._logits(hidden[-1:])[0]
 
     @torch.inference_mode()
+    def position_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logits ``[s, vocab]`` float32 of every position of ``hidden [s, hidden]`` (the last layer's output)."""
+        return self._logits(self._check_hidden(hidden, None)[0])
+
+    @torch.inference_mode()
     def attention_mass(self, q: torch.Tensor, prefix_k: torch.Tensor, suffix_k: torch.Tensor) -> torch.Tensor:
         """Attention the suffix queries pay to each prefix row: ``[r]`` float32.
 

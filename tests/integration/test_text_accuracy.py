@@ -50,6 +50,36 @@ def test_passkey_slice_full_drop_needle_and_reprefill_at_5_percent(tmp_path):
     assert_png(tmp_path / "accuracy.png")
 
 
+def test_eight_token_chunks_reach_the_store_the_needle_and_the_budget(tmp_path):
+    args = argparse.Namespace(
+        model="smollm2-135m",
+        task="passkey",
+        tokens=320,
+        path="full,drop-needle,perlayer-follow-int4@0.05",
+        examples=1,
+        depths="0.5",
+        start=0,
+        max_new_tokens=0,
+        period_layers=8,
+        group_layers=1,
+        chunk_tokens=8,
+        threads=1,
+        dtype="float32",
+        directory=str(tmp_path),
+    )
+    r = run_text_accuracy(args)
+    assert r["chunk_tokens"] == 8
+    full, drop, sparse = (r["paths"][k]["rows"][0] for k in ("full", "drop-needle", "perlayer-follow-int4@0.05"))
+    (a, b), *_ = ex_spans = r["paths"]["full"]["rows"][0]["needle_spans"]
+    assert full["needle_chunks"] == list(range(a // 8, (b - 1) // 8 + 1)) and len(ex_spans) == 1
+    assert full["correct"] and not drop["correct"]  # dropping the 8-token chunks over the needle loses the key
+    # the full KV's answer, token by token, beats every other token
+    assert len(full["answer_margins"]) >= 5 and min(full["answer_margins"]) > 0
+    chunks = -(-sparse["prefix_tokens"] // 8)
+    per_layer = max(2, chunks * 5 // 100)  # sink + local at least
+    assert len(sparse["needle_loaded"]) == 30 and sparse["tokens_loaded"] <= 30 * 8 * per_layer
+
+
 def test_paths_are_checked():
     assert parse_paths("full,summary@0.1") == [("full", "", 1.0), ("summary@0.1", "summary", 0.1)]
     for bad, msg in (("nope", "SELECTOR@BUDGET"), ("exact@2", "fraction"), ("full,full", "twice"), ("exact@x", "not a number")):

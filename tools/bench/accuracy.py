@@ -236,6 +236,12 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     )
     p.add_argument("--max-new-tokens", type=int, default=0, help="--model: tokens to decode (default: the task's)")
     p.add_argument("--period-layers", type=int, default=8, help="--model: layers sharing one chunk selection")
+    p.add_argument(
+        "--chunk-tokens",
+        type=int,
+        default=CHUNK_TOKENS,
+        help=f"--model: tokens per stored chunk, the unit selection loads (default {CHUNK_TOKENS}); budgets stay fractions of the prefix",
+    )
     p.add_argument("--group-layers", type=int, default=4, help="--model: layers per stored group")
     p.add_argument(
         "--store-probe-bits",
@@ -306,6 +312,8 @@ def _command_text_accuracy(args, parser) -> int:
         parser.error(str(exc))
     if args.examples < 1 or args.tokens < 64 or args.max_new_tokens < 0:
         parser.error("--examples must be >= 1, --tokens >= 64 and --max-new-tokens >= 0")
+    if not 1 <= args.chunk_tokens <= args.tokens:
+        parser.error(f"--chunk-tokens must be in [1, --tokens={args.tokens}], got {args.chunk_tokens}")
     try:
         report = run_text_accuracy(args)
     except (ValueError, LookupError) as exc:  # unknown model, bad JSONL line, prompt too long: one line

@@ -28,8 +28,11 @@ stored), while ``full`` stays the unquantized reference.
 An example is correct when the decoded text holds an accepted answer (numbers
 as whole numbers).  Examples use the evaluation seeds (from 1_000_000 on,
 ``--start`` offsets them); accuracy comes with its Wilson 95% interval.  Per
-example: the needle's depth, and for Re-Prefill, the fraction of the needle's
-chunks each Period loaded.
+example: the needle's depth, for ``full`` the answer's margins (teacher-forced,
+each token of the first accepted answer after a space: its logit minus the best
+other token's, ``generation.answer_margins``; the small ones are the close calls
+a sparse path can tip), and for Re-Prefill, the fraction of the needle's chunks
+each Period loaded.
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ def needle_loaded(needle_chunks: np.ndarray, selected) -> list[float]:
 
 def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
     """Rows per path name, one per example, in example order."""
-    from engine_client.generation import dense_generate
+    from engine_client.generation import answer_margins, dense_generate
 
     reprefill = [p for p in paths if p[1] and p[1] != SPARSE_PREFILL]
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in paths}
@@ -119,7 +122,8 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                 "seed": ex.seed,
                 "depth": ex.depth,
                 "prefix_tokens": ex.num_prefix_tokens,
-                "needle_chunks": ex.needle_chunks(CHUNK_TOKENS).tolist(),
+                "needle_spans": [list(span) for span in ex.needle_spans],
+                "needle_chunks": ex.needle_chunks(_chunk_tokens(args)).tolist(),
                 "answers": list(ex.answers),
             }
             kv = None
@@ -130,7 +134,8 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
             handle = runner.store_prefix(ex.prefix_tokens, progress=progress) if runner else None
             for name, selector, budget in paths:
                 if name in DENSE_PATHS or selector == SPARSE_PREFILL:
-                    keep = keep_rows_without(ex.num_prefix_tokens, ex.needle_chunks(CHUNK_TOKENS)) if name == "drop-needle" else None
+                    ct = _chunk_tokens(args)
+                    keep = keep_rows_without(ex.num_prefix_tokens, ex.needle_chunks(ct), ct) if name == "drop-needle" else None
                     streaming = args.streaming_heads if name == "full-streaming" else None
                     gen = dense_generate(
                         model,
@@ -144,6 +149,9 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                         sparse_prefill=budget if selector == SPARSE_PREFILL else None,
                     )
                     extra = {} if streaming is None else {"stored_kv_fraction": streaming.stored_fraction(ex.num_prefix_tokens)}
+                    if name == "full":  # how close the full KV came to another answer: what sparse paths can tip
+                        margins = answer_margins(model, kv, ex.suffix_tokens, tokenizer.encode(" " + ex.answers[0]))
+                        extra["answer_margins"] = [round(x, 3) for x in margins]
                     if gen.prefill_density is not None:
                         extra["prefill_density"] = gen.prefill_density
                 else:
@@ -155,7 +163,7 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                     resident = runner.resident_bytes() - resident  # client state this prefix added (summaries, quantized probes)
                     res = gen.reprefill
                     extra = {
-                        "needle_loaded": needle_loaded(ex.needle_chunks(CHUNK_TOKENS), res.selected),
+                        "needle_loaded": needle_loaded(ex.needle_chunks(_chunk_tokens(args)), res.selected),
                         "tokens_loaded": res.tokens_loaded,
                         "bytes_read": res.bytes_read,
                         "kv_fraction": res.kv_fraction,
@@ -188,6 +196,10 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
     return rows
 
 
+def _chunk_tokens(args) -> int:
+    return getattr(args, "chunk_tokens", None) or CHUNK_TOKENS
+
+
 def _max_new(ex, args) -> int:
     return args.max_new_tokens or int(ex.meta.get("max_new_tokens", 16))
 
@@ -202,7 +214,7 @@ def _runner(model, args, stack: ExitStack):
     return ModelRunner(
         model,
         client,
-        chunk_tokens=CHUNK_TOKENS,
+        chunk_tokens=_chunk_tokens(args),
         group_layers=args.group_layers,
         probe_bits=getattr(args, "store_probe_bits", 0),
         streaming_heads=getattr(args, "streaming_heads", None),
@@ -267,6 +279,7 @@ def run_text_accuracy(args) -> dict:
         "task": args.task,
         "tokens": args.tokens,
         "examples": len(examples),
+        "chunk_tokens": _chunk_tokens(args),
         "dtype": args.dtype,
         "stream": getattr(args, "stream", "eval"),
         "seeds": [examples[0].seed, examples[-1].seed] if examples else [],
