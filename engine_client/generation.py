@@ -54,6 +54,7 @@ class GenerationResult:
     # (prefix rows a head may see, the suffix, the tokens generated so far)
     step_kv_rows: list[int] = field(default_factory=list)
     decode_attention_s: float | None = None  # the decoding steps' attention kernels, when timed (Decoder.attention_s)
+    answer_margins: list[float] | None = None  # teacher-forced (``forced``): each forced token's logit minus the best other's
 
     @property
     def total_s(self) -> float:
@@ -125,6 +126,8 @@ def decode_greedy(
     row_masks: Sequence[torch.Tensor | None] | None = None,
     observe=None,
     kv_rows: list[int] | None = None,
+    forced: Sequence[int] | None = None,
+    margins: list[float] | None = None,
 ) -> tuple[list[int], list[float], str]:
     """Greedy tokens from ``first_logits`` on; ``kv`` grows by one row per layer per step.
 
@@ -134,13 +137,31 @@ def decode_greedy(
     ``observe(layer, hidden, position, keys)``: called after each layer of
     each step (``prefill.prefill_with_attention`` says with what).
     ``kv_rows``: each step's K/V rows read (``attended_rows``) is appended.
+    ``forced`` (teacher forcing): feed these tokens instead of the greedy ones,
+    all of them and no more, and append to ``margins`` each one's logit minus
+    the best other token's (``answer_margins`` over whatever KV ``kv`` holds).
     Returns ``(tokens, step seconds, stop reason)``.
     """
     if len(kv) != model.num_layers:
         raise ValueError(f"kv has {len(kv)} layers, the model {model.num_layers}")
     if kv_rows is not None:
         hidden_rows = [hidden_count(None if row_masks is None else row_masks[layer]) for layer in range(model.num_layers)]
-    tokens, steps = [int(first_logits.argmax())], []
+    if forced is not None:
+        forced = [int(t) for t in forced]
+        if not forced or margins is None:
+            raise ValueError("forced needs at least one token and a margins list to fill")
+        max_new_tokens, stop_ids = len(forced), frozenset()
+
+    def pick(logits: torch.Tensor) -> int:
+        if forced is None:
+            return int(logits.argmax())
+        token = forced[len(tokens)]
+        margins.append(_margin(logits, token))
+        return token
+
+    tokens: list[int] = []
+    steps: list[float] = []
+    tokens.append(pick(first_logits))
     while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
         t0 = time.perf_counter()
         position = torch.tensor([next_position + len(tokens) - 1])
@@ -153,9 +174,16 @@ def decode_greedy(
             kv.append(layer, new_kv)
             if observe is not None:
                 observe(layer, layer_input, position, kv.view(layer)[0])
-        tokens.append(int(model.final_logits(hidden).argmax()))
+        tokens.append(pick(model.final_logits(hidden)))
         steps.append(time.perf_counter() - t0)
     return tokens, steps, "eos" if tokens[-1] in stop_ids else "length"
+
+
+def _margin(logits: torch.Tensor, token: int) -> float:
+    """``logits[token]`` minus the largest other logit."""
+    others = logits.clone()
+    others[token] = float("-inf")
+    return float(logits[token] - others.max())
 
 
 def hidden_count(mask: torch.Tensor | None) -> int:

@@ -562,6 +562,7 @@ class ModelRunner:
         tokenizer=None,
         eos_token_ids=None,
         choose=None,
+        forced=None,
     ):
         """Re-Prefill, then greedy decoding of up to ``max_new_tokens`` tokens (the first included).
 
@@ -570,10 +571,23 @@ class ModelRunner:
         tokenizer's unless ``eos_token_ids`` is given).  Returns a
         ``GenerationResult``: tokens, text (with a tokenizer), the first
         token's TTFT, per-step seconds and the ``ReprefillResult``.
+        ``forced`` (token ids): teacher forcing instead of greedy choice, so
+        ``answer_margins`` says how firmly this KV gives that answer
+        (``generation.answer_margins`` is the full KV's).
         """
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         if cfg.reselect_every and choose is not None:
             raise InvalidArgument("reselect_every", "re-selecting while decoding uses the configured selector; it cannot follow choose=")
+        margins: list[float] | None = None
+        if forced is not None:
+            forced_ids = _token_tensor(forced, field_name="forced")
+            vocab = self.model.config.vocab_size
+            if int(forced_ids.min()) < 0 or int(forced_ids.max()) >= vocab:
+                raise InvalidArgument("forced", f"token ids must be in [0, {vocab}), got {forced_ids.min()}..{forced_ids.max()}")
+            forced = forced_ids.tolist()
+            if cfg.reselect_every:
+                raise InvalidArgument("forced", "teacher forcing decodes over the rows the first token loaded; not with reselect_every")
+            max_new_tokens, margins = check_max_new_tokens(len(forced)), []
         res = self.reprefill(prefix_id, suffix_tokens, cfg, choose=choose, keep_kv=True)
         attention_before = self.model.attention_s  # timed when a benchmark set it (Decoder.attention_s)
         s = _token_tensor(suffix_tokens, field_name="suffix_tokens").numel()
@@ -584,7 +598,18 @@ class ModelRunner:
         if cfg.reselect_every:
             tokens, steps, stop, stats = self._decode_reselecting(res.prefix_id, res, cfg, kv, start, max_new_tokens, stops, kv_rows)
         else:
-            decoded = decode_greedy(self.model, res.logits, kv, start, max_new_tokens, stops, res.row_masks or None, kv_rows=kv_rows)
+            decoded = decode_greedy(
+                self.model,
+                res.logits,
+                kv,
+                start,
+                max_new_tokens,
+                stops,
+                res.row_masks or None,
+                kv_rows=kv_rows,
+                forced=forced,
+                margins=margins,
+            )
             (tokens, steps, stop), stats = decoded, None
         res.layer_kv = []
         text = None if tokenizer is None else tokenizer.decode(tokens, skip_special_tokens=True)
@@ -601,6 +626,7 @@ class ModelRunner:
             reselect=stats,
             step_kv_rows=kv_rows,
             prefill_density=density,
+            answer_margins=margins,
         )
         if attention_before is not None:
             gen.decode_attention_s = self.model.attention_s - attention_before

@@ -6,7 +6,7 @@ import torch
 from pretrained import needs_smollm2
 
 from engine_client.client import KVStoreClient
-from engine_client.generation import dense_generate
+from engine_client.generation import answer_margins, dense_generate
 from engine_client.model import zoo
 from engine_client.prefill import chunked_prefill
 from engine_client.runner import ModelRunner, ReprefillConfig
@@ -58,6 +58,31 @@ def test_sparse_generation_decodes_over_the_rows_each_period_loaded(runner, smol
         chunks = res.selected[layer // 8]
         assert rows == sum(min(16, ex.num_prefix_tokens - 16 * int(c)) for c in chunks)
     assert res.layer_kv == []  # handed to decoding, not kept
+
+
+def test_teacher_forced_margins_at_full_budget_equal_the_full_kvs_and_bad_ids_are_refused(runner, smollm2):
+    ex = text.examples("passkey", smollm2.tokenizer, 1, 160, depths=[0.4])[0]
+    handle = runner.store_prefix(ex.prefix_tokens)
+    answer = smollm2.tokenizer.encode(" " + ex.answers[0])
+    _, kv = chunked_prefill(smollm2.decoder, torch.from_numpy(ex.prefix_tokens))
+    want = answer_margins(smollm2.decoder, kv, ex.suffix_tokens, answer)
+    gen = runner.generate(handle.prefix_id, ex.suffix_tokens, ReprefillConfig(budget=1.0, period_layers=8), forced=answer)
+    assert gen.tokens == answer and len(gen.answer_margins) == len(answer)
+    np.testing.assert_allclose(gen.answer_margins, want, atol=2e-3)
+    assert min(want) > 0  # the full KV answers this prompt: every answer token wins its step
+    # a sparse set moves the margins; the first is read off the same first-token logits greedy decoding sees
+    cfg = ReprefillConfig(budget=0.2, period_layers=8, selector="exact")
+    sparse = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, forced=answer)
+    greedy = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, 2)
+    top2 = greedy.first_logits.topk(2).values
+    first = float(greedy.first_logits[answer[0]] - (top2[1] if int(greedy.first_logits.argmax()) == answer[0] else top2[0]))
+    assert sparse.answer_margins[0] == pytest.approx(first, abs=1e-4)
+    vocab = smollm2.decoder.config.vocab_size
+    for bad, match in (([], "must not be empty"), ([vocab], "token ids"), ([-1], "token ids")):
+        with pytest.raises(InvalidArgument, match=match):
+            runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, forced=bad)
+    with pytest.raises(InvalidArgument, match="reselect_every"):
+        runner.generate(handle.prefix_id, ex.suffix_tokens, ReprefillConfig(budget=1.0, period_layers=8, reselect_every=1), forced=answer)
 
 
 def test_period_not_a_multiple_of_the_stored_group_is_refused(runner, smollm2):

@@ -63,6 +63,7 @@ def test_eight_token_chunks_reach_the_store_the_needle_and_the_budget(tmp_path):
         period_layers=8,
         group_layers=1,
         chunk_tokens=8,
+        margins=True,
         threads=1,
         dtype="float32",
         directory=str(tmp_path),
@@ -75,6 +76,9 @@ def test_eight_token_chunks_reach_the_store_the_needle_and_the_budget(tmp_path):
     assert full["correct"] and not drop["correct"]  # dropping the 8-token chunks over the needle loses the key
     # the full KV's answer, token by token, beats every other token
     assert len(full["answer_margins"]) >= 5 and min(full["answer_margins"]) > 0
+    # --margins: the sparse path's own, teacher-forced over the rows it loaded; positive where it answered
+    assert len(sparse["answer_margins"]) == len(full["answer_margins"])
+    assert (min(sparse["answer_margins"]) > 0) == (sparse["text"].split()[0].strip(".") == sparse["answers"][0])
     chunks = -(-sparse["prefix_tokens"] // 8)
     per_layer = max(2, chunks * 5 // 100)  # sink + local at least
     assert len(sparse["needle_loaded"]) == 30 and sparse["tokens_loaded"] <= 30 * 8 * per_layer

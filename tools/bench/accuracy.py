@@ -235,6 +235,12 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
         help="--model: seed stream; choose a design on 'tune' (seeds below 1000), report on 'eval'",
     )
     p.add_argument("--max-new-tokens", type=int, default=0, help="--model: tokens to decode (default: the task's)")
+    p.add_argument(
+        "--margins",
+        action="store_true",
+        help="--model: also teacher-force the accepted answer through each Re-Prefill path (a second Re-Prefill per example) "
+        "and record its per-token margins, as 'full' always does",
+    )
     p.add_argument("--period-layers", type=int, default=8, help="--model: layers sharing one chunk selection")
     p.add_argument(
         "--chunk-tokens",

@@ -160,6 +160,12 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                     cfg = ReprefillConfig(budget=budget, **path_fields(selector, args.period_layers))
                     resident = runner.resident_bytes()
                     gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, _max_new(ex, args), tokenizer=tokenizer)
+                    forced_margins = None
+                    if getattr(args, "margins", False) and not cfg.reselect_every:  # a second Re-Prefill, teacher-forced
+                        answer = tokenizer.encode(" " + ex.answers[0])
+                        forced_margins = runner.generate(
+                            handle.prefix_id, ex.suffix_tokens, cfg, tokenizer=tokenizer, forced=answer
+                        ).answer_margins
                     resident = runner.resident_bytes() - resident  # client state this prefix added (summaries, quantized probes)
                     res = gen.reprefill
                     extra = {
@@ -172,6 +178,8 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                         "state_bytes_fetched": res.state_bytes_fetched,
                         "resident_bytes": resident,
                     }
+                    if forced_margins is not None:
+                        extra["answer_margins"] = [round(x, 3) for x in forced_margins]
                     if gen.reselect is not None:  # re-selection while decoding (reselect_every): what it read and cost
                         st = gen.reselect
                         extra["decode_bytes_read"] = st.bytes_read
