@@ -13,22 +13,14 @@ from tools.bench.text_accuracy import format_text_report, parse_paths, run_text_
 pytestmark = needs_smollm2
 
 
+def passkey_args(tmp_path, **fields) -> argparse.Namespace:
+    """The bench's arguments for short pass-key prompts; ``fields`` override them."""
+    base = dict(model="smollm2-135m", task="passkey", tokens=320, start=0, max_new_tokens=0, period_layers=8, threads=1)
+    return argparse.Namespace(**{**base, "dtype": "float32", "directory": str(tmp_path), **fields})
+
+
 def test_passkey_slice_full_drop_needle_and_reprefill_at_5_percent(tmp_path):
-    args = argparse.Namespace(
-        model="smollm2-135m",
-        task="passkey",
-        tokens=320,
-        path="full,drop-needle,exact@0.05",
-        examples=2,
-        depths="0.3,0.7",
-        start=0,
-        max_new_tokens=0,
-        period_layers=8,
-        group_layers=4,
-        threads=1,
-        dtype="float32",
-        directory=str(tmp_path),
-    )
+    args = passkey_args(tmp_path, path="full,drop-needle,exact@0.05", examples=2, depths="0.3,0.7", group_layers=4)
     r = run_text_accuracy(args)
     assert r["seeds"] == [1_000_000, 1_000_001] and set(r["paths"]) == {"full", "drop-needle", "exact@0.05"}
     full, drop, sparse = (r["paths"][k] for k in ("full", "drop-needle", "exact@0.05"))
@@ -51,24 +43,8 @@ def test_passkey_slice_full_drop_needle_and_reprefill_at_5_percent(tmp_path):
 
 
 def test_eight_token_chunks_reach_the_store_the_needle_and_the_budget(tmp_path):
-    args = argparse.Namespace(
-        model="smollm2-135m",
-        task="passkey",
-        tokens=320,
-        path="full,drop-needle,perlayer-follow-int4@0.05",
-        examples=1,
-        depths="0.5",
-        start=0,
-        max_new_tokens=0,
-        period_layers=8,
-        group_layers=1,
-        chunk_tokens=8,
-        margins=True,
-        threads=1,
-        dtype="float32",
-        directory=str(tmp_path),
-    )
-    r = run_text_accuracy(args)
+    paths = "full,drop-needle,perlayer-follow-int4@0.05"
+    r = run_text_accuracy(passkey_args(tmp_path, path=paths, examples=1, depths="0.5", group_layers=1, chunk_tokens=8, margins=True))
     assert r["chunk_tokens"] == 8
     full, drop, sparse = (r["paths"][k]["rows"][0] for k in ("full", "drop-needle", "perlayer-follow-int4@0.05"))
     (a, b), *_ = ex_spans = r["paths"]["full"]["rows"][0]["needle_spans"]
