@@ -583,7 +583,7 @@ class ModelRunner:
             forced_ids = _token_tensor(forced, field_name="forced")
             vocab = self.model.config.vocab_size
             if int(forced_ids.min()) < 0 or int(forced_ids.max()) >= vocab:
-                raise InvalidArgument("forced", f"token ids must be in [0, {vocab}), got {forced_ids.min()}..{forced_ids.max()}")
+                raise InvalidArgument("forced", f"token ids must be in [0, {vocab}), got {int(forced_ids.min())}..{int(forced_ids.max())}")
             forced = forced_ids.tolist()
             if cfg.reselect_every:
                 raise InvalidArgument("forced", "teacher forcing decodes over the rows the first token loaded; not with reselect_every")
