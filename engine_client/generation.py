@@ -156,7 +156,7 @@ def decode_greedy(
         if forced is None:
             return int(logits.argmax())
         token = forced[len(tokens)]
-        margins.append(_margin(logits, token))
+        margins.extend(_margins(logits[None], torch.tensor([token])))
         return token
 
     tokens: list[int] = []
@@ -179,11 +179,11 @@ def decode_greedy(
     return tokens, steps, "eos" if tokens[-1] in stop_ids else "length"
 
 
-def _margin(logits: torch.Tensor, token: int) -> float:
-    """``logits[token]`` minus the largest other logit."""
-    others = logits.clone()
-    others[token] = float("-inf")
-    return float(logits[token] - others.max())
+def _margins(logits: torch.Tensor, tokens: torch.Tensor) -> list[float]:
+    """Per row of ``logits [k, vocab]``: the logit of ``tokens[i]`` minus the row's largest other logit."""
+    picked = logits.gather(1, tokens[:, None])[:, 0]
+    others = logits.scatter(1, tokens[:, None], float("-inf")).max(dim=1).values
+    return (picked - others).tolist()
 
 
 def hidden_count(mask: torch.Tensor | None) -> int:
@@ -326,7 +326,4 @@ def answer_margins(model: Decoder, prefix_kv: torch.Tensor, suffix_tokens, answe
     hidden = model.embed(tokens)
     for layer in range(model.num_layers):
         hidden, _ = model.layer_forward(layer, hidden, positions, prefix_kv[layer])
-    logits = model.position_logits(hidden)[suffix.numel() - 1 :]  # [answer, vocab]
-    picked = logits.gather(1, answer[:, None])[:, 0]
-    others = logits.scatter(1, answer[:, None], float("-inf")).max(dim=1).values
-    return (picked - others).tolist()
+    return _margins(model.position_logits(hidden)[suffix.numel() - 1 :], answer)  # [answer, vocab] rows

@@ -150,7 +150,7 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                     )
                     extra = {} if streaming is None else {"stored_kv_fraction": streaming.stored_fraction(ex.num_prefix_tokens)}
                     if name == "full":  # how close the full KV came to another answer: what sparse paths can tip
-                        margins = answer_margins(model, kv, ex.suffix_tokens, tokenizer.encode(" " + ex.answers[0]))
+                        margins = answer_margins(model, kv, ex.suffix_tokens, _answer_tokens(tokenizer, ex))
                         extra["answer_margins"] = [round(x, 3) for x in margins]
                     if gen.prefill_density is not None:
                         extra["prefill_density"] = gen.prefill_density
@@ -162,10 +162,8 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                     gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, _max_new(ex, args), tokenizer=tokenizer)
                     forced_margins = None
                     if getattr(args, "margins", False) and not cfg.reselect_every:  # a second Re-Prefill, teacher-forced
-                        answer = tokenizer.encode(" " + ex.answers[0])
-                        forced_margins = runner.generate(
-                            handle.prefix_id, ex.suffix_tokens, cfg, tokenizer=tokenizer, forced=answer
-                        ).answer_margins
+                        forced = _answer_tokens(tokenizer, ex)
+                        forced_margins = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, forced=forced).answer_margins
                     resident = runner.resident_bytes() - resident  # client state this prefix added (summaries, quantized probes)
                     res = gen.reprefill
                     extra = {
@@ -202,6 +200,11 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                 bar.update(1)
     bar.close()
     return rows
+
+
+def _answer_tokens(tokenizer, ex) -> list[int]:
+    """The first accepted answer as the model would write it: after a space (the prompts end before it)."""
+    return tokenizer.encode(" " + ex.answers[0])
 
 
 def _chunk_tokens(args) -> int:
