@@ -16,10 +16,11 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
 
-Why one file of ~700 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+Why one file of ~800 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
 the request's vocabulary and ``ModelRunner`` its one loop, whose steps
 (``check_request``, ``_select``, ``_row_masks``, ``_run_period``, ``_report``) share the
-runner's resident state (key summaries, quantized probe keys), which
+runner's resident state (key summaries, quantized probe keys, the stand-in
+layers' value sums: ``standin``), which
 decoding's re-selection (``_decode_reselecting``) scores with too; the dense
 prefill (``prefill``), decoding (``generation``, ``reselect``) and the
 selectors (``selection``) already live apart.
@@ -46,6 +47,7 @@ from .selection import PeriodInputs, get_selector, plan_periods, select_chunks
 from .selection.heads import kv_head_scores
 from .selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
 from .sparse_prefill import pattern
+from .standin import standin_kv, value_sum
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -106,6 +108,11 @@ class ReprefillConfig:
     # attends only through the vertical and slash lines covering that share of its last 16
     # queries' attention over the loaded rows and itself (sparse_prefill.pattern). 0: densely.
     prefill_alpha: float = 0.0
+    # standin_layers (exact with probe_bits, 1-layer stored groups at those layers): at these
+    # layers every prefix row not loaded joins the attention with its resident probe key and
+    # the mean value of the rows not loaded (engine_client.standin); each layer's value sum is
+    # read once per prefix and kept.  (): only the loaded rows.
+    standin_layers: tuple = ()
 
 
 @dataclass
@@ -152,6 +159,7 @@ class ReprefillResult:
     row_masks: list = field(default_factory=list)
     head_sets: list = field(default_factory=list)  # per_head: per period, each KV head's chunk ids
     prefill_densities: list = field(default_factory=list)  # prefill_alpha: per layer, the share of causal cells computed
+    standin_rows: int = 0  # standin_layers: prefix rows attended through stand-ins, summed over those layers
     num_prefix_tokens: int = 0
     prefix_id: str = ""  # the prefix's full id (a request may name it by a leading part)
 
@@ -205,6 +213,8 @@ class ModelRunner:
         self._probes: dict[tuple[str, int, int], QuantizedKeys] = {}
         # each re-prefilled prefix's stored probe_bits (a prefix id names one geometry, so it never changes)
         self._stored_probe_bits: dict[str, int] = {}
+        # resident value sums per (prefix, layer): [Hkv, d] float32 (ReprefillConfig.standin_layers)
+        self._value_sums: dict[tuple[str, int], torch.Tensor] = {}
 
     # ------------------------------------------------------------ prefill
     def store_prefix(self, tokens, *, progress=None, kv: torch.Tensor | None = None) -> PrefixHandle:
@@ -268,6 +278,7 @@ class ModelRunner:
             raise InvalidArgument("prefill_alpha", f"must be in [0, 1] (0: a dense prefill), got {alpha!r}")
         if cfg.per_head and cfg.selector not in ("exact", "summary"):
             raise InvalidArgument("per_head", f"per-KV-head sets need per-head scores (exact or summary), not {cfg.selector!r}")
+        self._check_standin(cfg)
         if cfg.streaming and self.streaming_heads is None:
             raise InvalidArgument(
                 "streaming", "this runner has no streaming heads (ModelRunner(streaming_heads=...); python -m tools.models calibrate-heads)"
@@ -296,6 +307,41 @@ class ModelRunner:
             )
         self._stored_probe_bits[desc.prefix_id] = stored.probe_bits
         return desc, suffix
+
+    def _check_standin(self, cfg: ReprefillConfig) -> None:
+        layers = cfg.standin_layers
+        if not isinstance(layers, (tuple, list)) or any(isinstance(x, bool) or not isinstance(x, int) for x in layers):
+            raise InvalidArgument("standin_layers", f"must be a tuple of layer indices, got {layers!r}")
+        if not layers:
+            return
+        num = self.model.num_layers
+        if len(set(layers)) != len(layers) or not all(0 <= x < num for x in layers):
+            raise InvalidArgument("standin_layers", f"must be distinct layers in [0, {num}), got {tuple(layers)}")
+        if cfg.selector != "exact" or not cfg.probe_bits:
+            raise InvalidArgument(
+                "standin_layers", "stand-in rows take their keys from resident probe keys: the exact selector with probe_bits"
+            )
+        g = self.geometry.group_layers
+        if cfg.period_layers != 1 or g != 1:
+            raise InvalidArgument(
+                "standin_layers",
+                f"stand-in keys are each layer's probe keys: 1-layer Periods and stored groups, not {cfg.period_layers} and {g}",
+            )
+        for name in ("reselect_every", "streaming", "per_head", "prefill_alpha"):
+            if getattr(cfg, name):
+                raise InvalidArgument("standin_layers", f"does not combine with {name}={getattr(cfg, name)!r}")
+
+    def _value_sum(self, prefix_id: str, layer: int, num_chunks: int, out: ReprefillResult) -> torch.Tensor:
+        """The layer's value sum over the whole prefix, read once per prefix (charged to ``out.state_bytes_fetched``) and kept."""
+        key = (prefix_id, layer)
+        if key not in self._value_sums:
+            geo = self.geometry
+            group = layer // geo.group_layers
+            with self.client.read_chunks(prefix_id, list(range(num_chunks)), layer_start=layer, layer_end=layer + 1, shm=False) as read:
+                values = _as_torch(read.group_kv(group), geo)[layer - group * geo.group_layers, 1]  # [Hkv, n, d]
+                self._value_sums[key] = value_sum(values)
+                out.state_bytes_fetched += read.bytes_useful
+        return self._value_sums[key]
 
     def reprefill(
         self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = ReprefillConfig(), *, choose=None, keep_kv: bool = False
@@ -326,6 +372,7 @@ class ModelRunner:
         out.period_select_s = [0.0] * len(out.hints)
         out.layer_compute_s = [0.0] * model.num_layers
         push = None if cfg.push else False  # None: pushed whenever speculating over shared memory
+        standins = {layer: self._value_sum(desc.prefix_id, layer, m, out) for layer in cfg.standin_layers}
         with self.client.prefetch(
             desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate, hints=hints, push=push
         ) as stream:
@@ -354,8 +401,12 @@ class ModelRunner:
                     out.period_select_s[p] += time.perf_counter() - t0
                     out.select_s += time.perf_counter() - t0
                 masks = self._row_masks(chunks, l0, n, cfg, out, head_sets)
-                row_pos = self._rows(chunks.tolist(), n) if cfg.prefill_alpha else None
-                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks, row_pos)
+                row_pos = self._rows(chunks.tolist(), n) if cfg.prefill_alpha or l0 in standins else None
+                standin = None
+                if l0 in standins:
+                    probe = self._resident_probe(desc.prefix_id, l0, cfg.probe_bits, out).dequantize(model.dtype)
+                    standin = (row_pos, probe, standins[l0])
+                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks, row_pos, standin)
                 chunk_tokens = stream.chunk_tokens(p).tolist()
                 out.tokens_loaded += sum(chunk_tokens)
                 out.kv_fraction += sum(chunk_tokens) * plan.periods[p][1] / (n * model.num_layers)
@@ -467,13 +518,14 @@ class ModelRunner:
     def forget(self, prefix_id: str) -> None:
         """Drop the client state kept for ``prefix_id`` (summaries, probe keys); the stored prefix stays,
         and a later request fetches the state again."""
-        for cache in (self._summaries, self._probes):
+        for cache in (self._summaries, self._probes, self._value_sums):
             for key in [k for k in cache if k[0] == prefix_id]:
                 del cache[key]
 
     def resident_bytes(self) -> int:
-        """Bytes of client state kept between requests (key summaries, quantized probe keys)."""
-        return sum(t.numel() * t.element_size() for t in self._summaries.values()) + sum(p.nbytes for p in self._probes.values())
+        """Bytes of client state kept between requests (key summaries, quantized probe keys, value sums)."""
+        tensors = [*self._summaries.values(), *self._value_sums.values()]
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(p.nbytes for p in self._probes.values())
 
     @staticmethod
     def summary_bytes(geometry: StoreGeometry, num_tokens: int, period_layers: int) -> int:
@@ -508,9 +560,10 @@ class ModelRunner:
             mask = mine if mask is None else mask & mine
         return mask
 
-    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out, masks=None, row_pos=None):
+    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out, masks=None, row_pos=None, standin=None):
         """Compute the period's layers, each group as soon as it has arrived (``masks``: ``_row_masks``;
-        ``row_pos``: the loaded rows' positions, for ``cfg.prefill_alpha``'s lines)."""
+        ``row_pos``: the loaded rows' positions, for ``cfg.prefill_alpha``'s lines; ``standin``:
+        ``(row_pos, probe keys, value sum)`` of a stand-in layer, ``engine_client.standin``)."""
         model, geo = self.model, self.geometry
         first_keys = None
         groups = stream.groups(period)
@@ -527,10 +580,14 @@ class ModelRunner:
                     q = model.layer_queries(layer, hidden, positions)
                     lines, density = pattern(q, keys, positions, torch.cat([row_pos, positions]), cfg.prefill_alpha)
                     out.prefill_densities.append(density)
-                hidden, suffix_kv = model.layer_forward(layer, hidden, positions, kv[i], (masks or {}).get(layer), lines)
+                rows = kv[i]
+                if standin is not None:  # 1-layer Periods: this is the stand-in layer
+                    rows = standin_kv(kv[i], *standin)
+                    out.standin_rows += rows.shape[2] - kv[i].shape[2]
+                hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows, (masks or {}).get(layer), lines)
                 out.layer_compute_s[layer] += time.perf_counter() - t1
                 if out.layer_kv:
-                    out.layer_kv[layer] = torch.cat([kv[i], suffix_kv], dim=2)  # [2, Hkv, rows + s, d]
+                    out.layer_kv[layer] = torch.cat([rows, suffix_kv], dim=2)  # [2, Hkv, rows + s, d]
                 if layer == l0:
                     first_keys = (kv[i, 0].clone(), suffix_kv[0])
             out.compute_s += time.perf_counter() - t0
