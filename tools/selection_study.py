@@ -1,7 +1,7 @@
 """Compare chunk-selection rules on a real model, in process, on tuning prompts.
 
     python -m tools.selection_study --task niah --tokens 4096 --examples 10 [--start 0] [--stream tune]
-                                    [--rules P1+follow-exact,P2+follow-int4,...] [--budget 0.05] [--json]
+                                    [--rules P1+follow-exact,P2+follow-int4,...] [--budget 0.05] [--layer-gains] [--json]
 
 A sparse Re-Prefill without the daemon: the prefix is prefilled once; for
 each rule the question runs layer by layer, each Period's first layer scores
@@ -11,6 +11,11 @@ layer (sink and local included, ``select_chunks``) and attends only to them.
 The answer is teacher-forced: a rule keeps the answer when every answer token
 is the argmax after the question and the answer tokens before it, which is
 what greedy decoding over the same rows would produce.
+
+``--layer-gains``: per layer, how much loading that one layer in full
+raises the answer's weakest teacher-forced margin (its logit minus the best
+other token's) over the first rule's sets: the layers whose left-out rows
+take the answer's margin, where stand-in rows go (``engine_client.standin``).
 
 A rule is ``P<period layers>[+follow]-<scorer>``, scorer one of ``exact``
 (the layer's keys), ``int4``/``int8`` (those keys quantized per token and
@@ -70,8 +75,18 @@ def parse_rule(rule: str):
 
 
 @torch.inference_mode()
-def keeps_answer(model, kv, question, answer, rule, budget, needle) -> tuple[bool, list[float]]:
-    """(every answer token is the argmax, fraction of the needle's chunks in each layer's set)."""
+def keeps_answer(model, kv, question, answer, rule, budget, needle, whole=()) -> tuple[bool, list[float]]:
+    """(every answer token is the argmax, fraction of the needle's chunks in each layer's set).
+
+    ``whole``: layers that attend to every prefix row instead (``--layer-gains``).
+    """
+    ok, loaded, _ = _teacher_forced(model, kv, question, answer, rule, budget, needle, whole)
+    return ok, loaded
+
+
+@torch.inference_mode()
+def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=()):
+    """``keeps_answer``'s two results and each answer token's margin (its logit minus the best other)."""
     from engine_client.selection import aggregate_heads, plan_periods, select_chunks
 
     n = kv.shape[3]
@@ -93,10 +108,11 @@ def keeps_answer(model, kv, question, answer, rule, budget, needle) -> tuple[boo
             chosen = select_chunks(scores, k, follow=spec[2])
         loaded.append(float(np.isin(needle, chosen.numpy()).mean()))
         rows = torch.cat([torch.arange(c * CHUNK, min(n, (c + 1) * CHUNK)) for c in chosen.tolist()])
-        hidden, _ = model.layer_forward(layer, hidden, pos, kv[layer][:, :, rows])
-    logits = model._logits(hidden)  # every position: the teacher-forced answer
-    preds = logits[s - 1 : s - 1 + answer.numel()].argmax(-1)
-    return bool(torch.equal(preds, answer)), loaded
+        hidden, _ = model.layer_forward(layer, hidden, pos, kv[layer] if layer in whole else kv[layer][:, :, rows])
+    logits = model._logits(hidden)[s - 1 : s - 1 + answer.numel()]  # the teacher-forced answer's positions
+    mine = logits.gather(1, answer[:, None])[:, 0]
+    margins = mine - logits.scatter(1, answer[:, None], float("-inf")).amax(1)
+    return bool(torch.equal(logits.argmax(-1), answer)), loaded, margins.tolist()
 
 
 def main(argv=None) -> int:
@@ -110,6 +126,11 @@ def main(argv=None) -> int:
     p.add_argument("--rules", default=DEFAULT_RULES)
     p.add_argument("--budget", type=float, default=0.05)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument(
+        "--layer-gains",
+        action="store_true",
+        help="per layer, how much loading it in full raises the answer's weakest margin over the first rule's sets",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
@@ -137,8 +158,14 @@ def main(argv=None) -> int:
         needle = ex.needle_chunks(CHUNK)
         row = {"seed": ex.seed, "depth": ex.depth}
         for rule in rules:
-            ok, loaded = keeps_answer(pm.decoder, kv, question, answer, rule, args.budget, needle)
-            row[rule] = {"kept": ok, "needle_loaded": loaded}
+            ok, loaded, margins = _teacher_forced(pm.decoder, kv, question, answer, rule, args.budget, needle)
+            row[rule] = {"kept": ok, "needle_loaded": loaded, "margins": margins}
+        if args.layer_gains:  # the first rule's sets with one layer whole, each layer in turn
+            weakest = min(row[rules[0]]["margins"])
+            row["layer_gains"] = [
+                min(_teacher_forced(pm.decoder, kv, question, answer, rules[0], args.budget, needle, (layer,))[2]) - weakest
+                for layer in range(pm.decoder.num_layers)
+            ]
         rows.append(row)
     report = {
         "model": args.model,
@@ -151,6 +178,8 @@ def main(argv=None) -> int:
         "rows": rows,
         "kept": {r: sum(row[r]["kept"] for row in rows) for r in rules},
     }
+    if args.layer_gains:
+        report["layer_gains_mean"] = np.mean([row["layer_gains"] for row in rows], axis=0).round(3).tolist()
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -158,6 +187,13 @@ def main(argv=None) -> int:
         for r in rules:
             per_layer = np.mean([row[r]["needle_loaded"] for row in rows], axis=0)
             print(f"  {r:22s} kept {report['kept'][r]}/{len(rows)}   needle loaded, layers 14-23: {per_layer[14:24].mean():.2f}")
+        if args.layer_gains:
+            gains = report["layer_gains_mean"]
+            top = sorted(range(len(gains)), key=lambda i: -gains[i])[:6]
+            print(
+                f"  {rules[0]} with one layer whole, weakest answer margin gained (mean): "
+                + ", ".join(f"layer {i} +{gains[i]:.2f}" for i in top)
+            )
     return 0
 
 
