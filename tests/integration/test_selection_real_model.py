@@ -86,3 +86,13 @@ def test_selection_study_answers_with_the_full_kv_and_not_without_the_needle(smo
     assert all(a == b for a, b in zip(loaded[0::2], loaded[1::2]))  # a 2-layer Period shares its set
     with pytest.raises(ValueError, match="rule"):
         parse_rule("P2-follow")
+    # --layer-gains' ablation: with every layer whole, the margins are the full KV's, whatever the rule
+    from engine_client.generation import answer_margins
+    from tools.selection_study import _teacher_forced
+
+    whole = range(30)
+    _, _, margins = _teacher_forced(smollm2.decoder, kv, question, answer, "P1+follow-int4", 0.05, needle, whole)
+    want = answer_margins(smollm2.decoder, kv, question, answer)
+    assert margins == pytest.approx(want, abs=1e-3)
+    _, _, sparse = _teacher_forced(smollm2.decoder, kv, question, answer, "P1+follow-int4", 0.05, needle)
+    assert sparse != pytest.approx(want, abs=1e-2)  # the 5% sets alone answer less firmly or more
