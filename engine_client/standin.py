@@ -1,9 +1,10 @@
 """Stand-in rows: the prefix rows a Re-Prefill leaves out, at the layers that read all of them.
 
 A few layers of a model read the whole prefix thinly rather than a few
-chunks firmly: on SmolLM2-135M, one KV head of layer 19 (and layer 8's)
-spreads most of the answer's attention over the haystack, a few points per
-chunk, so a 5% set leaves out most of what it reads.  Loading such a layer
+chunks firmly: on SmolLM2-135M, one KV head of layer 19 spreads most of the
+answer's attention over the haystack, a few points per chunk, so a 5% set
+leaves out most of what it reads (layer 8 takes the next largest share of
+the answer's margin).  Loading such a layer
 in full costs a whole layer of the budget; what the rows left out
 contribute is nearly their mean value, weighted by how much attention they
 draw.  At a stand-in layer (``ReprefillConfig.standin_layers``) every row
