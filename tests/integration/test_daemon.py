@@ -173,11 +173,12 @@ def test_stream_cut_mid_put_leaves_nothing_listed(daemon):
         call = client.stub.PutPrefix.future(frames(), timeout=60)
         assert sent.wait(10)
         segments = os.path.join(daemon.data_dir, "segments")
-        deadline = time.monotonic() + 10
-        while not os.listdir(segments) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        written = os.listdir(segments)
-        assert written and sum(os.path.getsize(os.path.join(segments, f)) for f in written) > 0  # the half put is on disk
+
+        def half_put_on_disk():  # the O_DIRECT probe file a segment's opening makes and removes is not the put
+            written = [f for f in os.listdir(segments) if not f.startswith(".odirect-probe-")]
+            return bool(written) and sum(os.path.getsize(os.path.join(segments, f)) for f in written) > 0
+
+        assert _wait_until(half_put_on_disk)
         call.cancel()
         deadline = time.monotonic() + 10
         while os.listdir(os.path.join(daemon.data_dir, "segments")) and time.monotonic() < deadline:
