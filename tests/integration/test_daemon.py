@@ -174,8 +174,8 @@ def test_stream_cut_mid_put_leaves_nothing_listed(daemon):
         assert sent.wait(10)
         segments = os.path.join(daemon.data_dir, "segments")
 
-        def half_put_on_disk():  # the O_DIRECT probe file a segment's opening makes and removes is not the put
-            written = [f for f in os.listdir(segments) if not f.startswith(".odirect-probe-")]
+        def half_put_on_disk():
+            written = _segment_files(segments)
             return bool(written) and sum(os.path.getsize(os.path.join(segments, f)) for f in written) > 0
 
         assert _wait_until(half_put_on_disk)
@@ -186,6 +186,11 @@ def test_stream_cut_mid_put_leaves_nothing_listed(daemon):
         assert os.listdir(os.path.join(daemon.data_dir, "segments")) == []
         assert client.list_prefixes() == []
         assert client.put_prefix(tokens, kv, GEO).num_chunks == 10  # the store is fine
+
+
+def _segment_files(segments: str) -> list[str]:
+    """The segment files, without the O_DIRECT probe file a segment's opening makes and removes."""
+    return [f for f in os.listdir(segments) if not f.startswith(".odirect-probe-")]
 
 
 def _wait_until(cond, timeout=10.0):
@@ -209,7 +214,7 @@ def test_put_cut_while_its_segment_opens_leaves_nothing(daemon_factory):
 
     with KVStoreClient(daemon.target, shm=False) as client:
         call = client.stub.PutPrefix.future(frames(), timeout=60)
-        assert _wait_until(lambda: os.listdir(segments))  # begin_put opened the file and is held at put:opened
+        assert _wait_until(lambda: _segment_files(segments))  # begin_put opened the file and is held at put:opened
         call.cancel()
         assert _wait_until(lambda: not os.listdir(segments)), os.listdir(segments)
         assert _wait_until(lambda: client.stats().disk_reserved_bytes == 0)
