@@ -192,7 +192,7 @@ def main(argv=None) -> int:
             top = sorted(range(len(gains)), key=lambda i: -gains[i])[:6]
             print(
                 f"  {rules[0]} with one layer whole, weakest answer margin gained (mean): "
-                + ", ".join(f"layer {i} +{gains[i]:.2f}" for i in top)
+                + ", ".join(f"layer {i} {gains[i]:+.2f}" for i in top)
             )
     return 0
 
