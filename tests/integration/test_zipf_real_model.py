@@ -8,7 +8,7 @@ import pytest
 from pretrained import needs_smollm2
 from test_bench_smoke import run_bench
 
-SYSTEMS = "contiguouskv-perlayer,as-h2o"
+SYSTEMS = "contiguouskv-perlayer,contiguouskv-standin,as-h2o"
 
 
 @pytest.fixture(scope="module")
@@ -79,18 +79,42 @@ def test_the_perlayer_product_charges_its_resident_probes_and_their_first_fetch(
         assert r["bytes_disk"] >= r["state_bytes_fetched"] >= 0
 
 
-def test_a_task_on_random_weights_is_refused_in_one_line(tmp_path):
+@needs_smollm2
+def test_the_standin_system_attends_to_every_row_left_out_at_its_two_layers(report):
+    n = report["workload"]["prefix_tokens"]
+    stand = report["systems"]["contiguouskv-standin@0.25"]
+    plain = report["systems"]["contiguouskv-perlayer@0.25"]
+    # the value sums of layers 8 and 19, [Hkv=3, d=64] float32 per prefix, on top of the probe keys
+    assert stand["client_state_bytes"] - plain["client_state_bytes"] == 2 * 2 * 3 * 64 * 4
+    for row in report["requests"]["contiguouskv-standin@0.25"]:
+        assert 0 < row["standin_rows"] < 2 * n  # the rows not loaded at layers 8 and 19
+    for key in ("contiguouskv-perlayer@0.25", "as-h2o@0.25"):
+        assert all(r["standin_rows"] == 0 for r in report["requests"][key])
+
+
+def _refusal(*args):
     import subprocess
     import sys
 
     from helpers import data_root
 
-    proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.cli", "reprefill", "--workload", "zipf", "--model", "tiny", "--task", "passkey"],
+    return subprocess.run(
+        [sys.executable, "-m", "tools.bench.cli", "reprefill", "--workload", "zipf", *args],
         capture_output=True,
         text=True,
         cwd=data_root(),
         timeout=120,
     )
+
+
+def test_a_task_on_random_weights_is_refused_in_one_line(tmp_path):
+    proc = _refusal("--model", "tiny", "--task", "passkey")
     assert proc.returncode != 0
     assert "--task needs a pretrained model" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_per_layer_systems_over_wider_stored_groups_are_refused_in_one_line(tmp_path):
+    proc = _refusal("--model", "tiny", "--systems", "as-lru,contiguouskv-standin", "--group-layers", "2", "--directory", str(tmp_path))
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith("contiguouskv-standin select at every layer: they need --group-layers 1")
+    assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())

@@ -26,6 +26,11 @@ fetched from the daemon counts in ``bytes_disk``.
   its own Period, exact scores on 4-bit resident probe keys, which its
   store keeps 4-bit too (``StoreGeometry.probe_bits``), max over heads, the
   previous layer's choice followed; needs ``--group-layers 1``);
+* ``contiguouskv-standin``: ``contiguouskv-perlayer`` with stand-in rows at
+  layers 8 and 19 (``perlayer-follow-int4-standin``): every prefix row not
+  loaded there attends through its 4-bit probe key and the mean value of
+  the rows left out; the two layers' value sums are read once per prefix
+  (counted as client state fetched) and kept resident (charged to memory);
 * ``contiguouskv-noprefetch`` / ``contiguouskv-lfu``: ablations (no
   speculation, each period waits for all its groups / LFU tiers);
 * ``impress``: 64-token blocks, each Period's rows stored by accumulated
@@ -50,7 +55,7 @@ accuracy is reported next to the full KV's on the same requests (decoding
 is not part of TTFT).  Figures and ratios:
 ``figures.py``.
 
-Why ~520 lines in one file: the system table, the memory each system is
+Why ~530 lines in one file: the system table, the memory each system is
 charged, the interleaved request loop and each request's record are one
 experiment's definition, read together when judging whether the comparison
 is fair; the figures, plots, baselines' selection and daemons live apart.
@@ -89,15 +94,15 @@ class System:
     reordered: bool = False  # each Period's rows stored in ``storage_order``
 
 
-LOOKAHEAD = 2.0
-NAMED_SELECTION = (
-    "perlayer-follow-int4",
-)  # System.selection values that are engine_client.selection.systems  # contiguouskv's speculative guess: twice the budget, scored one period ahead
+LOOKAHEAD = 2.0  # contiguouskv's speculative guess: twice the budget, scored one period ahead
+# System.selection values that are engine_client.selection.systems
+NAMED_SELECTION = ("perlayer-follow-int4", "perlayer-follow-int4-standin")
 
 SYSTEMS = {
     "contiguouskv-paper": System(16, "summary", "score", speculate=True, push=False),
     "contiguouskv": System(16, "summary", "score", speculate=True, lookahead=LOOKAHEAD),
     "contiguouskv-perlayer": System(16, "perlayer-follow-int4", "score", speculate=True, lookahead=LOOKAHEAD),
+    "contiguouskv-standin": System(16, "perlayer-follow-int4-standin", "score", speculate=True, lookahead=LOOKAHEAD),
     "contiguouskv-noprefetch": System(16, "summary", "score", speculate=False, overlap=False),
     "contiguouskv-lfu": System(16, "summary", "lfu", speculate=True, lookahead=LOOKAHEAD),
     "impress": System(64, "impress", "impress", reordered=True),
@@ -363,6 +368,8 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
         state = sum(ModelRunner.summary_bytes(geo, p.tokens.numel(), args.period_layers) for p in prefixes)
     if named.get("probe_bits"):
         state = sum(probe_state_bytes(geo, p.tokens.numel(), named["probe_bits"]) for p in prefixes)
+    # stand-in layers' value sums, [Hkv, d] float32 each, resident per prefix
+    state += len(prefixes) * len(named.get("standin_layers", ())) * geo.model.num_kv_heads * geo.model.head_dim * 4
     memory, reserve_fraction = memory_split(geo, args, state)
     key = f"{name}@{budget:g}"
     data_dir = os.path.join(args.directory, "zipf-store", key)
@@ -438,6 +445,7 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, token
         "spec_wasted": res.spec_bytes_wasted,
         "groups_covered": res.groups_covered / periods,
         "hints_sent": sum(h is not None for h in res.hints),
+        "standin_rows": res.standin_rows,
         "daemon_wait_s": res.daemon_wait_s,
         **_guess_recalls(res),
         "top1": float(top1),
@@ -510,7 +518,8 @@ def check_zipf_args(args) -> None:
     if args.task and args.model not in zoo.MODELS:
         raise BenchError(f"--task needs a pretrained model ({', '.join(zoo.MODELS)}): random weights answer nothing")
     if any(SYSTEMS[n].selection in NAMED_SELECTION for n in args.systems) and args.group_layers != 1:
-        raise BenchError("contiguouskv-perlayer selects at every layer: it needs --group-layers 1")
+        named = [n for n in args.systems if SYSTEMS[n].selection in NAMED_SELECTION]
+        raise BenchError(f"{', '.join(named)} select at every layer: they need --group-layers 1")
     if args.prefixes < 1 or args.requests < 1 or args.warmup < 0:
         raise BenchError("--prefixes and --requests must be positive, --warmup >= 0")
     if not 0 < args.memory_fraction <= 1:
