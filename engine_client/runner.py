@@ -111,8 +111,9 @@ class ReprefillConfig:
     # standin_layers (exact with probe_bits, 1-layer stored groups at those layers): at these
     # layers every prefix row not loaded joins the attention with its resident probe key and
     # the mean value of the rows not loaded (engine_client.standin); each layer's value sum is
-    # read once per prefix and kept.  (): only the loaded rows.
-    standin_layers: tuple = ()
+    # read once per prefix and kept.  (): only the loaded rows.  "calibrated": the runner's
+    # calibrated layers (ModelRunner(standin_layers=), model.standins).
+    standin_layers: tuple | str = ()
 
 
 @dataclass
@@ -192,15 +193,18 @@ class ModelRunner:
         group_layers: int = 4,
         probe_bits: int = 0,
         streaming_heads=None,
+        standin_layers=None,
         kv_quant: str = "",
     ):
         """``probe_bits`` 4 or 8: the prefixes this runner stores keep their probe keys quantized
         (``StoreGeometry.probe_bits``), what ``ReprefillConfig.probe_bits`` of the same width reads.
         ``kv_quant``: the prefixes it stores hold their KV quantized (``StoreGeometry.kv_quant``); every
         read dequantizes to the model's dtype.
-        ``streaming_heads`` (``model.streaming.StreamingHeads``): what ``ReprefillConfig.streaming`` uses."""
+        ``streaming_heads`` (``model.streaming.StreamingHeads``): what ``ReprefillConfig.streaming`` uses.
+        ``standin_layers`` (``model.standins.StandinLayers``): what ``ReprefillConfig.standin_layers="calibrated"`` uses."""
         self.model = model
         self.streaming_heads = streaming_heads
+        self.standin_profile = standin_layers
         self.client = client
         self.namespace = namespace
         self.geometry = model_geometry(
@@ -308,8 +312,21 @@ class ModelRunner:
         self._stored_probe_bits[desc.prefix_id] = stored.probe_bits
         return desc, suffix
 
+    def _standin_layers(self, cfg: ReprefillConfig):
+        """``cfg.standin_layers``, with ``"calibrated"`` read from the runner's calibration file."""
+        if not isinstance(cfg.standin_layers, str):
+            return cfg.standin_layers
+        if cfg.standin_layers != "calibrated":
+            raise InvalidArgument("standin_layers", f'must be a tuple of layer indices or "calibrated", got {cfg.standin_layers!r}')
+        if self.standin_profile is None:
+            raise InvalidArgument(
+                "standin_layers",
+                "this runner has no calibrated stand-in layers (ModelRunner(standin_layers=...); python -m tools.models calibrate-standins)",
+            )
+        return self.standin_profile.layers
+
     def _check_standin(self, cfg: ReprefillConfig) -> None:
-        layers = cfg.standin_layers
+        layers = self._standin_layers(cfg)
         if not isinstance(layers, (tuple, list)) or any(isinstance(x, bool) or not isinstance(x, int) for x in layers):
             raise InvalidArgument("standin_layers", f"must be a tuple of layer indices, got {layers!r}")
         if not layers:
@@ -372,7 +389,7 @@ class ModelRunner:
         out.period_select_s = [0.0] * len(out.hints)
         out.layer_compute_s = [0.0] * model.num_layers
         push = None if cfg.push else False  # None: pushed whenever speculating over shared memory
-        standins = {layer: self._value_sum(desc.prefix_id, layer, m, out) for layer in cfg.standin_layers}
+        standins = {layer: self._value_sum(desc.prefix_id, layer, m, out) for layer in self._standin_layers(cfg)}
         with self.client.prefetch(
             desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate, hints=hints, push=push
         ) as stream:

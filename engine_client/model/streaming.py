@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from .profile_file import write_text_atomic
 
 PROFILE_FILE = "streaming_heads.json"
 PROFILE_VERSION = 1
@@ -45,7 +45,7 @@ DEFAULT_TARGET_FRACTION = 0.5
 
 
 class ProfileError(ValueError):
-    """A streaming-heads file that is missing, malformed or made for another model."""
+    """A calibration file kept with a model (streaming heads, stand-in layers) that is missing, malformed or made for another model."""
 
 
 @dataclass(frozen=True)
@@ -96,18 +96,7 @@ class StreamingHeads:
 
     def save(self, path) -> Path:
         """Write atomically (temporary file, fsync, rename)."""
-        path = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_json())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return write_text_atomic(path, self.to_json())
 
     @classmethod
     def from_json(cls, text: str, *, model_fingerprint: str | None = None, num_layers: int | None = None, num_kv_heads: int | None = None):

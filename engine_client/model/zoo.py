@@ -194,3 +194,18 @@ def streaming_heads(pm: PretrainedModel):
         name = next((n for n, s in MODELS.items() if pm.checkpoint_dir.name.startswith(f"{n}-")), "NAME")
         raise ProfileError(f"no streaming heads for this model ({path}); run: python -m tools.models calibrate-heads {name}")
     return StreamingHeads.load(path, model=pm.decoder)
+
+
+def standin_layers(decoder, checkpoint_dir, path=None):
+    """The stand-in layers (``model.standins``) of ``path``, by default the file next to the model's checkpoint.
+
+    Raises ``ProfileError`` naming the command that makes them when there are none.
+    """
+    from .standins import PROFILE_FILE, ProfileError, StandinLayers
+
+    if path is None:
+        path = Path(checkpoint_dir) / PROFILE_FILE
+        if not path.is_file():
+            name = next((n for n in MODELS if Path(checkpoint_dir).name.startswith(f"{n}-")), "NAME")
+            raise ProfileError(f"no stand-in layers for this model ({path}); run: python -m tools.models calibrate-standins {name}")
+    return StandinLayers.load(path, model=decoder)

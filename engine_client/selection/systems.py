@@ -32,11 +32,12 @@ queries with the same resident keys and fetches the chunks it lacks
 (``engine_client.reselect``).  ``perlayer-follow-int4-streaming`` is the
 same selection with the model's streaming heads (``model.streaming``)
 seeing only the loaded sink and recent rows, as LServe pairs them.
-``perlayer-follow-int4-standin`` adds stand-in rows at layers 8 and 19
-(``engine_client.standin``): every row not loaded, with its resident probe
-key and the mean value of the rows not loaded.  The layers are
-SmolLM2-135M's, measured on its tuning stream (``python -m
-tools.selection_study --layer-gains``); a model with fewer layers refuses them.
+``perlayer-follow-int4-standin`` adds stand-in rows (``engine_client.standin``)
+at the model's calibrated layers: every row not loaded, with its resident
+probe key and the mean value of the rows not loaded.  The layers come from
+the file ``python -m tools.models calibrate-standins NAME`` keeps next to
+the checkpoint (``model.standins``; 8 and 19 on SmolLM2-135M, measured on
+its tuning stream); a runner without one refuses the system.
 ``quest``, ``lserve``, ``loopserve`` and ``loopserve-sp`` are the decode-side systems
 ``kvstore-bench decode`` compares (their definitions below).
 """
@@ -58,9 +59,10 @@ SYSTEMS: dict[str, dict] = {
 SYSTEMS["perlayer-follow-int4-reselect"] = {**SYSTEMS["perlayer-follow-int4"], "reselect_every": 1}
 SYSTEMS["perlayer-follow-int4-reselect4"] = {**SYSTEMS["perlayer-follow-int4"], "reselect_every": 4}
 SYSTEMS["perlayer-follow-int4-streaming"] = {**SYSTEMS["perlayer-follow-int4"], "streaming": True}
-# ... with the rows not loaded standing in at layers 8 and 19 (engine_client.standin): the two layers whose
-# full KV restored most of the answer margin a 5% set takes on SmolLM2-135M's tuning stream (README).
-SYSTEMS["perlayer-follow-int4-standin"] = {**SYSTEMS["perlayer-follow-int4"], "standin_layers": (8, 19)}
+# ... with the rows not loaded standing in at the model's calibrated layers (engine_client.standin,
+# model.standins): the layers whose full KV restores most of the answer margin a 5% set takes on the
+# tuning stream (8 and 19 on SmolLM2-135M, README).
+SYSTEMS["perlayer-follow-int4-standin"] = {**SYSTEMS["perlayer-follow-int4"], "standin_layers": "calibrated"}
 # The decode-side systems (``kvstore-bench decode``), each at the bench's token budget:
 # Quest: every layer, every generated token, chunks (16-token pages) ranked by their min/max key bound;
 SYSTEMS["quest"] = {"selector": "summary", "period_layers": 1, "head_aggregation": "max", "reselect_every": 1}

@@ -67,6 +67,8 @@ def test_stand_in_rows_match_an_in_process_computation_and_their_sums_stay_resid
         (dict(standin_layers=(1, 1)), "distinct"),
         (dict(standin_layers=("1",)), "tuple of layer indices"),
         (dict(standin_layers=1), "tuple of layer indices"),
+        (dict(standin_layers="all"), 'or "calibrated"'),
+        (dict(standin_layers="calibrated"), "calibrate-standins"),  # a runner without a calibration file
         (dict(standin_layers=(1,), probe_bits=0), "probe_bits"),
         (dict(standin_layers=(1,), selector="summary", probe_bits=0), "exact"),
         (dict(standin_layers=(0,), period_layers=2), "1-layer Periods"),
@@ -81,3 +83,17 @@ def test_bad_stand_in_requests_are_refused_before_any_read(stored, change, match
         runner.reprefill(handle.prefix_id, suffix, replace(CFG, **change))
     assert "standin_layers" in str(err.value) and "\n" not in str(err.value)
     assert runner.resident_bytes() == before  # nothing fetched, nothing kept
+
+
+def test_calibrated_layers_are_the_runners_calibration_file(stored):
+    from engine_client.model.standins import StandinLayers
+
+    runner, handle, _, suffix = stored
+    runner.standin_profile = StandinLayers(runner.model.fingerprint, (1,), (0.05, 0.5), 2, 0.2)
+    try:
+        calibrated = runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers="calibrated"))
+    finally:
+        runner.standin_profile = None
+    explicit = runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers=(1,)))
+    assert calibrated.standin_rows == explicit.standin_rows > 0
+    assert torch.equal(calibrated.logits, explicit.logits)
