@@ -11,6 +11,11 @@
                                  classify the model's KV heads as streaming or retrieval from
                                  real-text prompts of the tuning stream (``model.streaming``) and
                                  write the result next to the cached checkpoint; print the summary.
+``calibrate-standins NAME [--task T] [--examples N] [--tokens N] [--budget B] [--max-layers K] [--min-gain G]``
+                                 per layer, how much loading that layer in full raises the weakest
+                                 answer margin of ``perlayer-follow-int4``'s sparse sets on tuning
+                                 prompts; keep the best layers as the model's stand-in layers
+                                 (``model.standins``) next to the cached checkpoint; print them.
 
 Exit status 0 on success, 1 with a one-line message when the model is unknown,
 its package is missing or the file cannot be read, 2 for bad arguments.
@@ -24,7 +29,10 @@ import sys
 from engine_client.model import zoo
 from engine_client.model.config import UnsupportedModel
 from engine_client.model.loader import CheckpointError
+from engine_client.model.standins import DEFAULT_MAX_LAYERS, DEFAULT_MIN_GAIN
 from engine_client.model.streaming import DEFAULT_TARGET_FRACTION, DEFAULT_THRESHOLD
+
+STANDIN_RULE = "P1+follow-int4"  # tools.selection_study's rule for perlayer-follow-int4's sets
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,7 +59,38 @@ def build_parser() -> argparse.ArgumentParser:
     cal.add_argument("--threshold", type=_unit, default=DEFAULT_THRESHOLD, help="least local mass of a streaming head")
     cal.add_argument("--target-fraction", type=_unit, default=DEFAULT_TARGET_FRACTION, help="at most this fraction of the KV heads stream")
     cal.add_argument("--threads", type=_positive, default=2)
+    st = sub.add_parser("calibrate-standins", help="choose the layers at which rows not loaded stand in")
+    st.add_argument("name")
+    st.add_argument("--cache-dir", help=f"cache directory (default: ${zoo.CACHE_ENV} or {zoo.DEFAULT_CACHE})")
+    st.add_argument("--dtype", choices=tuple(zoo.DTYPES), default="float32")
+    st.add_argument("--task", default="niah", help="the text task whose tuning prompts calibrate")
+    st.add_argument("--examples", type=_positive, default=8, help="prompts (tuning seeds from 0)")
+    st.add_argument("--tokens", type=_positive, default=2048, help="prompt length")
+    st.add_argument("--budget", type=_budget, default=0.05, help="the sparse sets' token budget, in (0, 1]")
+    st.add_argument("--max-layers", type=_non_negative, default=DEFAULT_MAX_LAYERS, help="at most this many stand-in layers")
+    st.add_argument("--min-gain", type=_finite, default=DEFAULT_MIN_GAIN, help="least mean margin gain (logits) of a stand-in layer")
+    st.add_argument("--threads", type=_positive, default=2)
     return parser
+
+
+def _finite(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
+    return value
+
+
+def _budget(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0.0 < value <= 1.0:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    return value
 
 
 def _positive(text: str) -> int:
@@ -119,6 +158,48 @@ def calibrate_heads(args: argparse.Namespace) -> int:
     return 0
 
 
+def calibrate_standins(args: argparse.Namespace) -> int:
+    import numpy as np
+    import torch
+
+    from engine_client.model.standins import PROFILE_FILE, StandinLayers, choose_layers
+    from engine_client.prefill import chunked_prefill
+    from engine_client.tasks import text
+    from kvstore.progress import bar as progress_bar
+    from tools.selection_study import CHUNK, layer_gains
+
+    torch.set_num_threads(args.threads)
+    pm = zoo.load(args.name, dtype=zoo.DTYPES[args.dtype], cache_dir=args.cache_dir)
+    examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream="tune", start=0)
+    bar = progress_bar(len(examples), "calibrating stand-in layers", unit="prompt")
+    gains = []
+    for ex in examples:
+        _, kv = chunked_prefill(pm.decoder, torch.from_numpy(ex.prefix_tokens))
+        question = torch.from_numpy(ex.suffix_tokens).long()
+        answer = torch.tensor(pm.tokenizer.encode(" " + ex.answers[0]), dtype=torch.long)
+        gains.append(layer_gains(pm.decoder, kv, question, answer, STANDIN_RULE, args.budget, ex.needle_chunks(CHUNK)))
+        bar.update(1)
+    bar.close()
+    mean = [round(float(g), 4) for g in np.mean(gains, axis=0)]
+    how = {
+        "task": args.task,
+        "stream": "tune",
+        "seeds": [examples[0].seed, examples[-1].seed],
+        "tokens": args.tokens,
+        "budget": args.budget,
+        "rule": STANDIN_RULE,
+        "dtype": args.dtype,
+    }
+    layers = choose_layers(mean, args.max_layers, args.min_gain)
+    prof = StandinLayers(pm.decoder.fingerprint, layers, tuple(mean), args.max_layers, args.min_gain, how)
+    path = prof.save(pm.checkpoint_dir / PROFILE_FILE)
+    top = sorted(range(len(mean)), key=lambda i: -mean[i])[:6]
+    print("weakest answer margin gained with one layer whole (mean, logits): " + ", ".join(f"layer {i} {mean[i]:+.2f}" for i in top))
+    print(f"stand-in layers: {', '.join(map(str, layers)) or 'none'} (at most {args.max_layers}, gain >= {args.min_gain:g})")
+    print(f"written: {path}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     if args.command == "list":
         for name, s in sorted(zoo.MODELS.items()):
@@ -134,6 +215,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"checkpoint: {checkpoint}")
     elif args.command == "calibrate-heads":
         return calibrate_heads(args)
+    elif args.command == "calibrate-standins":
+        return calibrate_standins(args)
     else:
         print(zoo.export(args.name, args.out, args.dtype))
     return 0

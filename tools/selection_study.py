@@ -84,6 +84,15 @@ def keeps_answer(model, kv, question, answer, rule, budget, needle, whole=()) ->
     return ok, loaded
 
 
+def layer_gains(model, kv, question, answer, rule, budget, needle) -> list[float]:
+    """Per layer: the answer's weakest teacher-forced margin with that one layer whole, minus the rule's own
+    (``--layer-gains``; what ``python -m tools.models calibrate-standins`` averages)."""
+    weakest = min(_teacher_forced(model, kv, question, answer, rule, budget, needle)[2])
+    return [
+        min(_teacher_forced(model, kv, question, answer, rule, budget, needle, (layer,))[2]) - weakest for layer in range(model.num_layers)
+    ]
+
+
 @torch.inference_mode()
 def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=()):
     """``keeps_answer``'s two results and each answer token's margin (its logit minus the best other)."""
@@ -161,11 +170,7 @@ def main(argv=None) -> int:
             ok, loaded, margins = _teacher_forced(pm.decoder, kv, question, answer, rule, args.budget, needle)
             row[rule] = {"kept": ok, "needle_loaded": loaded, "margins": margins}
         if args.layer_gains:  # the first rule's sets with one layer whole, each layer in turn
-            weakest = min(row[rules[0]]["margins"])
-            row["layer_gains"] = [
-                min(_teacher_forced(pm.decoder, kv, question, answer, rules[0], args.budget, needle, (layer,))[2]) - weakest
-                for layer in range(pm.decoder.num_layers)
-            ]
+            row["layer_gains"] = layer_gains(pm.decoder, kv, question, answer, rules[0], args.budget, needle)
         rows.append(row)
     report = {
         "model": args.model,

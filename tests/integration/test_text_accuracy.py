@@ -65,3 +65,24 @@ def test_paths_are_checked():
     for bad, msg in (("nope", "SELECTOR@BUDGET"), ("exact@2", "fraction"), ("full,full", "twice"), ("exact@x", "not a number")):
         with pytest.raises(ValueError, match=msg):
             parse_paths(bad)
+
+
+def test_the_standin_system_runs_at_the_layers_of_its_file_and_reports_them(tmp_path):
+    import torch
+
+    from engine_client.model import zoo
+    from engine_client.model.standins import ProfileError, StandinLayers
+
+    path = "perlayer-follow-int4-standin@0.05"
+    missing = tmp_path / "absent.json"
+    with pytest.raises(ProfileError, match="no stand-in layers file"):
+        run_text_accuracy(passkey_args(tmp_path, path=path, examples=1, depths="0.5", group_layers=1, standin_layers=str(missing)))
+    decoder = zoo.load("smollm2-135m", dtype=torch.float32).decoder
+    gains = tuple(0.5 if layer in (3, 20) else 0.0 for layer in range(decoder.num_layers))
+    standins = StandinLayers(decoder.fingerprint, (3, 20), gains, 2, 0.2, {"task": "test"}).save(tmp_path / "s.json")
+    r = run_text_accuracy(passkey_args(tmp_path, path=path, examples=1, depths="0.5", group_layers=1, standin_layers=str(standins)))
+    assert r["standin_layers"] == {"layers": [3, 20], "gains": [0.5, 0.5], "calibration": {"task": "test"}}
+    row = r["paths"][path]["rows"][0]
+    assert row["correct"] == answer_in(row["answers"][0], row["text"])
+    # every row not loaded at layers 3 and 20 stood in, and their value sums were read for this prefix
+    assert 0 < row["standin_rows"] < 2 * row["prefix_tokens"] and row["state_bytes_fetched"] > 0

@@ -13,7 +13,15 @@ SYSTEMS = "contiguouskv-perlayer,contiguouskv-standin,as-h2o"
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
+    import torch
+
+    from engine_client.model import zoo
+    from engine_client.model.standins import StandinLayers
+
     directory = tmp_path_factory.mktemp("zipf-real")
+    decoder = zoo.load("smollm2-135m", dtype=torch.float32).decoder
+    gains = tuple(0.5 if layer in (8, 19) else 0.0 for layer in range(decoder.num_layers))
+    standins = StandinLayers(decoder.fingerprint, (8, 19), gains, 2, 0.2).save(directory / "standins.json")
     proc = run_bench(
         "reprefill",
         "--workload",
@@ -46,6 +54,8 @@ def report(tmp_path_factory):
         "2",
         "--directory",
         str(directory),
+        "--standin-layers",
+        str(standins),
         "--json",
         timeout=600,
     )
@@ -82,6 +92,7 @@ def test_the_perlayer_product_charges_its_resident_probes_and_their_first_fetch(
 @needs_smollm2
 def test_the_standin_system_attends_to_every_row_left_out_at_its_two_layers(report):
     n = report["workload"]["prefix_tokens"]
+    assert report["params"]["standin_layers"]["layers"] == [8, 19]  # the file given, reported
     stand = report["systems"]["contiguouskv-standin@0.25"]
     plain = report["systems"]["contiguouskv-perlayer@0.25"]
     # the value sums of layers 8 and 19, [Hkv=3, d=64] float32 per prefix, on top of the probe keys
@@ -118,3 +129,12 @@ def test_per_layer_systems_over_wider_stored_groups_are_refused_in_one_line(tmp_
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].endswith("contiguouskv-standin select at every layer: they need --group-layers 1")
     assert "Traceback" not in proc.stderr and not any(tmp_path.iterdir())
+
+
+@needs_smollm2
+def test_the_standin_system_without_its_calibration_file_is_refused_in_one_line(tmp_path):
+    missing = tmp_path / "absent.json"
+    proc = _refusal("--model", "smollm2-135m", "--systems", "contiguouskv-standin", "--group-layers", "1", "--standin-layers", str(missing))
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"no stand-in layers file at {missing}")
+    assert "Traceback" not in proc.stderr

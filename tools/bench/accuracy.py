@@ -229,6 +229,12 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--depths", default="", help="--model: needle depths to cycle through, e.g. 0,0.25,0.5,0.75,1 (default: seeded)")
     p.add_argument("--start", type=int, default=0, help="--model: offset into the evaluation seeds (1_000_000 + start on)")
     p.add_argument(
+        "--standin-layers",
+        metavar="PATH",
+        help="--model: the stand-in layers file of the *-standin systems (default: the one next to the checkpoint, "
+        "python -m tools.models calibrate-standins)",
+    )
+    p.add_argument(
         "--stream",
         choices=("eval", "tune"),
         default="eval",

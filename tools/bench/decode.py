@@ -65,6 +65,7 @@ def add_decode_parser(sub) -> None:
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="comma-separated; NAME-kv4 runs NAME over the quantized copy")
     p.add_argument("--kv-quant", default="kv4", help="the quantized copy's scheme for NAME-kv4 (kv4 | kv4t | kv4h); -kv8 systems use kv8")
     p.add_argument("--streaming-heads", metavar="PATH", help="the streaming-heads file (default: the one next to the checkpoint)")
+    p.add_argument("--standin-layers", metavar="PATH", help="the stand-in layers file (default: the one next to the checkpoint)")
     p.add_argument("--directory", default="/tmp", help="where the daemon's store lives")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--json", action="store_true")
@@ -129,6 +130,7 @@ def command_decode(args) -> int:
 def run_decode(args) -> dict:
     from engine_client.model import zoo
     from engine_client.model.streaming import ProfileError, StreamingHeads
+    from engine_client.selection.systems import system_fields
     from engine_client.tasks import text
 
     load_before = round(os.getloadavg()[0], 2)
@@ -138,6 +140,12 @@ def run_decode(args) -> dict:
         heads = StreamingHeads.load(args.streaming_heads, model=model) if args.streaming_heads else zoo.streaming_heads(pm)
     except (ProfileError, OSError, ValueError) as exc:
         heads = exc  # only an error when a streaming system runs
+    args.standin_profile = None
+    if any(base != "dense" and system_fields(base).get("standin_layers") == "calibrated" for _, base, _ in args.system_list):
+        try:
+            args.standin_profile = zoo.standin_layers(model, pm.checkpoint_dir, args.standin_layers)
+        except ProfileError as exc:
+            raise BenchError(str(exc)) from None
     cells = []
     for n in args.contexts:
         for task in args.task_names:
@@ -168,6 +176,7 @@ def run_decode(args) -> dict:
             if not isinstance(heads, Exception)
             else {}
         ),
+        **({"standin_layers": list(args.standin_profile.layers)} if args.standin_profile else {}),
         "cells": cells,
     }
 
@@ -205,6 +214,7 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
                 chunk_tokens=CHUNK_TOKENS,
                 group_layers=1,
                 streaming_heads=None if isinstance(heads, Exception) else heads,
+                standin_layers=args.standin_profile,
                 kv_quant=quant,
             )
         bar = progress_bar(len(examples) * len(systems), f"{task}@{n}", unit="answer")

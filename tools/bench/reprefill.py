@@ -276,6 +276,12 @@ def add_reprefill_parser(sub) -> None:
         "request asks its prefix's question, so accuracy sits next to the timings (default: random tokens)",
     )
     z.add_argument("--task-start", type=int, default=0, help="--task: offset into the evaluation seeds")
+    z.add_argument(
+        "--standin-layers",
+        metavar="PATH",
+        help="the stand-in layers file of contiguouskv-standin (default: the one next to the checkpoint, "
+        "python -m tools.models calibrate-standins)",
+    )
     z.add_argument("--prefixes", type=int, default=20)
     z.add_argument("--requests", type=int, default=40, help="timed requests per system and budget")
     z.add_argument("--warmup", type=int, default=10, help="requests before timing (they fill the tiers)")

@@ -175,6 +175,7 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                         "probe_bytes": res.probe_bytes,
                         "state_bytes_fetched": res.state_bytes_fetched,
                         "resident_bytes": resident,
+                        "standin_rows": res.standin_rows,  # prefix rows attended through stand-ins (standin_layers)
                     }
                     if forced_margins is not None:
                         extra["answer_margins"] = [round(x, 3) for x in forced_margins]
@@ -229,6 +230,7 @@ def _runner(model, args, stack: ExitStack):
         group_layers=args.group_layers,
         probe_bits=getattr(args, "store_probe_bits", 0),
         streaming_heads=getattr(args, "streaming_heads", None),
+        standin_layers=getattr(args, "standin_profile", None),
         kv_quant=getattr(args, "store_kv_quant", ""),
     )
 
@@ -254,6 +256,10 @@ def run_text_accuracy(args) -> dict:
         for name, sel, _ in paths
     )
     args.streaming_heads = zoo.streaming_heads(pm) if streams else None
+    calibrated = any(
+        sel and sel != SPARSE_PREFILL and path_fields(sel, args.period_layers).get("standin_layers") == "calibrated" for _, sel, _ in paths
+    )
+    args.standin_profile = zoo.standin_layers(pm.decoder, pm.checkpoint_dir, getattr(args, "standin_layers", None)) if calibrated else None
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
     seconds = time.perf_counter() - start
@@ -301,8 +307,14 @@ def run_text_accuracy(args) -> dict:
         "threads": args.threads,
         "seconds": seconds,
         **({"streaming_heads": _profile_summary(args.streaming_heads)} if args.streaming_heads else {}),
+        **({"standin_layers": standin_summary(args.standin_profile)} if args.standin_profile else {}),
         "paths": results,
     }
+
+
+def standin_summary(prof) -> dict:
+    """What a report says of the stand-in layers it ran with (``model.standins``)."""
+    return {"layers": list(prof.layers), "gains": [round(prof.gains[i], 3) for i in prof.layers], "calibration": prof.calibration}
 
 
 def _kv_storage(model, args) -> dict:

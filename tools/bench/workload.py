@@ -55,7 +55,7 @@ accuracy is reported next to the full KV's on the same requests (decoding
 is not part of TTFT).  Figures and ratios:
 ``figures.py``.
 
-Why ~530 lines in one file: the system table, the memory each system is
+Why ~550 lines in one file: the system table, the memory each system is
 charged, the interleaved request loop and each request's record are one
 experiment's definition, read together when judging whether the comparison
 is fair; the figures, plots, baselines' selection and daemons live apart.
@@ -137,6 +137,7 @@ def run_zipf_bench(args) -> dict:
     torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     model = load_checkpoint(checkpoint_path(args), dtype=dtype)
+    args.standin_profile = _standin_profile(model, checkpoint_path(args), args)
     tokenizer, examples = _task_examples(args, checkpoint_path(args))
     vocab = model.config.vocab_size
     requests = zipf_requests(
@@ -181,9 +182,28 @@ def run_zipf_bench(args) -> dict:
         k: getattr(args, k) for k in ("model", "dtype", "budgets", "period_layers", "group_layers", "seed", "systems", "selector")
     }
     report["params"]["threads"] = torch.get_num_threads()
+    if args.standin_profile is not None:
+        from .text_accuracy import standin_summary
+
+        report["params"]["standin_layers"] = standin_summary(args.standin_profile)
     report["machine"] = machine_info(args.directory)
     report["ratios"] = headline_ratios(records, args.budgets)
     return report
+
+
+def _standin_profile(model, checkpoint: str, args):
+    """The calibrated stand-in layers (``model.standins``) when a system runs with them, before any system runs."""
+    from engine_client.model import zoo
+    from engine_client.model.standins import ProfileError
+    from engine_client.selection.systems import system_fields
+
+    names = [n for n in args.systems if SYSTEMS[n].selection in NAMED_SELECTION]
+    if not any(system_fields(SYSTEMS[n].selection).get("standin_layers") == "calibrated" for n in names):
+        return None
+    try:
+        return zoo.standin_layers(model, checkpoint, getattr(args, "standin_layers", None))
+    except ProfileError as exc:
+        raise BenchError(str(exc)) from None
 
 
 def _task_examples(args, checkpoint: str) -> tuple:
@@ -368,8 +388,9 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
         state = sum(ModelRunner.summary_bytes(geo, p.tokens.numel(), args.period_layers) for p in prefixes)
     if named.get("probe_bits"):
         state = sum(probe_state_bytes(geo, p.tokens.numel(), named["probe_bits"]) for p in prefixes)
-    # stand-in layers' value sums, [Hkv, d] float32 each, resident per prefix
-    state += len(prefixes) * len(named.get("standin_layers", ())) * geo.model.num_kv_heads * geo.model.head_dim * 4
+    if named.get("standin_layers"):  # the stand-in layers' value sums, [Hkv, d] float32 each, resident per prefix
+        layers = args.standin_profile.layers if named["standin_layers"] == "calibrated" else named["standin_layers"]
+        state += len(prefixes) * len(layers) * geo.model.num_kv_heads * geo.model.head_dim * 4
     memory, reserve_fraction = memory_split(geo, args, state)
     key = f"{name}@{budget:g}"
     data_dir = os.path.join(args.directory, "zipf-store", key)
@@ -387,7 +408,14 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     daemon = _Daemon(data_dir, DaemonArgs(args.backend, args.iodepth), extra=flags)
     client = KVStoreClient(f"unix:{daemon.socket}")
     runner_client = RecordingClient(client) if getattr(args, "trace_out", None) else client
-    runner = ModelRunner(model, runner_client, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits)
+    runner = ModelRunner(
+        model,
+        runner_client,
+        chunk_tokens=sysdef.chunk_tokens,
+        group_layers=args.group_layers,
+        probe_bits=store_bits,
+        standin_layers=args.standin_profile,
+    )
     selection = named or {
         "period_layers": args.period_layers,
         "selector": args.selector if sysdef.selection == "summary" else "full",  # --selector: the chunk systems' scorer
