@@ -27,10 +27,11 @@ fetched from the daemon counts in ``bytes_disk``.
   store keeps 4-bit too (``StoreGeometry.probe_bits``), max over heads, the
   previous layer's choice followed; needs ``--group-layers 1``);
 * ``contiguouskv-standin``: ``contiguouskv-perlayer`` with stand-in rows at
-  layers 8 and 19 (``perlayer-follow-int4-standin``): every prefix row not
-  loaded there attends through its 4-bit probe key and the mean value of
-  the rows left out; the two layers' value sums are read once per prefix
-  (counted as client state fetched) and kept resident (charged to memory);
+  the model's calibrated layers (``perlayer-follow-int4-standin``; 8 and 19
+  on SmolLM2-135M, ``--standin-layers``): every prefix row not loaded there
+  attends through its 4-bit probe key and the mean value of the rows left
+  out; those layers' value sums are read once per prefix (counted as client
+  state fetched) and kept resident (charged to memory);
 * ``contiguouskv-noprefetch`` / ``contiguouskv-lfu``: ablations (no
   speculation, each period waits for all its groups / LFU tiers);
 * ``impress``: 64-token blocks, each Period's rows stored by accumulated
