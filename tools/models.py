@@ -31,6 +31,7 @@ from engine_client.model.config import UnsupportedModel
 from engine_client.model.loader import CheckpointError
 from engine_client.model.standins import DEFAULT_MAX_LAYERS, DEFAULT_MIN_GAIN
 from engine_client.model.streaming import DEFAULT_TARGET_FRACTION, DEFAULT_THRESHOLD
+from engine_client.tasks.text import TASKS
 
 STANDIN_RULE = "P1+follow-int4"  # tools.selection_study's rule for perlayer-follow-int4's sets
 
@@ -63,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("name")
     st.add_argument("--cache-dir", help=f"cache directory (default: ${zoo.CACHE_ENV} or {zoo.DEFAULT_CACHE})")
     st.add_argument("--dtype", choices=tuple(zoo.DTYPES), default="float32")
-    st.add_argument("--task", default="niah", help="the text task whose tuning prompts calibrate")
+    st.add_argument("--task", choices=tuple(TASKS), default="niah", help="the text task whose tuning prompts calibrate")
     st.add_argument("--examples", type=_positive, default=8, help="prompts (tuning seeds from 0)")
     st.add_argument("--tokens", type=_positive, default=2048, help="prompt length")
     st.add_argument("--budget", type=_budget, default=0.05, help="the sparse sets' token budget, in (0, 1]")

@@ -97,6 +97,7 @@ def test_the_zoo_finds_the_file_next_to_the_checkpoint_or_names_the_command(tiny
         (["--min-gain", "nan"], "must be a finite number"),
         (["--max-layers", "-1"], "must be >= 0"),
         (["--examples", "0"], "must be >= 1"),
+        (["--task", "nope"], "invalid choice: 'nope'"),
     ],
 )
 def test_calibrate_standins_refuses_bad_flags_in_one_line(flags, message):
