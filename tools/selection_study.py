@@ -1,7 +1,8 @@
 """Compare chunk-selection rules on a real model, in process, on tuning prompts.
 
     python -m tools.selection_study --task niah --tokens 4096 --examples 10 [--start 0] [--stream tune]
-                                    [--rules P1+follow-exact,P2+follow-int4,...] [--budget 0.05] [--layer-gains] [--json]
+                                    [--rules P1+follow-exact,P2+follow-int4,...] [--budget 0.05] [--layer-gains]
+                                    [--standins 8,19] [--json]
 
 A sparse Re-Prefill without the daemon: the prefix is prefilled once; for
 each rule the question runs layer by layer, each Period's first layer scores
@@ -16,6 +17,9 @@ what greedy decoding over the same rows would produce.
 raises the answer's weakest teacher-forced margin (its logit minus the best
 other token's) over the first rule's sets: the layers whose left-out rows
 take the answer's margin, where stand-in rows go (``engine_client.standin``).
+``--standins 8,19``: the first rule's sets with stand-in rows at those
+layers, their values the mean of the rows left out per KV head (as the
+runner does) and, to compare, per 16-token chunk.
 
 A rule is ``P<period layers>[+follow]-<scorer>``, scorer one of ``exact``
 (the layer's keys), ``int4``/``int8`` (those keys quantized per token and
@@ -93,9 +97,35 @@ def layer_gains(model, kv, question, answer, rule, budget, needle) -> list[float
     ]
 
 
+def standin_rows(layer_kv, rows, keys, values, values_by: str) -> torch.Tensor:
+    """The selected rows ``layer_kv [2, Hkv, r, d]`` at positions ``rows``, then a stand-in for every other
+    prefix row: its 4-bit key from ``keys [Hkv, n, d]`` and, as value, the mean over the rows left out of
+    ``values [Hkv, n, d]`` per KV head (``values_by="head"``, what ``engine_client.standin`` does) or per
+    16-token chunk (``"chunk"``: each row the mean of its own chunk)."""
+    from engine_client.selection.probes import quantize_keys
+    from engine_client.standin import standin_kv, value_sum
+
+    probe = quantize_keys(keys.float(), 4).dequantize(layer_kv.dtype)
+    if values_by == "head":
+        return standin_kv(layer_kv, rows, probe, value_sum(values))
+    if values_by != "chunk":
+        raise ValueError(f"stand-in values by 'head' or 'chunk', not {values_by!r}")
+    n = keys.shape[1]
+    left = torch.ones(n, dtype=torch.bool)
+    left[rows] = False
+    chunk = torch.arange(n) // CHUNK
+    m = int(chunk[-1]) + 1
+    sums = torch.zeros(values.shape[0], m, values.shape[2]).index_add_(1, chunk[left], values[:, left].float())
+    counts = torch.bincount(chunk[left], minlength=m).clamp(min=1)
+    means = (sums / counts[None, :, None])[:, chunk[left]].to(layer_kv.dtype)  # [Hkv, n - r, d]
+    return torch.cat([layer_kv, torch.stack([probe[:, left], means])], dim=2)
+
+
 @torch.inference_mode()
-def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=()):
-    """``keeps_answer``'s two results and each answer token's margin (its logit minus the best other)."""
+def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=(), standin=(), values_by="head"):
+    """``keeps_answer``'s two results and each answer token's margin (its logit minus the best other).
+
+    ``standin``: layers whose rows not selected stand in (``standin_rows``, values by ``values_by``)."""
     from engine_client.selection import aggregate_heads, plan_periods, select_chunks
 
     n = kv.shape[3]
@@ -117,7 +147,10 @@ def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=())
             chosen = select_chunks(scores, k, follow=spec[2])
         loaded.append(float(np.isin(needle, chosen.numpy()).mean()))
         rows = torch.cat([torch.arange(c * CHUNK, min(n, (c + 1) * CHUNK)) for c in chosen.tolist()])
-        hidden, _ = model.layer_forward(layer, hidden, pos, kv[layer] if layer in whole else kv[layer][:, :, rows])
+        layer_kv = kv[layer] if layer in whole else kv[layer][:, :, rows]
+        if layer in standin and layer not in whole:
+            layer_kv = standin_rows(layer_kv, rows, kv[layer, 0], kv[layer, 1], values_by)
+        hidden, _ = model.layer_forward(layer, hidden, pos, layer_kv)
     logits = model._logits(hidden)[s - 1 : s - 1 + answer.numel()]  # the teacher-forced answer's positions
     mine = logits.gather(1, answer[:, None])[:, 0]
     margins = mine - logits.scatter(1, answer[:, None], float("-inf")).amax(1)
@@ -140,12 +173,18 @@ def main(argv=None) -> int:
         action="store_true",
         help="per layer, how much loading it in full raises the answer's weakest margin over the first rule's sets",
     )
+    p.add_argument(
+        "--standins",
+        default="",
+        help="comma-separated layers: the first rule's sets with stand-ins there, values per KV head and per chunk",
+    )
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     try:
         rules = [r.strip() for r in args.rules.split(",") if r.strip()]
         for r in rules:
             parse_rule(r)
+        standins = tuple(int(x) for x in args.standins.split(",") if x.strip())
         if not 0 < args.budget <= 1 or args.examples < 1:
             raise ValueError("--budget must be in (0, 1] and --examples >= 1")
     except ValueError as exc:
@@ -171,6 +210,9 @@ def main(argv=None) -> int:
             row[rule] = {"kept": ok, "needle_loaded": loaded, "margins": margins}
         if args.layer_gains:  # the first rule's sets with one layer whole, each layer in turn
             row["layer_gains"] = layer_gains(pm.decoder, kv, question, answer, rules[0], args.budget, needle)
+        for by in ("head", "chunk") if standins else ():
+            ok, _, margins = _teacher_forced(pm.decoder, kv, question, answer, rules[0], args.budget, needle, (), standins, by)
+            row[f"standin-{by}"] = {"kept": ok, "margins": margins}
         rows.append(row)
     report = {
         "model": args.model,
@@ -185,6 +227,9 @@ def main(argv=None) -> int:
     }
     if args.layer_gains:
         report["layer_gains_mean"] = np.mean([row["layer_gains"] for row in rows], axis=0).round(3).tolist()
+    for by in ("head", "chunk") if standins else ():
+        key = f"standin-{by}"
+        report["kept"][key] = sum(row[key]["kept"] for row in rows)
     if args.json:
         print(json.dumps(report, indent=1))
     else:
@@ -192,6 +237,9 @@ def main(argv=None) -> int:
         for r in rules:
             per_layer = np.mean([row[r]["needle_loaded"] for row in rows], axis=0)
             print(f"  {r:22s} kept {report['kept'][r]}/{len(rows)}   needle loaded, layers 14-23: {per_layer[14:24].mean():.2f}")
+        for key in [k for k in report["kept"] if k not in rules] + rules[:1]:
+            weakest = np.mean([min(row[key]["margins"]) for row in rows])
+            print(f"  {key:22s} kept {report['kept'][key]}/{len(rows)}   weakest answer margin, mean: {weakest:.2f}")
         if args.layer_gains:
             gains = report["layer_gains_mean"]
             top = sorted(range(len(gains)), key=lambda i: -gains[i])[:6]

@@ -76,3 +76,24 @@ def test_bad_shapes_and_positions_are_refused():
         standin_kv(loaded[0], pos, keys, sums)
     with pytest.raises(ValueError, match="values"):
         value_sum(full[1][0])
+
+
+def test_the_selection_study_stands_in_per_head_as_the_runner_does_or_per_chunk():
+    from engine_client.selection.probes import quantize_keys
+    from tools.selection_study import standin_rows
+
+    g = torch.Generator().manual_seed(3)
+    full = torch.randn(2, 2, 40, 8, generator=g)  # 16-token chunks 0, 1 and a short chunk 2 (rows 32-39)
+    pos = torch.arange(16, 32)  # chunk 1 selected
+    loaded = full[:, :, pos]
+    probe = quantize_keys(full[0], 4).dequantize(full.dtype)
+    by_head = standin_rows(loaded, pos, full[0], full[1], "head")
+    torch.testing.assert_close(by_head, standin_kv(loaded, pos, probe, value_sum(full[1])))
+    by_chunk = standin_rows(loaded, pos, full[0], full[1], "chunk")
+    assert by_chunk.shape == (2, 2, 40, 8)
+    torch.testing.assert_close(by_chunk[:, :, :16], loaded)
+    torch.testing.assert_close(by_chunk[0, :, 16:], probe[:, list(range(16)) + list(range(32, 40))])  # 4-bit keys
+    torch.testing.assert_close(by_chunk[1, :, 16:32], full[1][:, :16].mean(1, keepdim=True).expand(2, 16, 8))  # chunk 0's mean
+    torch.testing.assert_close(by_chunk[1, :, 32:], full[1][:, 32:].mean(1, keepdim=True).expand(2, 8, 8))  # the short chunk's
+    with pytest.raises(ValueError, match="'head' or 'chunk'"):
+        standin_rows(loaded, pos, full[0], full[1], "row")
