@@ -24,6 +24,7 @@ its package is missing or the file cannot be read, 2 for bad arguments.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from engine_client.model import zoo
@@ -75,22 +76,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _finite(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"must be a finite number, got {text}")
-    return value
+    return _float(text, math.isfinite, "must be a finite number")
 
 
 def _budget(text: str) -> float:
+    return _float(text, lambda v: 0.0 < v <= 1.0, "must be in (0, 1]")  # NaN fails every comparison
+
+
+def _unit(text: str) -> float:
+    return _float(text, lambda v: 0.0 <= v <= 1.0, "must be in [0, 1]")
+
+
+def _float(text: str, ok, requirement: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 < value <= 1.0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {text}")
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{requirement}, got {text}")
     return value
 
 
@@ -109,16 +112,6 @@ def _int_at_least(text: str, low: int) -> int:
         raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
     if value < low:
         raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
-    return value
-
-
-def _unit(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not 0.0 <= value <= 1.0:  # also rejects NaN
-        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {text}")
     return value
 
 
