@@ -1,4 +1,4 @@
-"""Atomic writes of the small calibration files kept next to a model's checkpoint."""
+"""The small calibration files kept next to a model's checkpoint: read with a clear error, written atomically."""
 
 from __future__ import annotations
 
@@ -21,3 +21,16 @@ def write_text_atomic(path, text: str) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+class ProfileError(ValueError):
+    """A calibration file kept with a model (streaming heads, stand-in layers) that is missing, malformed or made for another model."""
+
+
+def read_profile_text(path, what: str) -> str:
+    """The text of ``path``; ``ProfileError("no <what> file at <path>")`` when there is none."""
+    path = Path(path)
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        raise ProfileError(f"no {what} file at {path}") from None

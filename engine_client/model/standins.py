@@ -27,8 +27,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .profile_file import write_text_atomic
-from .streaming import ProfileError
+from .profile_file import ProfileError, read_profile_text, write_text_atomic
 
 PROFILE_FILE = "standin_layers.json"
 PROFILE_VERSION = 1
@@ -88,11 +87,7 @@ class StandinLayers:
     @classmethod
     def load(cls, path, *, model=None) -> StandinLayers:
         """Read ``path``; with ``model`` (a ``Decoder``), refuse a file made for another model or depth."""
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise ProfileError(f"no stand-in layers file at {path}") from None
+        text = read_profile_text(path, "stand-in layers")
         kw = {} if model is None else {"model_fingerprint": model.fingerprint, "num_layers": model.num_layers}
         return cls.from_json(text, **kw)
 

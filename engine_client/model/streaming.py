@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from .profile_file import write_text_atomic
+from .profile_file import ProfileError, read_profile_text, write_text_atomic
 
 PROFILE_FILE = "streaming_heads.json"
 PROFILE_VERSION = 1
@@ -42,10 +42,6 @@ PROFILE_VERSION = 1
 # (50%) the pass key loses half of them.
 DEFAULT_THRESHOLD = 0.6
 DEFAULT_TARGET_FRACTION = 0.5
-
-
-class ProfileError(ValueError):
-    """A calibration file kept with a model (streaming heads, stand-in layers) that is missing, malformed or made for another model."""
 
 
 @dataclass(frozen=True)
@@ -124,11 +120,7 @@ class StreamingHeads:
     @classmethod
     def load(cls, path, *, model=None) -> StreamingHeads:
         """Read ``path``; with ``model`` (a ``Decoder``), refuse a file made for another model or shape."""
-        path = Path(path)
-        try:
-            text = path.read_text()
-        except FileNotFoundError:
-            raise ProfileError(f"no streaming heads file at {path}") from None
+        text = read_profile_text(path, "streaming heads")
         kw = {}
         if model is not None:
             kw = {"model_fingerprint": model.fingerprint, "num_layers": model.num_layers, "num_kv_heads": model.config.num_key_value_heads}

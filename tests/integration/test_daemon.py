@@ -1,6 +1,6 @@
 """A real daemon process on a unix socket; this test process is its client.
 
-One file of ~570 lines: every test here starts the same real daemon and
+One file of ~580 lines: every test here starts the same real daemon and
 checks one end-to-end property of it (round trips, cut streams, drain,
 health, sockets); the narrower suites (isolation, capacity, pages, crash)
 have files of their own.
