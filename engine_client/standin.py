@@ -18,8 +18,8 @@ not loaded therefore joins the attention with
 
 This is SparQ's mean-value reallocation, kept to the layers where it was
 measured to help: applied at every layer it loses answers (the rows most
-layers read carry values far from their mean), at layers 8 and 19 it
-restores most of the answer margin a 5% set takes (README, "Rows that stand
+layers read carry values far from their mean), at layer 19 (and 8, at
+2048 tokens) it restores most of the answer margin a 5% set takes (README, "Rows that stand
 in for the prefix").
 """
 

@@ -36,7 +36,7 @@ seeing only the loaded sink and recent rows, as LServe pairs them.
 at the model's calibrated layers: every row not loaded, with its resident
 probe key and the mean value of the rows not loaded.  The layers come from
 the file ``python -m tools.models calibrate-standins NAME`` keeps next to
-the checkpoint (``model.standins``; 8 and 19 on SmolLM2-135M, measured on
+the checkpoint (``model.standins``; 19 on SmolLM2-135M, measured on
 its tuning stream); a runner without one refuses the system.
 ``quest``, ``lserve``, ``loopserve`` and ``loopserve-sp`` are the decode-side systems
 ``kvstore-bench decode`` compares (their definitions below).
