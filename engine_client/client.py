@@ -380,7 +380,7 @@ def _put_stream(header: pb.PutHeader, kv: np.ndarray, geo: StoreGeometry, first_
     for g in range(geo.num_groups):
         layers = geo.group_layer_range(g)
         for j in range(first_chunk, geo.num_chunks(n)):
-            payload = geo.extent_payload(np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]))
+            payload = geo.extent_payload(np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]), g)
             ext = memoryview(np.ascontiguousarray(payload)).cast("B")
             for off in range(0, len(ext), FRAME_BYTES):
                 frame = pb.ExtentFrame(group=g, chunk=j, offset=off, data=bytes(ext[off : off + FRAME_BYTES]))

@@ -31,6 +31,14 @@ float16 scales and zero points (``kvstore.kvquant``), still one chunk of one gro
 ``extent_payload`` (what a put stores) and ``extent_array`` (what a read
 returns, dequantized to the KV dtype) are the only places that know.
 
+With ``streaming_heads`` (per layer, the KV heads that attend only to a sink
+and a recent window: LServe's streaming heads) an extent holds the other
+heads only, ``[layer-in-group][K|V][stored head][token][dim]``; a read gives
+the streaming heads' slots as zeros.  Their sink and recent rows are not a
+property of one chunk (a chunk recent in one prefix is in the middle of a
+longer one), so the client keeps them per prefix as pages
+(``engine_client.stream_tail``).
+
 Period-major order puts the chunks of one group next to each other, so chunks
 selected together for a Period are adjacent on disk and coalesce into one
 read.  Every region starts on a 4 KiB boundary, as O_DIRECT and GDS require.
@@ -120,6 +128,29 @@ class ModelSpec:
         return np.dtype(np.uint16) if self.dtype == "bfloat16" else np.dtype(self.dtype)
 
 
+def _check_streaming_heads(value, model: ModelSpec) -> tuple[tuple[int, ...], ...]:
+    """``streaming_heads`` as sorted tuples, one per layer, or InvalidArgument naming the field."""
+    if value is None or (isinstance(value, (tuple, list)) and len(value) == 0):
+        return ()
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)):
+        raise InvalidArgument("streaming_heads", f"must be one list of KV heads per layer, got {type(value).__name__}")
+    if len(value) != model.num_layers:
+        raise InvalidArgument("streaming_heads", f"must have one entry per layer ({model.num_layers}), got {len(value)}")
+    out = []
+    for layer, heads in enumerate(value):
+        if isinstance(heads, (str, bytes)) or not isinstance(heads, (tuple, list)):
+            raise InvalidArgument(f"streaming_heads[{layer}]", f"must be a list of KV heads, got {type(heads).__name__}")
+        checked = [_check_int(f"streaming_heads[{layer}]", h, 0, model.num_kv_heads - 1) for h in heads]
+        if len(set(checked)) != len(checked):
+            raise InvalidArgument(f"streaming_heads[{layer}]", f"names a head twice: {list(heads)}")
+        if len(checked) == model.num_kv_heads:
+            raise InvalidArgument(f"streaming_heads[{layer}]", f"leaves none of the layer's {model.num_kv_heads} KV heads stored")
+        out.append(tuple(sorted(checked)))
+    if not any(out):
+        return ()  # no streaming head: the full layout, the same digest
+    return tuple(out)
+
+
 # The stored group's name in persisted records (see ``StoreGeometry.to_record``).
 RECORD_GROUP_KEY = "period_layers"
 
@@ -136,9 +167,12 @@ class StoreGeometry:
     probe_bits: int = 0
     # "kv8", "kv4", "kv8t", "kv4t", "kv8h", "kv4h": extents hold the KV quantized (``kvstore.kvquant``); "": in the KV dtype
     kv_quant: str = ""
+    # per layer, the KV heads whose rows extents leave out (module docstring); (): every head stored
+    streaming_heads: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         _check_int("chunk_tokens", self.chunk_tokens, 1, MAX_CHUNK_TOKENS)
+        object.__setattr__(self, "streaming_heads", _check_streaming_heads(self.streaming_heads, self.model))
         if check_quant_name(self.kv_quant).startswith("kv4") and self.model.head_dim % 2:
             raise InvalidArgument("kv_quant", f"4-bit codes pack two channels to a byte; head_dim {self.model.head_dim} is odd")
         _check_int("group_layers", self.group_layers, 1, MAX_LAYERS)
@@ -174,13 +208,28 @@ class StoreGeometry:
             counts[-1] = num_tokens - (m - 1) * self.chunk_tokens
         return counts
 
+    def stored_heads(self, layer: int) -> tuple[int, ...]:
+        """The KV heads of ``layer`` whose rows extents hold (all but its streaming heads)."""
+        if not self.streaming_heads:
+            return tuple(range(self.model.num_kv_heads))
+        gone = set(self.streaming_heads[layer])
+        return tuple(h for h in range(self.model.num_kv_heads) if h not in gone)
+
+    def streaming_fraction(self) -> float:
+        """Share of (layer, KV head) pairs whose rows extents leave out."""
+        return sum(map(len, self.streaming_heads)) / (self.model.num_layers * self.model.num_kv_heads)
+
     # -- sizes ------------------------------------------------------------
+    def _layer_bytes(self, layer: int, tokens: int) -> int:
+        m = self.model
+        heads = len(self.stored_heads(layer)) if self.streaming_heads else m.num_kv_heads
+        if self.kv_quant:
+            return kvquant.layer_bytes(self.kv_quant, heads, tokens, m.head_dim)
+        return tokens * 2 * heads * m.head_dim * m.itemsize
+
     def extent_bytes(self, group: int, tokens: int) -> int:
         """Unpadded bytes of one extent of ``tokens`` tokens in ``group`` (quantized when ``kv_quant``)."""
-        if self.kv_quant:
-            m = self.model
-            return self.layers_in_group(group) * kvquant.layer_bytes(self.kv_quant, m.num_kv_heads, tokens, m.head_dim)
-        return self.layers_in_group(group) * tokens * self.model.token_layer_bytes
+        return sum(self._layer_bytes(layer, tokens) for layer in self.group_layer_range(group))
 
     def kv_bytes(self, num_tokens: int) -> int:
         """Extent bytes (unpadded) of a whole ``num_tokens``-token prefix as stored."""
@@ -191,17 +240,36 @@ class StoreGeometry:
         """A stored extent's bytes (uint8) as ``[layers_in_group, 2, heads, tokens, dim]`` in the numpy KV dtype:
         a view of ``raw``, or its dequantized copy when ``kv_quant``."""
         m = self.model
+        if self.streaming_heads:
+            return self._spread_extent(raw, group, tokens)
         if not self.kv_quant:
             return raw.view(m.numpy_dtype()).reshape(self.extent_shape(group, tokens))
         values = kvquant.decode(self.kv_quant, raw, self.layers_in_group(group), m.num_kv_heads, tokens, m.head_dim)
         return float32_as_kv(values, m.dtype)
+
+    def _spread_extent(self, raw: np.ndarray, group: int, tokens: int) -> np.ndarray:
+        """A streaming-heads extent as ``[layers_in_group, 2, heads, tokens, dim]``, the left-out heads zero."""
+        m = self.model
+        out = np.zeros(self.extent_shape(group, tokens), dtype=m.numpy_dtype())
+        raw = np.asarray(raw).reshape(-1).view(np.uint8)
+        at = 0
+        for i, layer in enumerate(self.group_layer_range(group)):
+            heads, size = list(self.stored_heads(layer)), self._layer_bytes(layer, tokens)
+            part = raw[at : at + size]
+            if self.kv_quant:
+                values = kvquant.decode(self.kv_quant, part, 1, len(heads), tokens, m.head_dim)[0]
+                out[i][:, heads] = float32_as_kv(values, m.dtype)
+            else:
+                out[i][:, heads] = part.view(m.numpy_dtype()).reshape(2, len(heads), tokens, m.head_dim)
+            at += size
+        return out
 
     def group_array(self, raws, group: int, token_counts) -> np.ndarray:
         """Several extents of one group (uint8 each, ``token_counts[i]`` tokens) as one
         ``[layers_in_group, 2, heads, sum(tokens), dim]`` array in the numpy KV dtype, in the given
         order; quantized extents of equal size are dequantized together, one numpy pass each size."""
         m = self.model
-        if not self.kv_quant or not raws:
+        if not self.kv_quant or not raws or self.streaming_heads:
             return np.concatenate([self.extent_array(r, group, int(t)) for r, t in zip(raws, token_counts)], axis=3)
         layers, counts = self.layers_in_group(group), [int(t) for t in token_counts]
         out = np.empty((layers, 2, m.num_kv_heads, sum(counts), m.head_dim), dtype=np.float32)
@@ -223,8 +291,18 @@ class StoreGeometry:
         if self.kv_quant:
             kvquant.check_values(self.kv_quant, keys_as_float32(kv, self.model.dtype))
 
-    def extent_payload(self, extent: np.ndarray) -> np.ndarray:
-        """What is stored for one extent given in the numpy KV dtype: the array, or its quantized bytes."""
+    def extent_payload(self, extent: np.ndarray, group: int = 0) -> np.ndarray:
+        """What is stored for one extent given in the numpy KV dtype: the array, or its quantized bytes;
+        with ``streaming_heads``, each layer's stored heads only (uint8 bytes; ``group``: the extent's)."""
+        if self.streaming_heads:
+            parts = []
+            for i, layer in enumerate(self.group_layer_range(group)):
+                kept = np.ascontiguousarray(extent[i][:, list(self.stored_heads(layer))])
+                if self.kv_quant:
+                    parts.append(kvquant.encode(self.kv_quant, keys_as_float32(kept[None], self.model.dtype)))
+                else:
+                    parts.append(kept.reshape(-1).view(np.uint8))
+            return np.concatenate(parts)
         if not self.kv_quant:
             return extent
         return kvquant.encode(self.kv_quant, keys_as_float32(extent, self.model.dtype))
@@ -266,8 +344,8 @@ class StoreGeometry:
         The stored group is ``period_layers`` there, its name when the format
         was fixed: records written by any version read back, and the digest
         (hence every chunk hash and prefix id) does not change.  For the same
-        reason ``probe_bits`` appears only when it is not 0, and ``kv_quant``
-        only when it is not "".
+        reason ``probe_bits`` appears only when it is not 0, ``kv_quant``
+        only when it is not "", and ``streaming_heads`` only when not empty.
         """
         d = self.to_dict()
         d[RECORD_GROUP_KEY] = d.pop("group_layers")
@@ -275,6 +353,10 @@ class StoreGeometry:
             del d["probe_bits"]
         if not d["kv_quant"]:
             del d["kv_quant"]
+        if d["streaming_heads"]:
+            d["streaming_heads"] = [list(heads) for heads in self.streaming_heads]
+        else:
+            del d["streaming_heads"]
         return d
 
     @classmethod
@@ -295,6 +377,9 @@ class StoreGeometry:
         unknown = set(rest) - {f.name for f in dataclasses.fields(cls)}
         if unknown:
             raise InvalidArgument("geometry", f"unknown fields {sorted(unknown)}")
+        if "streaming_heads" in rest and isinstance(rest["streaming_heads"], list):
+            heads = rest["streaming_heads"]
+            rest["streaming_heads"] = tuple(tuple(h) if isinstance(h, list) else h for h in heads)
         return cls(model=ModelSpec(**model), **rest)
 
     @cached_property
@@ -331,7 +416,7 @@ class SegmentLayout:
     def extent_lengths(self) -> np.ndarray:
         """Unpadded extent bytes; ``[groups, chunks]``."""
         g = self.geometry
-        if g.kv_quant:  # per-channel key parameters make the size affine in tokens, not linear
+        if g.kv_quant or g.streaming_heads:  # per-channel key parameters make the size affine in tokens, not linear
             sizes = {int(t): [g.extent_bytes(i, int(t)) for i in range(g.num_groups)] for t in np.unique(self.chunk_tokens)}
             return np.array([sizes[int(t)] for t in self.chunk_tokens], dtype=np.int64).T.reshape(g.num_groups, self.num_chunks)
         per_token = np.array([g.layers_in_group(i) * g.model.token_layer_bytes for i in range(g.num_groups)], dtype=np.int64)

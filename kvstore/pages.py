@@ -129,6 +129,8 @@ class PageStore:
             raise InvalidArgument("geometry", "must be a StoreGeometry")
         if geometry.kv_quant:
             raise InvalidArgument("geometry.kv_quant", "pages hold an engine's blocks in its KV dtype; store them unquantized")
+        if geometry.streaming_heads:
+            raise InvalidArgument("geometry.streaming_heads", "pages hold every KV head of their chunk; store them without streaming heads")
         keys = validate_keys(keys, self.max_pages(geometry))
         return keys, page_hashes(keys, geometry, namespace, model_fingerprint)
 

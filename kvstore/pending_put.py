@@ -118,7 +118,7 @@ class PendingPut:
             layers = geo.group_layer_range(g)
             for j in self.needed_chunks:
                 self.image.put_extent(
-                    g, j, geo.extent_payload(np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]))
+                    g, j, geo.extent_payload(np.ascontiguousarray(kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c]), g)
                 )
 
     def commit(self) -> PutResult:

@@ -6,6 +6,7 @@ segments and quarantines one that fails, as a failed read would.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import TYPE_CHECKING
 
@@ -117,6 +118,9 @@ def inspect(store: ChunkStore, prefix_id: str) -> dict:
         "kv_quant": geo.kv_quant or geo.model.dtype,
         "kv_bytes": view.kv_bytes,  # as stored (quantized when kv_quant)
         "kv_bytes_unquantized": view.num_tokens * geo.model.num_layers * geo.model.token_layer_bytes,
+        # (layer, KV head) pairs whose rows extents leave out (their sink and recent rows are client pages)
+        "streaming_heads": sum(map(len, geo.streaming_heads)),
+        "kv_bytes_full_layout": dataclasses.replace(geo, streaming_heads=()).kv_bytes(view.num_tokens),
         "segments": segments,
         "created": view.created,
         "quarantined": store.state.prefix_quarantine(view),

@@ -78,9 +78,13 @@ def cmd_ls(admin, args) -> tuple[object, str, int]:
 def _kv_bytes(info: dict) -> str:
     """Stored KV bytes, and for a quantized prefix its scheme and the bytes saved against the KV dtype."""
     stored, raw = info["kv_bytes"], info.get("kv_bytes_unquantized", info["kv_bytes"])
+    form = info.get("kv_quant") or info["geometry"]["model"]["dtype"]
+    if info.get("streaming_heads"):  # LServe's layout: those heads' sink and recent rows are the client's pages
+        form += f", {info['streaming_heads']} streaming (layer, KV head) pairs left out"
     if stored == raw:
-        return f"{human_bytes(stored)} ({info.get('kv_quant') or info['geometry']['model']['dtype']})"
-    return f"{human_bytes(stored)} ({info['kv_quant']}; {human_bytes(raw)} unquantized, {raw / stored:.2f}x smaller, {human_bytes(raw - stored)} saved)"
+        return f"{human_bytes(stored)} ({form})"
+    whole = "unquantized" if not info.get("streaming_heads") else "as the full layout unquantized"
+    return f"{human_bytes(stored)} ({form}; {human_bytes(raw)} {whole}, {raw / stored:.2f}x smaller, {human_bytes(raw - stored)} saved)"
 
 
 def cmd_inspect(admin, args) -> tuple[object, str, int]:

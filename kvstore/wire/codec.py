@@ -52,6 +52,7 @@ def geometry_from_pb(msg: pb.Geometry, field: str = "geometry") -> StoreGeometry
             probe_keys=msg.probe_keys,
             probe_bits=msg.probe_bits,
             kv_quant=msg.kv_quant,
+            streaming_heads=tuple(tuple(h.heads) for h in msg.streaming_heads),
         )
     except InvalidArgument as exc:
         raise InvalidArgument(f"{field}.{'model.' if exc.field in _MODEL_FIELDS else ''}{exc.field}", str(exc).split(": ", 1)[1]) from None
@@ -69,6 +70,7 @@ def geometry_to_pb(geo: StoreGeometry) -> pb.Geometry:
         probe_keys=geo.probe_keys,
         probe_bits=geo.probe_bits,
         kv_quant=geo.kv_quant,
+        streaming_heads=[pb.HeadSet(heads=list(h)) for h in geo.streaming_heads],
     )
 
 
