@@ -48,6 +48,7 @@ from .selection.heads import kv_head_scores
 from .selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
 from .sparse_prefill import pattern
 from .standin import standin_kv, value_sum
+from .stream_tail import get_tail, has_tail, put_tail, tail_pairs
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -170,16 +171,38 @@ class ReprefillResult:
 
 
 def model_geometry(
-    model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4, probe_bits: int = 0, kv_quant: str = ""
+    model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4, probe_bits: int = 0, kv_quant: str = "", streaming_heads=None
 ) -> StoreGeometry:
     """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod),
     probe keys in the KV dtype or, with ``probe_bits`` 4 or 8, quantized by the daemon;
-    ``kv_quant`` ("kv8", "kv4", ...): the KV itself stored quantized (``kvstore.kvquant``)."""
+    ``kv_quant`` ("kv8", "kv4", ...): the KV itself stored quantized (``kvstore.kvquant``);
+    ``streaming_heads`` (``model.streaming.StreamingHeads``): extents without those heads' rows
+    (``StoreGeometry.streaming_heads``, their sink and recent rows kept by ``stream_tail``)."""
     c = model.config
     spec = ModelSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
+    left_out = () if streaming_heads is None else _left_out(streaming_heads)
     return StoreGeometry(
-        spec, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_keys=True, probe_bits=probe_bits, kv_quant=kv_quant
+        spec,
+        chunk_tokens=chunk_tokens,
+        group_layers=group_layers,
+        probe_keys=True,
+        probe_bits=probe_bits,
+        kv_quant=kv_quant,
+        streaming_heads=left_out,
     )
+
+
+def _left_out(heads) -> tuple[tuple[int, ...], ...]:
+    """Per layer, the streaming KV heads a streaming layout leaves out of the extents.  Where every head of
+    a layer streams, the least local one (lowest calibrated mass) stays stored: an extent keeps at least
+    one head of each layer; the runner still masks it as a streaming head."""
+    out = []
+    for flags, mass in zip(heads.streaming, heads.mass):
+        streaming = [h for h, s in enumerate(flags) if s]
+        if len(streaming) == len(flags):
+            streaming.remove(min(streaming, key=lambda h: mass[h]))
+        out.append(tuple(streaming))
+    return tuple(out)
 
 
 class ModelRunner:
@@ -195,20 +218,31 @@ class ModelRunner:
         streaming_heads=None,
         standin_layers=None,
         kv_quant: str = "",
+        streaming_layout: bool = False,
     ):
         """``probe_bits`` 4 or 8: the prefixes this runner stores keep their probe keys quantized
         (``StoreGeometry.probe_bits``), what ``ReprefillConfig.probe_bits`` of the same width reads.
         ``kv_quant``: the prefixes it stores hold their KV quantized (``StoreGeometry.kv_quant``); every
         read dequantizes to the model's dtype.
         ``streaming_heads`` (``model.streaming.StreamingHeads``): what ``ReprefillConfig.streaming`` uses.
-        ``standin_layers`` (``model.standins.StandinLayers``): what ``ReprefillConfig.standin_layers="calibrated"`` uses."""
+        ``standin_layers`` (``model.standins.StandinLayers``): what ``ReprefillConfig.standin_layers="calibrated"`` uses.
+        ``streaming_layout``: the prefixes it stores keep only the sink and recent rows of the streaming
+        heads (LServe's second layout: extents without them, a per-prefix tail of pages, ``stream_tail``);
+        they serve ``ReprefillConfig.streaming`` requests only."""
         self.model = model
         self.streaming_heads = streaming_heads
         self.standin_profile = standin_layers
         self.client = client
         self.namespace = namespace
+        if streaming_layout and streaming_heads is None:
+            raise InvalidArgument("streaming_layout", "needs the model's streaming heads (streaming_heads=...)")
         self.geometry = model_geometry(
-            model, chunk_tokens=chunk_tokens, group_layers=group_layers, probe_bits=probe_bits, kv_quant=kv_quant
+            model,
+            chunk_tokens=chunk_tokens,
+            group_layers=group_layers,
+            probe_bits=probe_bits,
+            kv_quant=kv_quant,
+            streaming_heads=streaming_heads if streaming_layout else None,
         )
         # resident key summaries of each Period's first layer, per (prefix, period_layers):
         # [chunks, periods, kv_heads, 2, head_dim] in the model's dtype (min/max of stored keys: exact)
@@ -219,6 +253,9 @@ class ModelRunner:
         self._stored_probe_bits: dict[str, int] = {}
         # resident value sums per (prefix, layer): [Hkv, d] float32 (ReprefillConfig.standin_layers)
         self._value_sums: dict[tuple[str, int], torch.Tensor] = {}
+        # resident streaming-head tails per prefix (streaming_layout): (positions [r], rows [pairs, 2, r, d])
+        self._tails: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._tail_pair = {pair: i for i, pair in enumerate(tail_pairs(self.geometry))}
 
     # ------------------------------------------------------------ prefill
     def store_prefix(self, tokens, *, progress=None, kv: torch.Tensor | None = None) -> PrefixHandle:
@@ -237,15 +274,49 @@ class ModelRunner:
                 raise InvalidArgument("kv", f"must be {self.model.dtype} {list(want)} for these tokens, got {kv.dtype} {list(kv.shape)}")
         m = self.geometry.num_chunks(toks.numel())
         hit = self.client.lookup(toks.numpy(), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
-        if hit.matched_chunks == m:
+        if hit.matched_chunks == m and (not self.geometry.streaming_heads or self._has_tail(hit.prefix_id)):
             return PrefixHandle(hit.prefix_id, toks.numel(), m, cache_hit=True)
         t0 = time.perf_counter()
         if kv is None:
             _, kv = chunked_prefill(self.model, toks, progress=progress)  # [layers, 2, kv_heads, n, head_dim]
-        res = self.client.put_prefix(
-            toks.numpy(), as_numpy_kv(kv), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint
-        )
-        return PrefixHandle(res.prefix_id, toks.numel(), m, False, res.bytes_written, time.perf_counter() - t0)
+        arr = as_numpy_kv(kv)
+        res = self.client.put_prefix(toks.numpy(), arr, self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
+        written = res.bytes_written
+        if self.geometry.streaming_heads:  # after the prefix: a put cut short between the two is healed by the next store
+            sh = self.streaming_heads
+            tail = put_tail(self.client, res.prefix_id, arr, self.geometry, sh.sink_tokens, sh.recent_tokens, **self._page_scope())
+            written += tail.bytes_written
+        return PrefixHandle(res.prefix_id, toks.numel(), m, False, written, time.perf_counter() - t0)
+
+    def _page_scope(self) -> dict:
+        return {"namespace": self.namespace, "model_fingerprint": self.model.fingerprint}
+
+    def _has_tail(self, prefix_id: str) -> bool:
+        sh = self.streaming_heads
+        return has_tail(self.client, prefix_id, self.geometry, sh.sink_tokens, sh.recent_tokens, **self._page_scope())
+
+    def _tail(self, prefix_id: str, num_tokens: int, out) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's streaming-head tail, fetched once (charged to ``out.state_bytes_fetched``) and kept."""
+        if prefix_id not in self._tails:
+            sh = self.streaming_heads
+            tail = get_tail(self.client, prefix_id, num_tokens, self.geometry, sh.sink_tokens, sh.recent_tokens, **self._page_scope())
+            out.state_bytes_fetched += tail.rows.nbytes
+            self._tails[prefix_id] = (torch.from_numpy(tail.positions), _as_torch(tail.rows, self.geometry))
+        return self._tails[prefix_id]
+
+    def _with_tail(self, kv: torch.Tensor, group: int, row_pos: torch.Tensor, tail) -> torch.Tensor:
+        """``kv [group layers, 2, Hkv, rows, d]`` at prefix positions ``row_pos`` with each layer's streaming heads'
+        rows filled from the tail where it holds them (the extents leave them zero)."""
+        positions, rows = tail
+        hit = torch.isin(row_pos, positions)
+        if not bool(hit.any()):
+            return kv
+        at = torch.searchsorted(positions, row_pos[hit])
+        kv, idx = kv.clone(), torch.nonzero(hit).reshape(-1)
+        for i, layer in enumerate(self.geometry.group_layer_range(group)):
+            for h in self.geometry.streaming_heads[layer]:
+                kv[i, :, h, idx] = rows[self._tail_pair[(layer, h)], :, at]
+        return kv
 
     # ------------------------------------------------------------ re-prefill
     def check_request(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig):
@@ -286,6 +357,10 @@ class ModelRunner:
         if cfg.streaming and self.streaming_heads is None:
             raise InvalidArgument(
                 "streaming", "this runner has no streaming heads (ModelRunner(streaming_heads=...); python -m tools.models calibrate-heads)"
+            )
+        if self.geometry.streaming_heads and not cfg.streaming:
+            raise InvalidArgument(
+                "streaming", "this runner's prefixes keep only the sink and recent rows of their streaming heads; ask with streaming=True"
             )
         suffix = _token_tensor(suffix_tokens, field_name="suffix_tokens")
         try:
@@ -390,6 +465,7 @@ class ModelRunner:
         out.layer_compute_s = [0.0] * model.num_layers
         push = None if cfg.push else False  # None: pushed whenever speculating over shared memory
         standins = {layer: self._value_sum(desc.prefix_id, layer, m, out) for layer in self._standin_layers(cfg)}
+        tail = self._tail(desc.prefix_id, n, out) if self.geometry.streaming_heads else None
         with self.client.prefetch(
             desc.prefix_id, period_layers=cfg.period_layers, speculate=cfg.speculate, hints=hints, push=push
         ) as stream:
@@ -418,12 +494,12 @@ class ModelRunner:
                     out.period_select_s[p] += time.perf_counter() - t0
                     out.select_s += time.perf_counter() - t0
                 masks = self._row_masks(chunks, l0, n, cfg, out, head_sets)
-                row_pos = self._rows(chunks.tolist(), n) if cfg.prefill_alpha or l0 in standins else None
+                row_pos = self._rows(chunks.tolist(), n) if cfg.prefill_alpha or l0 in standins or tail else None
                 standin = None
                 if l0 in standins:
                     probe = self._resident_probe(desc.prefix_id, l0, cfg.probe_bits, out).dequantize(model.dtype)
                     standin = (row_pos, probe, standins[l0])
-                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks, row_pos, standin)
+                hidden, first_keys = self._run_period(stream, p, l0, hidden, positions, cfg, out, masks, row_pos, standin, tail)
                 chunk_tokens = stream.chunk_tokens(p).tolist()
                 out.tokens_loaded += sum(chunk_tokens)
                 out.kv_fraction += sum(chunk_tokens) * plan.periods[p][1] / (n * model.num_layers)
@@ -479,6 +555,10 @@ class ModelRunner:
             inputs = PeriodInputs(q, chunk_tokens=self.geometry.chunk_tokens, key_min=torch.zeros(m, 1, 1), key_max=torch.zeros(m, 1, 1))
         pick = dict(sink_chunks=cfg.sink_chunks, local_chunks=cfg.local_chunks, follow=cfg.follow, page_chunks=cfg.page_chunks)
         if not cfg.per_head:
+            hkv = self.geometry.model.num_kv_heads
+            retrieval = [h for h in range(hkv) if not self._streams_whole_period(l0, cfg, h)]
+            if selector.name != "recent" and 0 < len(retrieval) < hkv:  # streaming heads see sink + recent only: not scored
+                inputs = inputs.of_kv_heads(retrieval, hkv)
             return select_chunks(selector.score(inputs), cfg.budget, **pick)
         scores = kv_head_scores(selector.head_scores(inputs), self.geometry.model.num_kv_heads)  # [Hkv, m]
         sets = []
@@ -538,10 +618,11 @@ class ModelRunner:
         for cache in (self._summaries, self._probes, self._value_sums):
             for key in [k for k in cache if k[0] == prefix_id]:
                 del cache[key]
+        self._tails.pop(prefix_id, None)
 
     def resident_bytes(self) -> int:
-        """Bytes of client state kept between requests (key summaries, quantized probe keys, value sums)."""
-        tensors = [*self._summaries.values(), *self._value_sums.values()]
+        """Bytes of client state kept between requests (key summaries, quantized probe keys, value sums, tails)."""
+        tensors = [*self._summaries.values(), *self._value_sums.values(), *(t for pair in self._tails.values() for t in pair)]
         return sum(t.numel() * t.element_size() for t in tensors) + sum(p.nbytes for p in self._probes.values())
 
     @staticmethod
@@ -577,10 +658,11 @@ class ModelRunner:
             mask = mine if mask is None else mask & mine
         return mask
 
-    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out, masks=None, row_pos=None, standin=None):
+    def _run_period(self, stream, period: int, l0: int, hidden, positions, cfg, out, masks=None, row_pos=None, standin=None, tail=None):
         """Compute the period's layers, each group as soon as it has arrived (``masks``: ``_row_masks``;
-        ``row_pos``: the loaded rows' positions, for ``cfg.prefill_alpha``'s lines; ``standin``:
-        ``(row_pos, probe keys, value sum)`` of a stand-in layer, ``engine_client.standin``)."""
+        ``row_pos``: the loaded rows' positions, for ``cfg.prefill_alpha``'s lines and ``tail``; ``standin``:
+        ``(row_pos, probe keys, value sum)`` of a stand-in layer, ``engine_client.standin``; ``tail``: the
+        streaming heads' rows of a streaming-layout prefix, ``_tail``)."""
         model, geo = self.model, self.geometry
         first_keys = None
         groups = stream.groups(period)
@@ -589,6 +671,8 @@ class ModelRunner:
         for group, raw in groups:
             t0 = time.perf_counter()
             kv = _as_torch(raw, geo)  # [group layers, 2, kv_heads, rows, head_dim]
+            if tail is not None:
+                kv = self._with_tail(kv, group, row_pos, tail)
             for i, layer in enumerate(geo.group_layer_range(group)):
                 t1 = time.perf_counter()
                 lines = None
@@ -735,6 +819,8 @@ class ModelRunner:
                 for g in read.groups:
                     for c in chunks:
                         ext = _as_torch(read.extent(g, c), geo)  # [layers in group, 2, Hkv, tokens, d]
+                        if geo.streaming_heads:
+                            ext = self._with_tail(ext, g, self._rows([c], n), self._tails[prefix_id])
                         for i, layer in enumerate(geo.group_layer_range(g)):
                             rows.setdefault(layer, {})[c] = ext[i].clone()
                 return rows, read.bytes_read, read.bytes_useful

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import numpy as np
@@ -35,6 +35,19 @@ class PeriodInputs:
         """Inputs from the store's ``[chunks, layers, kv_heads, 2, head_dim]`` summaries at ``layer``."""
         key_min, key_max = summaries_for_layer(summaries, layer)
         return cls(queries, key_min=key_min, key_max=key_max, **kwargs)
+
+    def of_kv_heads(self, keep: list[int], num_kv_heads: int) -> PeriodInputs:
+        """The inputs of KV heads ``keep`` only: their query groups (query head ``i`` reads KV head
+        ``i // (Hq / Hkv)``), probe keys and summaries."""
+        group = self.queries.shape[0] // num_kv_heads
+        q_idx = [h * group + j for h in keep for j in range(group)]
+        return replace(
+            self,
+            queries=self.queries[q_idx],
+            probe_keys=None if self.probe_keys is None else self.probe_keys[keep],
+            key_min=None if self.key_min is None else self.key_min[:, keep],
+            key_max=None if self.key_max is None else self.key_max[:, keep],
+        )
 
     @property
     def num_chunks(self) -> int:

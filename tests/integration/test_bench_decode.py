@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from helpers import run_bench
 from pretrained import needs_smollm2
 
@@ -30,13 +31,21 @@ def test_decode_bench_reports_bytes_read_per_token_for_each_system():
     # at the same chunk budget, the streaming heads see only sink + recent rows: LServe reads less than Quest
     assert systems["lserve"]["memory_bytes_per_token"] < systems["quest"]["memory_bytes_per_token"] < rows * 2 * 64 * 4
     assert systems["lserve-kv4"]["memory_bytes_per_token"] == systems["lserve"]["memory_bytes_per_token"]  # dequantized on load
-    assert systems["lserve-kv4"]["stored_bytes"] * 5 < systems["lserve"]["stored_bytes"]  # float32 model: kv4 ~6x smaller
+    # streaming systems read LServe's second layout: no streaming-head rows in the extents, a tail of 5 float32 pages
+    # of the 31 left-out (layer, head) pairs (36 streaming heads, one kept in each of the 5 layers where all 3 stream)
+    assert systems["lserve"]["stored_layout"] == "streaming" == systems["lserve-kv4"]["stored_layout"] != systems["quest"]["stored_layout"]
+    tail = systems["lserve"]["stored_tail_bytes"]
+    assert tail == systems["lserve-kv4"]["stored_tail_bytes"] == 5 * 16 * 31 * 2 * 64 * 4
+    assert systems["lserve"]["stored_bytes"] - tail < systems["quest"]["stored_bytes"] * (1 - 0.3)  # 40% of heads, 3% of rows kept
+    assert (systems["lserve-kv4"]["stored_bytes"] - tail) * 5 < systems["lserve"]["stored_bytes"] - tail  # float32 model: kv4 ~6x smaller
     assert systems["lserve-kv4"]["store_bytes_per_token"] < systems["lserve"]["store_bytes_per_token"]
     assert systems["dense"]["fetch_per_token_s"] == 0 == systems["dense"]["sets_changed"]  # chooses nothing while decoding
     assert systems["quest"]["select_per_token_s"] > systems["dense"]["select_per_token_s"]  # Quest scores at every token
     assert 0 < cell["streaming_layout_fraction"] < 1
     # NAME-kv4h: its own scheme beside --kv-quant's kv4, the same rows read, fewer bytes stored
-    assert systems["lserve-kv4h"]["memory_bytes_per_token"] == systems["lserve"]["memory_bytes_per_token"]
+    # (about the same rows: summaries of rounded keys may choose another page, and a page in the recent window
+    # adds rows the streaming heads see)
+    assert systems["lserve-kv4h"]["memory_bytes_per_token"] == pytest.approx(systems["lserve"]["memory_bytes_per_token"], rel=0.05)
     assert systems["lserve-kv4h"]["stored_bytes"] < systems["lserve-kv4"]["stored_bytes"]
     assert systems["loopserve-sp"]["prefill_density"] < 1 == systems["dense"]["prefill_density"]  # the new turn's lines only
 

@@ -60,6 +60,8 @@ def test_re_selection_gives_the_streaming_heads_each_new_sets_sink_and_recent_ro
     calls = []
 
     class Spy:  # the profile, recording which rows each mask is asked for
+        streaming = prof.streaming  # which heads the selection leaves unscored
+
         def row_mask(self, layer, rows, n):
             calls.append((layer, rows.tolist()))
             return prof.row_mask(layer, rows, n)

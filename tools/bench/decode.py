@@ -29,9 +29,11 @@ hidden rows are counted as not read, which is what a kernel skipping them
 reads); the KV bytes the store delivered and read from disk per output
 token (the first token's load and the chunks re-selection fetched, over all
 tokens); the selector's time and re-selection's fetch time per output
-token; and the bytes stored per
-prefix, with what the streaming heads' sink + recent layout would keep (not
-a stored layout yet).
+token; and the bytes stored per prefix.  A system with streaming heads
+(``lserve``...) reads a third copy stored in LServe's second layout: extents
+without the streaming heads' rows, and their sink and recent rows as
+per-prefix pages (``engine_client.stream_tail``), counted in its stored
+bytes; ``--full-layout`` runs it over the full copy instead, masking.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ def add_decode_parser(sub) -> None:
     p.add_argument("--systems", default=DEFAULT_SYSTEMS, help="comma-separated; NAME-kv4 runs NAME over the quantized copy")
     p.add_argument("--kv-quant", default="kv4", help="the quantized copy's scheme for NAME-kv4 (kv4 | kv4t | kv4h); -kv8 systems use kv8")
     p.add_argument("--streaming-heads", metavar="PATH", help="the streaming-heads file (default: the one next to the checkpoint)")
+    p.add_argument(
+        "--full-layout", action="store_true", help="streaming systems read the full layout and mask (default: the streaming layout)"
+    )
     p.add_argument("--standin-layers", metavar="PATH", help="the stand-in layers file (default: the one next to the checkpoint)")
     p.add_argument("--directory", default="/tmp", help="where the daemon's store lives")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
@@ -207,15 +212,16 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
         arena_bytes = max(256 << 20, -(-32 * layer_bytes // (1 << 20)) << 20)
         client = private_daemon_client(args.directory, "decode-store-", stack, ("--shm-arena-bytes", str(arena_bytes)))
         runners = {}
-        for quant in {q for _, _, q in systems}:
-            runners[quant] = ModelRunner(
+        for key in {_copy(args, base, quant) for _, base, quant in systems}:
+            runners[key] = ModelRunner(
                 model,
                 client,
                 chunk_tokens=CHUNK_TOKENS,
                 group_layers=1,
                 streaming_heads=None if isinstance(heads, Exception) else heads,
                 standin_layers=args.standin_profile,
-                kv_quant=quant,
+                kv_quant=key[0],
+                streaming_layout=key[1],
             )
         bar = progress_bar(len(examples) * len(systems), f"{task}@{n}", unit="answer")
         for i, ex in enumerate(examples):
@@ -226,22 +232,34 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
             for name, base, quant in systems[i % len(systems) :] + systems[: i % len(systems)]:
                 fields = {"selector": "full", "period_layers": 1} if base == "dense" else system_fields(base)
                 cfg = ReprefillConfig(budget=1.0 if base == "dense" else fraction, **fields)
-                runner = runners[quant]
+                runner = runners[_copy(args, base, quant)]
                 resident = runner.resident_bytes()
                 model.attention_s = 0.0
                 try:
                     gen = runner.generate(
-                        handles[quant].prefix_id, ex.suffix_tokens, cfg, args.new_tokens, tokenizer=pm.tokenizer, eos_token_ids=()
+                        handles[_copy(args, base, quant)].prefix_id,
+                        ex.suffix_tokens,
+                        cfg,
+                        args.new_tokens,
+                        tokenizer=pm.tokenizer,
+                        eos_token_ids=(),
                     )
                 finally:
                     model.attention_s = None
                 rows[name].append(_row(ex, gen, runner, resident, row_bytes))
                 bar.update(1)
-            for quant, runner in runners.items():  # a 100-example run would keep 30 GB of 4k prefixes
-                runner.forget(handles[quant].prefix_id)
-                client.delete(handles[quant].prefix_id)
+            for key, runner in runners.items():  # a 100-example run would keep 30 GB of 4k prefixes
+                runner.forget(handles[key].prefix_id)
+                client.delete(handles[key].prefix_id)
         bar.close()
-    return _cell_report(task, n, examples, systems, rows, runners, heads)
+    return _cell_report(task, n, examples, systems, rows, {name: runners[_copy(args, base, q)] for name, base, q in systems}, heads)
+
+
+def _copy(args, base: str, quant: str) -> tuple[str, bool]:
+    """Which stored copy a system reads: (kv_quant, streaming layout)."""
+    from engine_client.selection.systems import system_fields
+
+    return quant, bool(base != "dense" and system_fields(base).get("streaming") and not args.full_layout)
 
 
 def _row(ex, gen, runner, resident_before: int, row_bytes: int) -> dict:
@@ -277,6 +295,9 @@ def _row(ex, gen, runner, resident_before: int, row_bytes: int) -> dict:
 
 
 def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
+    """``runners``: each system's, by name."""
+    from engine_client.stream_tail import tail_bytes
+
     out = {"task": task, "context": n, "examples": len(examples), "seeds": [examples[0].seed, examples[-1].seed], "systems": {}}
     tokens = int(np.mean([ex.num_prefix_tokens for ex in examples]))
     for name, base, quant in systems:
@@ -284,8 +305,12 @@ def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
         s = {k: float(np.mean([r[k] for r in rs])) for k in rs[0] if k not in ("seed", "depth", "correct", "text")}
         s["correct"] = sum(r["correct"] for r in rs)
         s["wilson95"] = list(wilson_interval(s["correct"], len(rs)))
-        geo = runners[quant].geometry
+        geo = runners[name].geometry
         s["stored_bytes"] = geo.kv_bytes(tokens)
+        s["stored_layout"] = "streaming" if geo.streaming_heads else "full"
+        if geo.streaming_heads:  # the tail pages: every head's sink and recent rows, the model's dtype
+            s["stored_tail_bytes"] = tail_bytes(geo, heads.sink_tokens, heads.recent_tokens)
+            s["stored_bytes"] += s["stored_tail_bytes"]
         m = geo.model  # the same KV in bfloat16: the reference the storage target is stated against
         s["stored_vs_bf16"] = tokens * m.num_layers * 2 * m.num_kv_heads * m.head_dim * 2 / s["stored_bytes"]
         s["kv_quant"] = quant or None
@@ -307,7 +332,8 @@ def format_decode(r: dict) -> str:
             "",
             f"{cell['task']} @ {cell['context']} tokens (seeds {cell['seeds'][0]}..{cell['seeds'][1]})"
             + (
-                f"; a sink + recent layout for the streaming heads would keep {cell['streaming_layout_fraction']:.1%} of the KV"
+                f"; the streaming heads' sink + recent rows alone make {cell['streaming_layout_fraction']:.1%} of the KV"
+                " (a streaming-layout copy, stored MB, also keeps the tail pages' other heads)"
                 if "streaming_layout_fraction" in cell
                 else ""
             ),
