@@ -100,6 +100,7 @@ class ReprefillConfig:
     # streaming (LServe): the runner's streaming heads (ModelRunner(streaming_heads=))
     # attend only to the loaded rows in the sink and recent window, at the
     # first token and while decoding; the other heads to every loaded row.
+    # Selection scores the other heads only (LServe selects for dense heads).
     streaming: bool = False
     # per_head (LServe): each KV head chooses its own chunks at the budget (its query
     # group's max, selection.heads.kv_head_scores) and attends only to them; the Period
@@ -125,6 +126,7 @@ class PrefixHandle:
     cache_hit: bool  # already stored: nothing was computed or written
     bytes_written: int = 0
     prefill_s: float = 0.0
+    tail_batch_id: str = ""  # streaming layout: the page batch this store wrote for the tail ("" if none)
 
 
 @dataclass
@@ -281,12 +283,12 @@ class ModelRunner:
             _, kv = chunked_prefill(self.model, toks, progress=progress)  # [layers, 2, kv_heads, n, head_dim]
         arr = as_numpy_kv(kv)
         res = self.client.put_prefix(toks.numpy(), arr, self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
-        written = res.bytes_written
+        written, batch = res.bytes_written, ""
         if self.geometry.streaming_heads:  # after the prefix: a put cut short between the two is healed by the next store
             sh = self.streaming_heads
             tail = put_tail(self.client, res.prefix_id, arr, self.geometry, sh.sink_tokens, sh.recent_tokens, **self._page_scope())
-            written += tail.bytes_written
-        return PrefixHandle(res.prefix_id, toks.numel(), m, False, written, time.perf_counter() - t0)
+            written, batch = written + tail.bytes_written, tail.batch_id
+        return PrefixHandle(res.prefix_id, toks.numel(), m, False, written, time.perf_counter() - t0, batch)
 
     def _page_scope(self) -> dict:
         return {"namespace": self.namespace, "model_fingerprint": self.model.fingerprint}
@@ -494,7 +496,7 @@ class ModelRunner:
                     out.period_select_s[p] += time.perf_counter() - t0
                     out.select_s += time.perf_counter() - t0
                 masks = self._row_masks(chunks, l0, n, cfg, out, head_sets)
-                row_pos = self._rows(chunks.tolist(), n) if cfg.prefill_alpha or l0 in standins or tail else None
+                row_pos = self._rows(chunks.tolist(), n) if cfg.prefill_alpha or l0 in standins or tail is not None else None
                 standin = None
                 if l0 in standins:
                     probe = self._resident_probe(desc.prefix_id, l0, cfg.probe_bits, out).dequantize(model.dtype)

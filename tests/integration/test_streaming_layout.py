@@ -96,7 +96,7 @@ def test_a_missing_tail_is_named_and_the_next_store_puts_it_back(runners, model4
     with pytest.raises(TailMissing, match="store the prefix again"):
         small.reprefill(put.prefix_id, [7, 8], cfg)
     again = small.store_prefix(PREFIX)  # the chunks are stored: only the tail is put
-    assert again.prefix_id == put.prefix_id and not again.cache_hit
+    assert again.prefix_id == put.prefix_id and not again.cache_hit and again.tail_batch_id
     assert small.reprefill(put.prefix_id, [7, 8], cfg).logits.numel()
     assert small.store_prefix(PREFIX).cache_hit
     sh = small.streaming_heads
@@ -145,3 +145,13 @@ def test_chunks_re_selection_fetches_while_decoding_get_their_tail_rows(daemon, 
     assert gb.reselect.chunks_fetched == ga.reselect.chunks_fetched > 0
     assert gb.tokens == ga.tokens
     assert gb.step_kv_rows == ga.step_kv_rows
+
+
+def test_deleting_the_tail_batch_takes_the_tail_away(runners):
+    _, small = runners
+    b = small.store_prefix(PREFIX)
+    cfg = ReprefillConfig(budget=0.5, period_layers=1, selector="exact", streaming=True)
+    small.client.delete(b.tail_batch_id)
+    small.forget(b.prefix_id)
+    with pytest.raises(TailMissing):
+        small.reprefill(b.prefix_id, [7, 8], cfg)

@@ -251,6 +251,8 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
             for key, runner in runners.items():  # a 100-example run would keep 30 GB of 4k prefixes
                 runner.forget(handles[key].prefix_id)
                 client.delete(handles[key].prefix_id)
+                if handles[key].tail_batch_id:  # the streaming layout's tail pages
+                    client.delete(handles[key].tail_batch_id)
         bar.close()
     return _cell_report(task, n, examples, systems, rows, {name: runners[_copy(args, base, q)] for name, base, q in systems}, heads)
 
@@ -332,8 +334,8 @@ def format_decode(r: dict) -> str:
             "",
             f"{cell['task']} @ {cell['context']} tokens (seeds {cell['seeds'][0]}..{cell['seeds'][1]})"
             + (
-                f"; the streaming heads' sink + recent rows alone make {cell['streaming_layout_fraction']:.1%} of the KV"
-                " (a streaming-layout copy, stored MB, also keeps the tail pages' other heads)"
+                f"; keeping only the sink + recent rows of every streaming head would make a prefix {cell['streaming_layout_fraction']:.1%}"
+                " of the full KV (stored MB: what each system's copy keeps)"
                 if "streaming_layout_fraction" in cell
                 else ""
             ),
