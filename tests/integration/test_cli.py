@@ -112,6 +112,23 @@ def test_admin_ls_inspect_stats(populated):
     assert "KiB" in admin(data_dir, "stats").stdout
 
 
+def test_admin_inspect_and_verify_a_streaming_layout_prefix(store_config):
+    geo = StoreGeometry(ModelSpec(3, 2, 8, "bfloat16"), chunk_tokens=16, group_layers=2, streaming_heads=((0,), (), (1,)))
+    rng = np.random.default_rng(3)
+    with ChunkStore(store_config) as store:
+        pid = store.put(rng.integers(0, 50_000, NUM_TOKENS), synthetic_kv(rng, (3, 2, 2, NUM_TOKENS, 8), "bfloat16"), geo).prefix_id
+    info = json.loads(admin(store_config.data_dir, "inspect", pid, "--json").stdout)
+    assert info["streaming_heads"] == 2 and info["kv_bytes"] * 6 == info["kv_bytes_full_layout"] * 4
+    human = admin(store_config.data_dir, "inspect", pid)
+    assert "2 streaming (layer, KV head) pairs left out" in human.stdout and "1.50x smaller" in human.stdout
+    proc = admin(store_config.data_dir, "verify", "--json")
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    os.remove(os.path.join(store_config.data_dir, "index", "data.mdb"))  # the layout reads back from trailer and manifest
+    rebuilt = admin(store_config.data_dir, "rebuild-index", "--json")
+    assert json.loads(rebuilt.stdout)["restored"] == [pid], rebuilt.stderr
+    assert json.loads(admin(store_config.data_dir, "inspect", pid, "--json").stdout)["geometry"] == info["geometry"]
+
+
 def _flip_byte(path: str, offset: int) -> None:
     with open(path, "r+b") as fh:  # buffered, not O_DIRECT: any offset will do
         fh.seek(offset)
