@@ -238,7 +238,7 @@ class StoreGeometry:
 
     def extent_array(self, raw: np.ndarray, group: int, tokens: int) -> np.ndarray:
         """A stored extent's bytes (uint8) as ``[layers_in_group, 2, heads, tokens, dim]`` in the numpy KV dtype:
-        a view of ``raw``, or its dequantized copy when ``kv_quant``."""
+        a view of ``raw``, or its dequantized copy when ``kv_quant``, a zero-filled copy when ``streaming_heads``."""
         m = self.model
         if self.streaming_heads:
             return self._spread_extent(raw, group, tokens)
@@ -291,10 +291,12 @@ class StoreGeometry:
         if self.kv_quant:
             kvquant.check_values(self.kv_quant, keys_as_float32(kv, self.model.dtype))
 
-    def extent_payload(self, extent: np.ndarray, group: int = 0) -> np.ndarray:
+    def extent_payload(self, extent: np.ndarray, group: int | None = None) -> np.ndarray:
         """What is stored for one extent given in the numpy KV dtype: the array, or its quantized bytes;
-        with ``streaming_heads``, each layer's stored heads only (uint8 bytes; ``group``: the extent's)."""
+        with ``streaming_heads``, each layer's stored heads only (uint8 bytes; ``group``, the extent's, required)."""
         if self.streaming_heads:
+            if group is None or extent.shape[0] != self.layers_in_group(group):
+                raise InvalidArgument("group", f"a streaming-heads extent needs its group; got {group} for {extent.shape[0]} layers")
             parts = []
             for i, layer in enumerate(self.group_layer_range(group)):
                 kept = np.ascontiguousarray(extent[i][:, list(self.stored_heads(layer))])

@@ -128,3 +128,12 @@ def test_tail_keys_name_one_prefix_and_one_window():
     assert len(keys) == 1 + 4 and len(set(keys)) == 5 and all(len(k) == 32 for k in keys)
     assert keys == tail_keys(a, 16, 64, 16)
     assert not set(keys) & set(tail_keys(b, 16, 64, 16)) and not set(keys) & set(tail_keys(a, 16, 48, 16))
+
+
+def test_a_streaming_heads_extent_is_encoded_only_with_its_group():
+    small = StoreGeometry(MODEL, chunk_tokens=16, group_layers=3, streaming_heads=LEFT_OUT)
+    ext = np.ascontiguousarray(kv_of(MODEL, 16)[:3])
+    with pytest.raises(InvalidArgument, match="needs its group"):
+        small.extent_payload(ext)
+    with pytest.raises(InvalidArgument, match="needs its group"):
+        small.extent_payload(ext, 1)  # group 1 has one layer
