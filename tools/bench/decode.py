@@ -310,7 +310,7 @@ def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
         geo = runners[name].geometry
         s["stored_bytes"] = geo.kv_bytes(tokens)
         s["stored_layout"] = "streaming" if geo.streaming_heads else "full"
-        if geo.streaming_heads:  # the tail pages: every head's sink and recent rows, the model's dtype
+        if geo.streaming_heads:  # the tail pages: the left-out heads' sink and recent rows, the model's dtype
             s["stored_tail_bytes"] = tail_bytes(geo, heads.sink_tokens, heads.recent_tokens)
             s["stored_bytes"] += s["stored_tail_bytes"]
         m = geo.model  # the same KV in bfloat16: the reference the storage target is stated against
