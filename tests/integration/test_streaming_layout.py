@@ -69,7 +69,7 @@ def test_loaded_rows_hold_the_tail_for_streaming_heads_and_nothing_else_of_them(
     visible = (torch.arange(n) < 16) | (torch.arange(n) >= n - 32)
     for layer in range(model4.num_layers):
         rows = res.layer_kv[layer][:, :, :n]  # [2, Hkv, n, d]
-        torch.testing.assert_close(rows[:, 2:], kv[layer][:, 2:])  # head 2 is stored in every layer
+        torch.testing.assert_close(rows[:, 2:], kv[layer][:, 2:])  # heads 2 and 3 are stored in every layer
         torch.testing.assert_close(rows[:, 0, visible], kv[layer][:, 0, visible])  # from the tail
         assert not rows[:, 0, ~visible].any()  # never stored, never read
 
