@@ -16,11 +16,11 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
 
-Why one file of ~800 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+Why one file of ~850 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
 the request's vocabulary and ``ModelRunner`` its one loop, whose steps
 (``check_request``, ``_select``, ``_row_masks``, ``_run_period``, ``_report``) share the
 runner's resident state (key summaries, quantized probe keys, the stand-in
-layers' value sums: ``standin``), which
+layers' value sums: ``standin``; the streaming layout's tails: ``stream_tail``), which
 decoding's re-selection (``_decode_reselecting``) scores with too; the dense
 prefill (``prefill``), decoding (``generation``, ``reselect``) and the
 selectors (``selection``) already live apart.
@@ -48,7 +48,7 @@ from .selection.heads import kv_head_scores
 from .selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
 from .sparse_prefill import pattern
 from .standin import standin_kv, value_sum
-from .stream_tail import get_tail, has_tail, put_tail, tail_pairs
+from .stream_tail import fill_tail, get_tail, has_tail, left_out_heads, put_tail, tail_pairs
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 
@@ -182,7 +182,7 @@ def model_geometry(
     (``StoreGeometry.streaming_heads``, their sink and recent rows kept by ``stream_tail``)."""
     c = model.config
     spec = ModelSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
-    left_out = () if streaming_heads is None else _left_out(streaming_heads)
+    left_out = () if streaming_heads is None else left_out_heads(streaming_heads)
     return StoreGeometry(
         spec,
         chunk_tokens=chunk_tokens,
@@ -192,19 +192,6 @@ def model_geometry(
         kv_quant=kv_quant,
         streaming_heads=left_out,
     )
-
-
-def _left_out(heads) -> tuple[tuple[int, ...], ...]:
-    """Per layer, the streaming KV heads a streaming layout leaves out of the extents.  Where every head of
-    a layer streams, the least local one (lowest calibrated mass) stays stored: an extent keeps at least
-    one head of each layer; the runner still masks it as a streaming head."""
-    out = []
-    for flags, mass in zip(heads.streaming, heads.mass):
-        streaming = [h for h, s in enumerate(flags) if s]
-        if len(streaming) == len(flags):
-            streaming.remove(min(streaming, key=lambda h: mass[h]))
-        out.append(tuple(streaming))
-    return tuple(out)
 
 
 class ModelRunner:
@@ -305,20 +292,6 @@ class ModelRunner:
             out.state_bytes_fetched += tail.rows.nbytes
             self._tails[prefix_id] = (torch.from_numpy(tail.positions), _as_torch(tail.rows, self.geometry))
         return self._tails[prefix_id]
-
-    def _with_tail(self, kv: torch.Tensor, group: int, row_pos: torch.Tensor, tail) -> torch.Tensor:
-        """``kv [group layers, 2, Hkv, rows, d]`` at prefix positions ``row_pos`` with each layer's streaming heads'
-        rows filled from the tail where it holds them (the extents leave them zero)."""
-        positions, rows = tail
-        hit = torch.isin(row_pos, positions)
-        if not bool(hit.any()):
-            return kv
-        at = torch.searchsorted(positions, row_pos[hit])
-        kv, idx = kv.clone(), torch.nonzero(hit).reshape(-1)
-        for i, layer in enumerate(self.geometry.group_layer_range(group)):
-            for h in self.geometry.streaming_heads[layer]:
-                kv[i, :, h, idx] = rows[self._tail_pair[(layer, h)], :, at]
-        return kv
 
     # ------------------------------------------------------------ re-prefill
     def check_request(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig):
@@ -674,7 +647,7 @@ class ModelRunner:
             t0 = time.perf_counter()
             kv = _as_torch(raw, geo)  # [group layers, 2, kv_heads, rows, head_dim]
             if tail is not None:
-                kv = self._with_tail(kv, group, row_pos, tail)
+                kv = fill_tail(kv, geo, group, row_pos, *tail, self._tail_pair)
             for i, layer in enumerate(geo.group_layer_range(group)):
                 t1 = time.perf_counter()
                 lines = None
@@ -822,7 +795,7 @@ class ModelRunner:
                     for c in chunks:
                         ext = _as_torch(read.extent(g, c), geo)  # [layers in group, 2, Hkv, tokens, d]
                         if geo.streaming_heads:
-                            ext = self._with_tail(ext, g, self._rows([c], n), self._tails[prefix_id])
+                            ext = fill_tail(ext, geo, g, self._rows([c], n), *self._tails[prefix_id], self._tail_pair)
                         for i, layer in enumerate(geo.group_layer_range(g)):
                             rows.setdefault(layer, {})[c] = ext[i].clone()
                 return rows, read.bytes_read, read.bytes_useful

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import grpc
 import numpy as np
+import torch
 
 from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.wire import NotFound
@@ -182,3 +183,30 @@ def get_tail(
     positions, first = np.unique(pos, return_index=True)  # ascending; a short prefix's sink and recent rows overlap
     keep = positions >= 0
     return StreamTail(tail_pairs(geometry), positions[keep], np.ascontiguousarray(rows[:, :, first[keep]]))
+
+
+def left_out_heads(heads) -> tuple[tuple[int, ...], ...]:
+    """Per layer, the streaming KV heads (``model.streaming.StreamingHeads``) a streaming layout leaves out
+    of the extents.  Where every head of a layer streams, the least local one (lowest calibrated mass)
+    stays stored: an extent keeps at least one head of each layer; the runner still masks it as streaming."""
+    out = []
+    for flags, mass in zip(heads.streaming, heads.mass):
+        streaming = [h for h, s in enumerate(flags) if s]
+        if len(streaming) == len(flags):
+            streaming.remove(min(streaming, key=lambda h: mass[h]))
+        out.append(tuple(streaming))
+    return tuple(out)
+
+
+def fill_tail(kv, geometry: StoreGeometry, group: int, row_pos, positions, rows, pair_index: dict):
+    """``kv [group layers, 2, Hkv, r, d]`` (torch, delivered rows at prefix positions ``row_pos``) with each
+    layer's left-out heads filled, in place, from a loaded tail (``positions``, ``rows [pairs, 2, t, d]``,
+    ``pair_index[(layer, head)]`` its pair) where the tail holds the row.  ``kv`` is the reader's own copy:
+    a streaming-layout extent is always read into a new zero-filled array (``StoreGeometry.extent_array``)."""
+    hit = torch.isin(row_pos, positions)
+    if bool(hit.any()):
+        at, idx = torch.searchsorted(positions, row_pos[hit]), torch.nonzero(hit).reshape(-1)
+        for i, layer in enumerate(geometry.group_layer_range(group)):
+            for h in geometry.streaming_heads[layer]:
+                kv[i, :, h, idx] = rows[pair_index[(layer, h)], :, at]
+    return kv

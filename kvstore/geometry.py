@@ -43,9 +43,11 @@ Period-major order puts the chunks of one group next to each other, so chunks
 selected together for a Period are adjacent on disk and coalesce into one
 read.  Every region starts on a 4 KiB boundary, as O_DIRECT and GDS require.
 
-Why one module of ~400 lines: every size and offset of the on-disk format is
+Why one module of ~520 lines: every size and offset of the on-disk format is
 computed here and nowhere else (the daemon, the client and the tools all ask
-it), so a change to the format is a change to this file only.
+it), so a change to the format is a change to this file only; the quantized
+codes (``kvquant``) and the streaming layout's tail (``engine_client.stream_tail``)
+already live apart, and what is left is the one table of sizes.
 """
 
 from __future__ import annotations
