@@ -157,6 +157,11 @@ LAZY_COMMANDS = {
         "add_decode_parser",
         "decoding from sparse, quantized KV: dense, Quest, LServe, LoopServe at one token budget",
     ),
+    "decode-merge": (
+        "tools.bench.decode_merge",
+        "add_decode_merge_parser",
+        "pool kvstore-bench decode --json reports over disjoint seeds into one table",
+    ),
     "replay": (
         "tools.bench.replay_cli",
         "add_replay_parser",

@@ -296,6 +296,17 @@ def _row(ex, gen, runner, resident_before: int, row_bytes: int) -> dict:
     }
 
 
+ROW_LABELS = ("seed", "depth", "correct", "text")  # a row's fields that are not averaged over a cell
+
+
+def summarise_rows(rs: list[dict]) -> dict:
+    """A system's figures over its rows: every measured field's mean, the answers right and their Wilson interval."""
+    s = {k: float(np.mean([r[k] for r in rs])) for k in rs[0] if k not in ROW_LABELS}
+    s["correct"] = sum(bool(r["correct"]) for r in rs)
+    s["wilson95"] = list(wilson_interval(s["correct"], len(rs)))
+    return s
+
+
 def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
     """``runners``: each system's, by name."""
     from engine_client.stream_tail import tail_bytes
@@ -304,9 +315,7 @@ def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
     tokens = int(np.mean([ex.num_prefix_tokens for ex in examples]))
     for name, base, quant in systems:
         rs = rows[name]
-        s = {k: float(np.mean([r[k] for r in rs])) for k in rs[0] if k not in ("seed", "depth", "correct", "text")}
-        s["correct"] = sum(r["correct"] for r in rs)
-        s["wilson95"] = list(wilson_interval(s["correct"], len(rs)))
+        s = summarise_rows(rs)
         geo = runners[name].geometry
         s["stored_bytes"] = geo.kv_bytes(tokens)
         s["stored_layout"] = "streaming" if geo.streaming_heads else "full"
@@ -327,12 +336,18 @@ def format_decode(r: dict) -> str:
     lines = [
         f"{r['model']}, {r['new_tokens']} tokens per answer, budget {r['budget_tokens']} tokens per layer and KV head, "
         f"{r['examples']} examples per cell ({r['stream']} seeds), {r['threads']} threads, {r['dtype']}"
+        if isinstance(r["examples"], int)
+        else f"{r['stream']} seeds, {r['threads']} threads, {r['dtype']}"
     ]
+    if "merged_from" in r:  # kvstore-bench decode-merge
+        lines.append("pooled from " + ", ".join(f"{m['path']} ({m['examples']} from seed offset {m['start']})" for m in r["merged_from"]))
     for cell in r["cells"]:
         dense = cell["systems"].get("dense")
         lines += [
             "",
-            f"{cell['task']} @ {cell['context']} tokens (seeds {cell['seeds'][0]}..{cell['seeds'][1]})"
+            f"{cell['task']} @ {cell['context']} tokens, {cell['examples']} examples (seeds "
+            + ", ".join(f"{a}..{b}" for a, b in cell.get("seed_ranges", [cell["seeds"]]))
+            + ")"
             + (
                 f"; keeping only the sink + recent rows of every streaming head would make a prefix {cell['streaming_layout_fraction']:.1%}"
                 " of the full KV (stored MB: what each system's copy keeps)"
