@@ -115,6 +115,7 @@ def decode_reselecting(
     next_position: int,
     max_new_tokens: int,
     every: int,
+    select_first: bool = False,
     stop_ids: frozenset[int] = frozenset(),
     row_mask: MaskFn | None = None,
     kv_rows: list[int] | None = None,
@@ -124,7 +125,9 @@ def decode_reselecting(
     ``kv``: per layer, the Period's prefix rows (``sets[p]``'s chunks in that
     order) then the suffix; ``periods``: ``(first layer, layers, chunk count)``
     (a count equal to the prefix's chunks: loaded in full, never re-selected);
-    ``sets`` is updated in place; ``num_chunks``: the prefix's.  ``row_mask``
+    ``sets`` is updated in place; ``num_chunks``: the prefix's.
+    ``select_first``: also select at the first decoding step (the first
+    token loaded more than the count, ``ReprefillConfig.first_token_full``).  ``row_mask``
     gives each layer's per-KV-head view of its set's rows (streaming heads,
     per-head sets), asked again at every re-selection; ``kv_rows`` receives each step's
     K/V rows read (``generation.attended_rows``).  Returns ``(tokens, step
@@ -155,7 +158,7 @@ def decode_reselecting(
         t0 = time.perf_counter()
         pos = next_position + len(tokens) - 1
         hidden = model.embed(torch.tensor([tokens[-1]]))  # [1, hidden]
-        reselect = len(tokens) % every == 0
+        reselect = len(tokens) % every == 0 or (select_first and len(tokens) == 1)
         rows_read = 0
         for p, (l0, layers, count) in enumerate(periods):
             recent = inputs[l0]

@@ -16,7 +16,7 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
 
-Why one file of ~850 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+Why one file of ~870 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
 the request's vocabulary and ``ModelRunner`` its one loop, whose steps
 (``check_request``, ``_select``, ``_row_masks``, ``_run_period``, ``_report``) share the
 runner's resident state (key summaries, quantized probe keys, the stand-in
@@ -97,6 +97,11 @@ class ReprefillConfig:
     # Needs scores from resident state: the summary selector, or exact with
     # probe_bits.  0: decoding attends to the first token's sets.
     reselect_every: int = 0
+    # first_token_full (with reselect_every; LServe's split of the work): the first token
+    # loads every chunk and its retrieval heads attend to all of them, as LServe's dense
+    # prefill does; ``budget`` applies from the first decoding step on, whose selection
+    # keeps that many of the rows already loaded.  False: the first token's set is the budget.
+    first_token_full: bool = False
     # streaming (LServe): the runner's streaming heads (ModelRunner(streaming_heads=))
     # attend only to the loaded rows in the sink and recent window, at the
     # first token and while decoding; the other heads to every loaded row.
@@ -321,6 +326,12 @@ class ModelRunner:
             )
         if not isinstance(cfg.streaming, bool):
             raise InvalidArgument("streaming", f"must be a bool, got {cfg.streaming!r}")
+        if not isinstance(cfg.first_token_full, bool):
+            raise InvalidArgument("first_token_full", f"must be a bool, got {cfg.first_token_full!r}")
+        if cfg.first_token_full and not cfg.reselect_every:
+            raise InvalidArgument("first_token_full", "the budget then applies while decoding only; it needs reselect_every > 0")
+        if cfg.first_token_full and cfg.per_head:
+            raise InvalidArgument("first_token_full", "per-KV-head sets are chosen at the first token; not with per_head")
         if not isinstance(cfg.per_head, bool):
             raise InvalidArgument("per_head", f"must be a bool, got {cfg.per_head!r}")
         alpha = cfg.prefill_alpha
@@ -421,6 +432,8 @@ class ModelRunner:
         (what ``generate`` decodes over).
         """
         desc, suffix = self.check_request(prefix_id, suffix_tokens, cfg)
+        if cfg.first_token_full:  # the budget is the decoding steps' (_decode_reselecting)
+            cfg = replace(cfg, budget=1.0)
         t_start = time.perf_counter()
         model = self.model
         n, m = desc.num_tokens, desc.num_chunks
@@ -816,6 +829,7 @@ class ModelRunner:
             next_position=start,
             max_new_tokens=max_new_tokens,
             every=cfg.reselect_every,
+            select_first=cfg.first_token_full,
             stop_ids=stops,
             row_mask=row_mask if cfg.streaming or cfg.per_head else None,
             kv_rows=kv_rows,

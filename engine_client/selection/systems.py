@@ -71,6 +71,9 @@ SYSTEMS["quest"] = {"selector": "summary", "period_layers": 1, "head_aggregation
 SYSTEMS["lserve"] = {**SYSTEMS["quest"], "page_chunks": 4, "reselect_every": 4, "streaming": True}
 # ... and with a set per KV head (each head its own pages at the budget, the union loaded), as LServe selects;
 SYSTEMS["lserve-heads"] = {**SYSTEMS["lserve"], "per_head": True}
+# ... with the first token over every chunk (LServe's prefill is dense for the retrieval heads) and the
+# pages chosen from the first decoding step on, among the rows already loaded;
+SYSTEMS["lserve-full-first"] = {**SYSTEMS["lserve"], "first_token_full": True}
 # LoopServe: re-selected every 4 generated tokens from those tokens' queries against the keys themselves
 # (4-bit resident probes), no follower chunks; with -sp also the new turn's prefill through the lines
 # covering 90% of its last queries' attention (online prefill sparsification).

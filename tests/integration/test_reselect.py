@@ -150,3 +150,30 @@ def test_lserve_style_pages_with_reused_selection_through_the_daemon(runner):
         runner.generate(
             handle.prefix_id, suffix, ReprefillConfig(budget=0.25, selector="summary", page_chunks=4, follow=1, period_layers=1), 2
         )
+
+
+def test_first_token_full_loads_everything_then_decodes_at_the_budget(runner):
+    """LServe's split: the first token over every chunk (dense logits), decoding over budget-sized sets of loaded rows."""
+    prefix, suffix = _prompt(5, n=640)  # 40 chunks
+    handle = runner.store_prefix(prefix)
+    lserve = dict(budget=0.25, period_layers=1, selector="summary", head_aggregation="max", page_chunks=4, reselect_every=4)
+    gen = runner.generate(handle.prefix_id, suffix, ReprefillConfig(**lserve, first_token_full=True), 9)
+    dense = runner.generate(handle.prefix_id, suffix, ReprefillConfig(budget=1.0, selector="full", period_layers=1), 1)
+    torch.testing.assert_close(gen.reprefill.logits, dense.reprefill.logits, atol=1e-5, rtol=0)
+    assert all(chunks.tolist() == list(range(40)) for chunks in gen.reprefill.selected)
+    st = gen.reselect
+    assert st.reselections == 3 * 2  # at the first decoding step, then at 4 and 8 generated tokens, 2 Periods
+    assert st.sets_changed >= 2 and st.chunks_fetched == 0 == st.bytes_fetched  # every chosen row was loaded already
+    # from the first decoding step on, each layer attends to a quarter of the prefix (10 chunks of 16 rows) and the rest
+    hkv, s = runner.model.config.num_key_value_heads, suffix.numel()
+    want = [2 * hkv * (10 * 16 + s + t) for t in range(1, 9)]  # 2 one-layer Periods
+    assert gen.step_kv_rows == want
+    sparse = runner.generate(handle.prefix_id, suffix, ReprefillConfig(**lserve), 9)
+    assert sparse.reprefill.kv_fraction == pytest.approx(0.25) and gen.reprefill.kv_fraction == 1.0
+    for fields, match in (
+        ({**lserve, "reselect_every": 0}, "first_token_full.*reselect_every"),
+        ({**lserve, "per_head": True}, "first_token_full.*per_head"),
+        ({**lserve, "first_token_full": 1}, "first_token_full.*bool"),
+    ):
+        with pytest.raises(InvalidArgument, match=match):
+            runner.generate(handle.prefix_id, suffix, ReprefillConfig(**{"first_token_full": True, **fields}), 2)

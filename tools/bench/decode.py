@@ -16,6 +16,8 @@ prefix; sink and recent chunk included):
 ``quest``      every layer, every token, chunks ranked by their min/max key bound (Quest);
 ``lserve``     the same bound over 16-token logical pages fetched as 64-token physical pages, the
                choice reused for 4 tokens, streaming heads reading only the sink and recent rows;
+``lserve-full-first``  ``lserve`` whose first token loads every chunk (LServe's dense prefill), the
+               pages chosen from the first decoding step on;
 ``loopserve``  re-selected every 4 tokens from those tokens' queries against 4-bit keys;
 any named system of ``engine_client.selection.systems`` (e.g. ``perlayer-follow-int4``, the
 Re-Prefill default, which decodes over the first token's sets); ``NAME-kv4`` / ``NAME-kv8``
