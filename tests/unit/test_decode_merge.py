@@ -69,3 +69,16 @@ def test_the_command_prints_the_pooled_table_and_names_a_bad_file_in_one_line(tm
     bad.write_text("{not json")
     proc = run_bench("decode-merge", paths[0], str(bad), expect=2, timeout=60)
     assert f"{bad}: not JSON" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_pooled_cells_compare_each_system_with_dense_on_the_same_seeds():
+    merged = merge_reports([_load(name) for name in PARTS])
+    for cell in merged["cells"]:
+        dense = {row["seed"]: row["correct"] for row in cell["systems"]["dense"]["rows"]}
+        s = cell["systems"]["perlayer-follow-int4"]
+        v = s["vs_dense"]
+        mine = {row["seed"]: row["correct"] for row in s["rows"]}
+        assert v["only_system"] == sum(mine[x] and not dense[x] for x in dense)
+        assert v["only_reference"] == sum(dense[x] and not mine[x] for x in dense)
+        assert v["difference"] == pytest.approx((s["correct"] - cell["systems"]["dense"]["correct"]) / 20)
+        assert "vs_dense" not in cell["systems"]["dense"]

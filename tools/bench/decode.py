@@ -47,7 +47,7 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from .eval_common import CHUNK_TOKENS, load_pretrained, wilson_interval
+from .eval_common import CHUNK_TOKENS, load_pretrained, paired_difference, wilson_interval
 from .io_jobs import BenchError, UsageError
 from .plots import add_plot_flag, check_plot_path
 
@@ -309,6 +309,18 @@ def summarise_rows(rs: list[dict]) -> dict:
     return s
 
 
+def add_vs_dense(systems: dict[str, dict]) -> None:
+    """Each system's ``vs_dense``: its answers against ``dense``'s on the same seeds (``paired_difference``)."""
+    dense = systems.get("dense")
+    if dense is None:
+        return
+    right = {row["seed"]: bool(row["correct"]) for row in dense["rows"]}
+    for name, s in systems.items():
+        if name != "dense" and all(row["seed"] in right for row in s["rows"]):
+            seeds = [row["seed"] for row in s["rows"]]
+            s["vs_dense"] = paired_difference([bool(row["correct"]) for row in s["rows"]], [right[x] for x in seeds])
+
+
 def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
     """``runners``: each system's, by name."""
     from engine_client.stream_tail import tail_bytes
@@ -329,6 +341,7 @@ def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
         s["kv_quant"] = quant or None
         s["rows"] = rs
         out["systems"][name] = s
+    add_vs_dense(out["systems"])
     if not isinstance(heads, Exception):
         out["streaming_layout_fraction"] = heads.stored_fraction(tokens)
     return out
@@ -356,7 +369,7 @@ def format_decode(r: dict) -> str:
                 if "streaming_layout_fraction" in cell
                 else ""
             ),
-            f"{'system':>22}  {'correct':>7}  {'Wilson 95%':>13}  {'TTFT s':>6}  {'prefill':>7}  {'ms/token':>8}  {'attn ms':>7}  {'memory KB/token':>15}  "
+            f"{'system':>22}  {'correct':>7}  {'Wilson 95%':>13}  {'vs dense, points (95%)':>22}  {'TTFT s':>6}  {'prefill':>7}  {'ms/token':>8}  {'attn ms':>7}  {'memory KB/token':>15}  "
             f"{'vs dense':>8}  {'store KB/token':>14}  {'disk KB/token':>13}  {'select ms/token':>15}  {'fetch ms/token':>14}  {'stored MB':>9}",
         ]
         for name, s in cell["systems"].items():
@@ -365,13 +378,21 @@ def format_decode(r: dict) -> str:
                 f"{dense['memory_bytes_per_token'] / s['memory_bytes_per_token']:.1f}x" if dense and s["memory_bytes_per_token"] else "-"
             )
             lines.append(
-                f"{name:>22}  {s['correct']:>3.0f}/{len(s['rows']):<3}  {lo:>5.0%}-{hi:<6.0%}  {s['ttft_s']:>6.2f}  "
+                f"{name:>22}  {s['correct']:>3.0f}/{len(s['rows']):<3}  {lo:>5.0%}-{hi:<6.0%}  {_vs_dense(s):>22}  {s['ttft_s']:>6.2f}  "
                 f"{s.get('prefill_density', 1.0):>7.1%}  {s['per_token_s'] * 1e3:>8.1f}  "
                 f"{s['attention_per_token_s'] * 1e3:>7.2f}  {s['memory_bytes_per_token'] / 1e3:>15.0f}  {ratio:>8}  "
                 f"{s['store_bytes_per_token'] / 1e3:>14.0f}  {s['disk_bytes_per_token'] / 1e3:>13.0f}  "
                 f"{s['select_per_token_s'] * 1e3:>15.2f}  {s.get('fetch_per_token_s', 0.0) * 1e3:>14.2f}  {s['stored_bytes'] / 1e6:>9.1f}"
             )
     return "\n".join(lines)
+
+
+def _vs_dense(s: dict) -> str:
+    v = s.get("vs_dense")
+    if v is None:
+        return "-"
+    lo, hi = v["interval"]
+    return f"{v['difference'] * 100:+.1f} ({lo * 100:+.1f} to {hi * 100:+.1f})"
 
 
 def plot_decode(r: dict, path: str) -> None:

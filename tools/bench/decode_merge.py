@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 
-from .decode import ROW_LABELS, format_decode, plot_decode, summarise_rows
+from .decode import ROW_LABELS, add_vs_dense, format_decode, plot_decode, summarise_rows
 from .io_jobs import UsageError
 from .plots import add_plot_flag, check_plot_path
 
@@ -141,6 +141,7 @@ def _merge_cell(context: int, task: str, parts: list[tuple[str, dict]]) -> dict:
             seeds = [row["seed"] for row in rows]
         elif seeds != [row["seed"] for row in rows]:
             raise UsageError(f"{task} @ {context}: system {name!r} ran other seeds than the others")
+    add_vs_dense(out["systems"])
     out.update(_pooled(parts, ("streaming_layout_fraction",), f"{task} @ {context}"))
     out["examples"] = len(seeds)
     out["seeds"] = [seeds[0], seeds[-1]]

@@ -39,6 +39,41 @@ def wilson_interval(correct: int, total: int, z: float = 1.96) -> tuple[float, f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def paired_difference(system: list[bool], reference: list[bool], z: float = 1.96) -> dict:
+    """How often ``system`` is right against ``reference`` on the same examples, with a 95% interval.
+
+    ``difference`` = system's accuracy minus the reference's; ``interval`` is
+    Newcombe's (1998) method 10 for paired proportions: the two Wilson
+    intervals joined through the pairs' correlation (phi, continuity-corrected
+    as in the paper), so a shared example counts once, not as two samples.
+    """
+    if len(system) != len(reference) or not system:
+        raise ValueError(f"need the same examples for both, got {len(system)} and {len(reference)}")
+    both = sum(1 for x, y in zip(system, reference) if x and y)
+    only_system = sum(1 for x, y in zip(system, reference) if x and not y)
+    only_reference = sum(1 for x, y in zip(system, reference) if y and not x)
+    n = len(system)
+    neither = n - both - only_system - only_reference
+    p1, p2 = (both + only_system) / n, (both + only_reference) / n
+    l1, u1 = wilson_interval(both + only_system, n, z)
+    l2, u2 = wilson_interval(both + only_reference, n, z)
+    margins = (both + only_system) * (only_reference + neither) * (both + only_reference) * (only_system + neither)
+    cross = both * neither - only_system * only_reference
+    corrected = cross - n / 2 if cross > n / 2 else (cross if cross < 0 else 0.0)
+    phi = corrected / math.sqrt(margins) if margins else 0.0
+    diff = p1 - p2
+    lo = diff - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
+    hi = diff + math.sqrt(max(0.0, (p2 - l2) ** 2 - 2 * phi * (p2 - l2) * (u1 - p1) + (u1 - p1) ** 2))
+    return {
+        "both": both,
+        "only_system": only_system,
+        "only_reference": only_reference,
+        "neither": neither,
+        "difference": diff,
+        "interval": [max(-1.0, lo), min(1.0, hi)],
+    }
+
+
 def keep_rows_without(num_prefix: int, drop_chunks: np.ndarray, chunk_tokens: int = CHUNK_TOKENS) -> torch.Tensor:
     """Prefix row ids outside the chunks ``drop_chunks``."""
     keep = np.ones(num_prefix, dtype=bool)
