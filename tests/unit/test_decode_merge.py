@@ -57,8 +57,9 @@ def test_a_seed_run_twice_or_unlike_settings_are_refused():
         merge_reports([a, ("fewer.json", fewer)])
     with pytest.raises(UsageError, match=r"^x.json: not a kvstore-bench decode --json report$"):
         merge_reports([a, ("x.json", {"cells": []})])
-    with pytest.raises(UsageError, match="at least two"):
-        merge_reports([a])
+    (cell,) = merge_reports([a])["cells"]  # one report: its figures again, from its rows
+    assert cell["systems"]["dense"]["correct"] == a[1]["cells"][0]["systems"]["dense"]["correct"]
+    assert "vs_dense" in cell["systems"]["perlayer-follow-int4"] and "vs_dense" not in a[1]["cells"][0]["systems"]["perlayer-follow-int4"]
 
 
 def test_the_command_prints_the_pooled_table_and_names_a_bad_file_in_one_line(tmp_path):

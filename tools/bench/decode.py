@@ -355,7 +355,10 @@ def format_decode(r: dict) -> str:
         else f"{r['stream']} seeds, {r['threads']} threads, {r['dtype']}"
     ]
     if "merged_from" in r:  # kvstore-bench decode-merge
-        lines.append("pooled from " + ", ".join(f"{m['path']} ({m['examples']} from seed offset {m['start']})" for m in r["merged_from"]))
+        lines.append(
+            ("pooled from " if len(r["merged_from"]) > 1 else "from ")
+            + ", ".join(f"{m['path']} ({m['examples']} from seed offset {m['start']})" for m in r["merged_from"])
+        )
     for cell in r["cells"]:
         dense = cell["systems"].get("dense")
         lines += [

@@ -15,7 +15,8 @@ stream, dtype, quantized scheme, streaming heads); a cell whose systems
 differ between reports; a seed that two reports both ran.  The thread
 count and the machine's load may differ (a greedy answer can change with
 the thread count only through a close logit's summation order): the pooled
-report lists each input's.
+report lists each input's.  Given one report, it computes that report's
+figures again from its rows, adding any a newer version reports.
 """
 
 from __future__ import annotations
@@ -72,9 +73,10 @@ def _check_report(path: str, r) -> None:
 
 
 def merge_reports(reports: list[tuple[str, dict]]) -> dict:
-    """One decode report from ``(path, report)`` pairs over disjoint seeds; UsageError names what does not fit."""
-    if len(reports) < 2:
-        raise UsageError("decode-merge needs at least two reports")
+    """One decode report from ``(path, report)`` pairs over disjoint seeds; UsageError names what does not fit.
+
+    One report alone is summarised again (a report written before a figure, such as ``vs_dense``, existed).
+    """
     for path, r in reports:
         _check_report(path, r)
     first_path, first = reports[0]
