@@ -6,8 +6,9 @@ A 100-example cell at 8000 tokens takes hours on a CPU, so it is run as
 several reports over disjoint seeds of one stream (``--start``), side by
 side or one after another.  This pools them: per context and task, each
 system's rows are joined and its figures computed again from them (means,
-answers right, the Wilson interval) exactly as one run computes them
-(``decode.summarise_rows``), so a pooled table is never added up by hand.
+answers right, the Wilson interval, the paired difference from ``dense``)
+exactly as one run computes them (``decode_report``), so a pooled table is
+never added up by hand.
 
 Refused, naming the file and the field: a file that is not a decode
 report; reports whose settings differ (model, budget, new tokens, seed
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import json
 
-from .decode import ROW_LABELS, add_vs_dense, format_decode, plot_decode, summarise_rows
+from .decode_report import ROW_LABELS, add_vs_dense, format_decode, plot_decode, summarise_rows
 from .io_jobs import UsageError
 from .plots import add_plot_flag, check_plot_path
 
