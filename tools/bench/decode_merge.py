@@ -105,18 +105,17 @@ def merge_reports(reports: list[tuple[str, dict]]) -> dict:
         "examples": counts.pop() if len(counts) == 1 else "per cell",
         "threads": threads[0] if len(threads) == 1 else " and ".join(map(str, threads)),
         "machine": first.get("machine"),
-        "merged_from": [
-            {
-                "path": path,
-                "start": r.get("start"),
-                "examples": r.get("examples"),
-                "threads": r.get("threads"),
-                "load_average_1min_before": r.get("load_average_1min_before"),
-            }
-            for path, r in reports
-        ],
+        "merged_from": [entry for path, r in reports for entry in _sources(path, r)],
         "cells": out_cells,
     }
+
+
+def _sources(path: str, r: dict) -> list[dict]:
+    """The runs behind report ``r``: its own settings, or, for a pooled report, the runs it lists."""
+    if "merged_from" in r:
+        return list(r["merged_from"])
+    keys = ("start", "examples", "threads", "load_average_1min_before")
+    return [{"path": path, **{key: r.get(key) for key in keys}}]
 
 
 def _merge_cell(context: int, task: str, parts: list[tuple[str, dict]]) -> dict:
