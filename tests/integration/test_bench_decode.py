@@ -6,7 +6,7 @@ import pytest
 from helpers import run_bench
 from pretrained import needs_smollm2
 
-SYSTEMS = ["dense", "quest", "lserve", "lserve-kv4", "lserve-kv4h", "loopserve-sp"]
+SYSTEMS = ["dense", "quest", "quest@192", "lserve", "lserve-kv4", "lserve-kv4h", "loopserve-sp"]
 
 
 @needs_smollm2
@@ -48,6 +48,10 @@ def test_decode_bench_reports_bytes_read_per_token_for_each_system():
     assert systems["lserve-kv4h"]["memory_bytes_per_token"] == pytest.approx(systems["lserve"]["memory_bytes_per_token"], rel=0.05)
     assert systems["lserve-kv4h"]["stored_bytes"] < systems["lserve-kv4"]["stored_bytes"]
     assert systems["loopserve-sp"]["prefill_density"] < 1 == systems["dense"]["prefill_density"]  # the new turn's lines only
+    # NAME@TOKENS: the same system at its own budget, on the same prefix; the others keep --budget-tokens
+    assert systems["quest@192"]["budget_tokens"] == 192 and "budget_tokens" not in systems["quest"] and r["budget_tokens"] == 128
+    assert systems["quest"]["kv_fraction"] < systems["quest@192"]["kv_fraction"] < 1
+    assert systems["quest"]["memory_bytes_per_token"] < systems["quest@192"]["memory_bytes_per_token"] < rows * 2 * 64 * 4
 
 
 @needs_smollm2
@@ -58,6 +62,8 @@ def test_decode_bench_refuses_bad_flags_in_one_line():
         (["--kv-quant", "kv8"], "--kv-quant must be one of kv4, kv4t, kv4h"),
         (["--tasks", "passkey,haiku"], "--tasks: unknown task 'haiku'"),
         (["--budget-tokens", "0"], "must be positive"),
+        (["--systems", "dense,quest@1k"], "'quest@1k': the budget after @ must be a positive number of tokens"),
+        (["--systems", "dense@512,quest"], "'dense@512': dense loads every chunk; it takes no budget"),
     ):
         proc = run_bench("decode", *argv, expect=2)
         assert want in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr

@@ -62,6 +62,22 @@ def test_a_seed_run_twice_or_unlike_settings_are_refused():
     assert "vs_dense" in cell["systems"]["perlayer-follow-int4"] and "vs_dense" not in a[1]["cells"][0]["systems"]["perlayer-follow-int4"]
 
 
+def test_a_system_s_own_budget_pools_only_with_the_same_budget():
+    p, n = (copy.deepcopy(_load(name)[1]) for name in PARTS[1:])
+    for r, budget in ((p, 1536), (n, 1536)):
+        for cell in r["cells"]:
+            cell["systems"]["perlayer-follow-int4"]["budget_tokens"] = budget
+    first = ("p.json", p)
+    merged = merge_reports([first, ("n.json", n)])  # the two tasks' cells: each system's budget kept as it is
+    assert {c["systems"]["perlayer-follow-int4"]["budget_tokens"] for c in merged["cells"]} == {1536}
+    assert "budget_tokens" not in merged["cells"][0]["systems"]["dense"]
+    later = copy.deepcopy(_load(PARTS[0])[1])  # seeds 0-7 of the same cells, at --budget-tokens only
+    with pytest.raises(
+        UsageError, match=r"^later.json: passkey @ 8000 system 'perlayer-follow-int4' has budget_tokens None, p.json has 1536$"
+    ):
+        merge_reports([first, ("later.json", later)])
+
+
 def test_the_command_prints_the_pooled_table_and_names_a_bad_file_in_one_line(tmp_path):
     paths = [os.path.join("docs", "figures", name) for name in PARTS]
     proc = run_bench("decode-merge", *paths, timeout=60)

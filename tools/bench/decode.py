@@ -21,7 +21,8 @@ prefix; sink and recent chunk included):
 ``loopserve``  re-selected every 4 tokens from those tokens' queries against 4-bit keys;
 any named system of ``engine_client.selection.systems`` (e.g. ``perlayer-follow-int4``, the
 Re-Prefill default, which decodes over the first token's sets); ``NAME-kv4`` / ``NAME-kv8``
-the same over the quantized copy.
+the same over the quantized copy; ``NAME@TOKENS`` the same at its own budget (e.g.
+``perlayer-follow-int4@1536``), so several budgets share one prefill per example.
 
 Reported per system (the order rotated per example), per context and task:
 accuracy with its Wilson interval; time per output token and its attention
@@ -81,16 +82,25 @@ def add_decode_parser(sub) -> None:
     p.set_defaults(run=command_decode)
 
 
-def parse_systems(text: str, kv_quant: str) -> list[tuple[str, str, str]]:
-    """``[(name, selection system, stored scheme or "")]``; a one-line UsageError for anything unknown."""
+def parse_systems(text: str, kv_quant: str) -> list[tuple[str, str, str, int | None]]:
+    """``[(name, selection system, stored scheme or "", budget tokens or None for --budget-tokens)]``;
+    a one-line UsageError for anything unknown."""
     from engine_client.selection.systems import SYSTEMS
 
     out = []
     for item in (s.strip() for s in text.split(",")):
-        base, quant = item, ""
+        spec, budget = item, None
+        if "@" in item:
+            spec, _, tokens = item.rpartition("@")
+            if not tokens.isdigit() or int(tokens) < 1:
+                raise UsageError(f"--systems: {item!r}: the budget after @ must be a positive number of tokens")
+            budget = int(tokens)
+            if spec == "dense":
+                raise UsageError(f"--systems: {item!r}: dense loads every chunk; it takes no budget")
+        base, quant = spec, ""
         for suffix in QUANT_SUFFIXES:
-            if item.endswith(suffix):
-                base, quant = item[: -len(suffix)], suffix[1:]
+            if spec.endswith(suffix):
+                base, quant = spec[: -len(suffix)], suffix[1:]
                 break
         if quant == "kv4":  # NAME-kv4 is --kv-quant's scheme; NAME-kv4t, NAME-kv4h name their own
             quant = kv_quant
@@ -98,8 +108,8 @@ def parse_systems(text: str, kv_quant: str) -> list[tuple[str, str, str]]:
             raise UsageError(
                 f"--systems: unknown system {item!r}; known: dense, {', '.join(sorted(SYSTEMS))} (each also as NAME-kv4, NAME-kv8, NAME-kv4h, ...)"
             )
-        out.append((item, base, quant))
-    if len({n for n, _, _ in out}) != len(out) or not out:
+        out.append((item, base, quant, budget))
+    if len({n for n, *_ in out}) != len(out) or not out:
         raise UsageError(f"--systems {text!r}: name each system once")
     return out
 
@@ -149,7 +159,7 @@ def run_decode(args) -> dict:
     except (ProfileError, OSError, ValueError) as exc:
         heads = exc  # only an error when a streaming system runs
     args.standin_profile = None
-    if any(base != "dense" and system_fields(base).get("standin_layers") == "calibrated" for _, base, _ in args.system_list):
+    if any(base != "dense" and system_fields(base).get("standin_layers") == "calibrated" for _, base, *_ in args.system_list):
         try:
             args.standin_profile = zoo.standin_layers(model, pm.checkpoint_dir, args.standin_layers)
         except ProfileError as exc:
@@ -202,10 +212,10 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
 
     model = pm.decoder
     systems = args.system_list
-    streams = any(base != "dense" and system_fields(base).get("streaming") for _, base, _ in systems)
+    streams = any(base != "dense" and system_fields(base).get("streaming") for _, base, *_ in systems)
     if streams and isinstance(heads, Exception):
         raise BenchError(f"a streaming system needs the model's streaming heads: {heads}")
-    rows: dict[str, list[dict]] = {name: [] for name, _, _ in systems}
+    rows: dict[str, list[dict]] = {name: [] for name, *_ in systems}
     itemsize = torch.empty(0, dtype=model.dtype).element_size()
     row_bytes = 2 * model.config.head_dim * itemsize  # one K and one V vector of one head
     with ExitStack() as stack:
@@ -215,7 +225,7 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
         arena_bytes = max(256 << 20, -(-32 * layer_bytes // (1 << 20)) << 20)
         client = private_daemon_client(args.directory, "decode-store-", stack, ("--shm-arena-bytes", str(arena_bytes)))
         runners = {}
-        for key in {_copy(args, base, quant) for _, base, quant in systems}:
+        for key in {_copy(args, base, quant) for _, base, quant, _ in systems}:
             runners[key] = ModelRunner(
                 model,
                 client,
@@ -231,9 +241,9 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
             _, kv = chunked_prefill(model, torch.from_numpy(ex.prefix_tokens))
             handles = {q: r.store_prefix(ex.prefix_tokens, kv=kv) for q, r in runners.items()}
             del kv
-            fraction = min(1.0, args.budget_tokens / ex.num_prefix_tokens)
-            for name, base, quant in systems[i % len(systems) :] + systems[: i % len(systems)]:
+            for name, base, quant, budget in systems[i % len(systems) :] + systems[: i % len(systems)]:
                 fields = {"selector": "full", "period_layers": 1} if base == "dense" else system_fields(base)
+                fraction = min(1.0, (budget or args.budget_tokens) / ex.num_prefix_tokens)
                 cfg = ReprefillConfig(budget=1.0 if base == "dense" else fraction, **fields)
                 runner = runners[_copy(args, base, quant)]
                 resident = runner.resident_bytes()
@@ -257,7 +267,7 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
                 if handles[key].tail_batch_id:  # the streaming layout's tail pages
                     client.delete(handles[key].tail_batch_id)
         bar.close()
-    return _cell_report(task, n, examples, systems, rows, {name: runners[_copy(args, base, q)] for name, base, q in systems}, heads)
+    return _cell_report(task, n, examples, systems, rows, {name: runners[_copy(args, base, q)] for name, base, q, _ in systems}, heads)
 
 
 def _copy(args, base: str, quant: str) -> tuple[str, bool]:
@@ -305,7 +315,7 @@ def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
 
     out = {"task": task, "context": n, "examples": len(examples), "seeds": [examples[0].seed, examples[-1].seed], "systems": {}}
     tokens = int(np.mean([ex.num_prefix_tokens for ex in examples]))
-    for name, base, quant in systems:
+    for name, base, quant, budget in systems:
         rs = rows[name]
         s = summarise_rows(rs)
         geo = runners[name].geometry
@@ -317,6 +327,8 @@ def _cell_report(task, n, examples, systems, rows, runners, heads) -> dict:
         m = geo.model  # the same KV in bfloat16: the reference the storage target is stated against
         s["stored_vs_bf16"] = tokens * m.num_layers * 2 * m.num_kv_heads * m.head_dim * 2 / s["stored_bytes"]
         s["kv_quant"] = quant or None
+        if budget:
+            s["budget_tokens"] = budget
         s["rows"] = rs
         out["systems"][name] = s
     add_vs_dense(out["systems"])

@@ -31,7 +31,8 @@ from .plots import add_plot_flag, check_plot_path
 # a report's settings that every pooled report must share
 SHARED = ("model", "new_tokens", "budget_tokens", "stream", "dtype", "kv_quant", "streaming_heads", "standin_layers")
 # a system's fields that come from its stored copy, not from its rows
-STORED = ("stored_bytes", "stored_tail_bytes", "stored_vs_bf16", "stored_layout", "kv_quant")
+# (and a NAME@TOKENS system's own budget)
+STORED = ("stored_bytes", "stored_tail_bytes", "stored_vs_bf16", "stored_layout", "kv_quant", "budget_tokens")
 
 
 def add_decode_merge_parser(sub) -> None:
@@ -161,7 +162,9 @@ def _pooled(parts: list[tuple[str, dict]], keys, what: str) -> dict:
     out = {}
     for key in keys:
         values = [obj.get(key) for _, obj in parts]
-        if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+        if all(isinstance(v, (int, float)) and not isinstance(v, bool) and v == values[0] for v in values):
+            out[key] = values[0]
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             out[key] = sum(v * w for v, w in zip(values, weights)) / sum(weights)
         elif all(repr(v) == repr(values[0]) for v in values):
             if any(key in obj for _, obj in parts):
