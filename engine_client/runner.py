@@ -73,6 +73,11 @@ class ReprefillConfig:
     # chunk; their KV is charged to the budget, the other layers share the
     # rest (selection.schedule.plan_periods).
     full_layers: int = 0
+    # whole_layers: these layers (Period first layers) load every chunk on top of the
+    # budget, the other layers' sets unchanged (selection.schedule.plan_periods): the exact
+    # rows where stand-ins only approximate them.  "calibrated": the runner's calibrated
+    # layers, as for standin_layers (the layers whose full KV restores most answer margin).
+    whole_layers: tuple | str = ()
     sink_chunks: int = 1
     local_chunks: int = 1
     report_attention: bool = True
@@ -340,6 +345,7 @@ class ModelRunner:
         if cfg.per_head and cfg.selector not in ("exact", "summary"):
             raise InvalidArgument("per_head", f"per-KV-head sets need per-head scores (exact or summary), not {cfg.selector!r}")
         self._check_standin(cfg)
+        self._check_whole(cfg)
         if cfg.streaming and self.streaming_heads is None:
             raise InvalidArgument(
                 "streaming", "this runner has no streaming heads (ModelRunner(streaming_heads=...); python -m tools.models calibrate-heads)"
@@ -375,16 +381,35 @@ class ModelRunner:
 
     def _standin_layers(self, cfg: ReprefillConfig):
         """``cfg.standin_layers``, with ``"calibrated"`` read from the runner's calibration file."""
-        if not isinstance(cfg.standin_layers, str):
-            return cfg.standin_layers
-        if cfg.standin_layers != "calibrated":
-            raise InvalidArgument("standin_layers", f'must be a tuple of layer indices or "calibrated", got {cfg.standin_layers!r}')
+        return self._calibrated(cfg, "standin_layers")
+
+    def _calibrated(self, cfg: ReprefillConfig, name: str):
+        """``cfg.<name>`` (``standin_layers`` or ``whole_layers``), ``"calibrated"`` read from the runner's calibration file."""
+        value = getattr(cfg, name)
+        if not isinstance(value, str):
+            return value
+        if value != "calibrated":
+            raise InvalidArgument(name, f'must be a tuple of layer indices or "calibrated", got {value!r}')
         if self.standin_profile is None:
             raise InvalidArgument(
-                "standin_layers",
+                name,
                 "this runner has no calibrated stand-in layers (ModelRunner(standin_layers=...); python -m tools.models calibrate-standins)",
             )
         return self.standin_profile.layers
+
+    def _check_whole(self, cfg: ReprefillConfig) -> None:
+        layers = self._calibrated(cfg, "whole_layers")
+        if not isinstance(layers, (tuple, list)) or any(isinstance(x, bool) or not isinstance(x, int) for x in layers):
+            raise InvalidArgument("whole_layers", f"must be a tuple of layer indices, got {layers!r}")
+        if not layers:
+            return
+        both = set(layers) & set(self._standin_layers(cfg))
+        if both:
+            raise InvalidArgument("whole_layers", f"layers {sorted(both)} are loaded whole; they need no stand-in rows")
+        # whole layers change only the first token's sets: decoding over them, as Re-Prefill's own selection does
+        for name in ("reselect_every", "first_token_full", "streaming", "per_head"):
+            if getattr(cfg, name):
+                raise InvalidArgument("whole_layers", f"does not combine with {name}={getattr(cfg, name)!r}")
 
     def _check_standin(self, cfg: ReprefillConfig) -> None:
         layers = self._standin_layers(cfg)
@@ -517,6 +542,7 @@ class ModelRunner:
             cfg.budget,
             period_layers=cfg.period_layers,
             full_layers=cfg.full_layers,
+            whole_layers=tuple(self._calibrated(cfg, "whole_layers")),
             sink_chunks=cfg.sink_chunks,
             local_chunks=cfg.local_chunks,
         )

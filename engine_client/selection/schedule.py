@@ -52,6 +52,7 @@ def plan_periods(
     *,
     period_layers: int,
     full_layers: int = 0,
+    whole_layers: tuple = (),
     sink_chunks: int = 1,
     local_chunks: int = 1,
 ) -> PeriodPlan:
@@ -66,6 +67,14 @@ def plan_periods(
     if full_layers % period_layers or full_layers >= num_layers:
         raise InvalidArgument(
             "full_layers", f"must be a multiple of period_layers ({period_layers}) below {num_layers} layers, got {full_layers}"
+        )
+    whole = set(whole_layers)
+    if len(whole) != len(whole_layers) or any(
+        isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < num_layers or x % period_layers for x in whole_layers
+    ):
+        raise InvalidArgument(
+            "whole_layers",
+            f"must be distinct Period first layers (multiples of period_layers {period_layers}) in [0, {num_layers}), got {tuple(whole_layers)}",
         )
     m = _check_count("num_chunks", num_chunks, 1)
     budget_count(m, budget, sink_chunks, local_chunks)  # validates the budget, sink and local
@@ -87,5 +96,5 @@ def plan_periods(
     periods = []
     for first in range(0, num_layers, period_layers):
         layers = min(period_layers, num_layers - first)
-        periods.append((first, layers, m if first < full_layers else k))
+        periods.append((first, layers, m if first < full_layers or first in whole else k))
     return PeriodPlan(m, num_layers, tuple(periods))

@@ -63,6 +63,8 @@ SYSTEMS["perlayer-follow-int4-streaming"] = {**SYSTEMS["perlayer-follow-int4"], 
 # model.standins): the layers whose full KV restores most of the answer margin a 5% set takes on the
 # tuning stream (8 and 19 on SmolLM2-135M, README).
 SYSTEMS["perlayer-follow-int4-standin"] = {**SYSTEMS["perlayer-follow-int4"], "standin_layers": "calibrated"}
+# ... with those layers loaded whole instead, on top of the budget (the exact rows the stand-ins approximate).
+SYSTEMS["perlayer-follow-int4-whole"] = {**SYSTEMS["perlayer-follow-int4"], "whole_layers": "calibrated"}
 # The decode-side systems (``kvstore-bench decode``), each at the bench's token budget:
 # Quest: every layer, every generated token, chunks (16-token pages) ranked by their min/max key bound;
 SYSTEMS["quest"] = {"selector": "summary", "period_layers": 1, "head_aggregation": "max", "reselect_every": 1}

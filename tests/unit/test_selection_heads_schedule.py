@@ -97,6 +97,19 @@ def test_full_layers_are_charged_to_the_budget():
         plan_periods(30, 250, 0.5, period_layers=2, full_layers=1)
 
 
+def test_whole_layers_load_every_chunk_on_top_of_the_budget():
+    plain = plan_periods(30, 250, 0.10, period_layers=1)
+    plan = plan_periods(30, 250, 0.10, period_layers=1, whole_layers=(1, 19))
+    assert [c for _, _, c in plan.periods] == [250 if first in (1, 19) else 25 for first, _, _ in plain.periods]
+    assert plan.chunk_layers == plain.chunk_layers + 2 * (250 - 25)
+    assert plan_periods(30, 250, 0.10, period_layers=2, whole_layers=(2,)).periods[1] == (2, 2, 250)
+    for bad in ((30,), (1, 1), (-1,), (True,)):
+        with pytest.raises(InvalidArgument, match="whole_layers"):
+            plan_periods(30, 250, 0.10, period_layers=1, whole_layers=bad)
+    with pytest.raises(InvalidArgument, match="whole_layers"):  # not a Period's first layer
+        plan_periods(30, 250, 0.10, period_layers=2, whole_layers=(3,))
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     num_layers=st.integers(1, 40),

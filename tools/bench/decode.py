@@ -159,7 +159,10 @@ def run_decode(args) -> dict:
     except (ProfileError, OSError, ValueError) as exc:
         heads = exc  # only an error when a streaming system runs
     args.standin_profile = None
-    if any(base != "dense" and system_fields(base).get("standin_layers") == "calibrated" for _, base, *_ in args.system_list):
+    if any(
+        base != "dense" and "calibrated" in (system_fields(base).get("standin_layers"), system_fields(base).get("whole_layers"))
+        for _, base, *_ in args.system_list
+    ):
         try:
             args.standin_profile = zoo.standin_layers(model, pm.checkpoint_dir, args.standin_layers)
         except ProfileError as exc:

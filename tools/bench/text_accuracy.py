@@ -257,7 +257,10 @@ def run_text_accuracy(args) -> dict:
     )
     args.streaming_heads = zoo.streaming_heads(pm) if streams else None
     calibrated = any(
-        sel and sel != SPARSE_PREFILL and path_fields(sel, args.period_layers).get("standin_layers") == "calibrated" for _, sel, _ in paths
+        sel
+        and sel != SPARSE_PREFILL
+        and "calibrated" in (path_fields(sel, args.period_layers).get(k) for k in ("standin_layers", "whole_layers"))
+        for _, sel, _ in paths
     )
     args.standin_profile = zoo.standin_layers(pm.decoder, pm.checkpoint_dir, getattr(args, "standin_layers", None)) if calibrated else None
     start = time.perf_counter()
