@@ -16,7 +16,7 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
 
-Why one file of ~870 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+Why one file of ~890 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
 the request's vocabulary and ``ModelRunner`` its one loop, whose steps
 (``check_request``, ``_select``, ``_row_masks``, ``_run_period``, ``_report``) share the
 runner's resident state (key summaries, quantized probe keys, the stand-in
