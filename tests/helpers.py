@@ -1,5 +1,6 @@
 """Shared test helpers: synthetic KV, tokens and geometries."""
 
+import contextlib
 import ctypes
 import os
 
@@ -91,3 +92,16 @@ def settled(client, timeout_s: float = 15.0):
         if (s.shm_leased_bytes == 0 and s.pinned_units == 0) or time.monotonic() > deadline:
             return s
         time.sleep(0.02)
+
+
+@contextlib.contextmanager
+def calibrated_layers(runner, layers: tuple):
+    """``runner`` with a calibration file of ``layers`` (what ``standin_layers``/``whole_layers="calibrated"`` read), then none again."""
+    from engine_client.model.standins import StandinLayers
+
+    gains = tuple(0.5 if i in layers else 0.05 for i in range(runner.model.num_layers))
+    runner.standin_profile = StandinLayers(runner.model.fingerprint, tuple(layers), gains, 2, 0.2)
+    try:
+        yield
+    finally:
+        runner.standin_profile = None

@@ -86,6 +86,11 @@ SYSTEMS["loopserve-sp"] = {**SYSTEMS["loopserve"], "prefill_alpha": 0.9}
 LAYERWISE_GROUP_LAYERS = 2
 
 
+def uses_calibrated_layers(fields: dict) -> bool:
+    """Whether selection ``fields`` ask for the runner's calibrated layers (stand-ins or whole layers)."""
+    return "calibrated" in (fields.get("standin_layers"), fields.get("whole_layers"))
+
+
 def system_fields(name: str) -> dict:
     """The ``ReprefillConfig`` selection fields of system ``name`` (a copy)."""
     try:

@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import calibrated_layers
 
 from engine_client.prefill import chunked_prefill
 from engine_client.runner import ReprefillConfig
@@ -86,14 +87,9 @@ def test_bad_stand_in_requests_are_refused_before_any_read(stored, change, match
 
 
 def test_calibrated_layers_are_the_runners_calibration_file(stored):
-    from engine_client.model.standins import StandinLayers
-
     runner, handle, _, suffix = stored
-    runner.standin_profile = StandinLayers(runner.model.fingerprint, (1,), (0.05, 0.5), 2, 0.2)
-    try:
+    with calibrated_layers(runner, (1,)):
         calibrated = runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers="calibrated"))
-    finally:
-        runner.standin_profile = None
     explicit = runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers=(1,)))
     assert calibrated.standin_rows == explicit.standin_rows > 0
     assert torch.equal(calibrated.logits, explicit.logits)

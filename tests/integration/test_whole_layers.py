@@ -4,6 +4,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+from helpers import calibrated_layers
 
 from engine_client.prefill import chunked_prefill
 from engine_client.runner import ReprefillConfig
@@ -48,16 +49,11 @@ def test_a_whole_layer_loads_every_row_and_leaves_the_other_sets_as_they_were(st
 
 
 def test_calibrated_whole_layers_are_the_runners_calibration_file(stored):
-    from engine_client.model.standins import StandinLayers
-
     runner, handle, _, suffix = stored
     with pytest.raises(InvalidArgument, match="calibrate-standins"):  # a runner without a calibration file
         runner.reprefill(handle.prefix_id, suffix, replace(CFG, whole_layers="calibrated"))
-    runner.standin_profile = StandinLayers(runner.model.fingerprint, (1,), (0.05, 0.5), 2, 0.2)
-    try:
+    with calibrated_layers(runner, (1,)):
         calibrated = runner.reprefill(handle.prefix_id, suffix, replace(CFG, whole_layers="calibrated"))
-    finally:
-        runner.standin_profile = None
     explicit = runner.reprefill(handle.prefix_id, suffix, replace(CFG, whole_layers=(1,)))
     assert [c.tolist() for c in calibrated.selected] == [c.tolist() for c in explicit.selected]
     assert torch.equal(calibrated.logits, explicit.logits)

@@ -148,7 +148,7 @@ def command_decode(args) -> int:
 def run_decode(args) -> dict:
     from engine_client.model import zoo
     from engine_client.model.streaming import ProfileError, StreamingHeads
-    from engine_client.selection.systems import system_fields
+    from engine_client.selection.systems import system_fields, uses_calibrated_layers
     from engine_client.tasks import text
 
     load_before = round(os.getloadavg()[0], 2)
@@ -159,10 +159,7 @@ def run_decode(args) -> dict:
     except (ProfileError, OSError, ValueError) as exc:
         heads = exc  # only an error when a streaming system runs
     args.standin_profile = None
-    if any(
-        base != "dense" and "calibrated" in (system_fields(base).get("standin_layers"), system_fields(base).get("whole_layers"))
-        for _, base, *_ in args.system_list
-    ):
+    if any(base != "dense" and uses_calibrated_layers(system_fields(base)) for _, base, *_ in args.system_list):
         try:
             args.standin_profile = zoo.standin_layers(model, pm.checkpoint_dir, args.standin_layers)
         except ProfileError as exc:

@@ -43,7 +43,7 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
-from engine_client.selection.systems import SYSTEMS, system_fields
+from engine_client.selection.systems import SYSTEMS, system_fields, uses_calibrated_layers
 from kvstore.progress import bar as progress_bar
 from kvstore.progress import progress
 
@@ -256,12 +256,7 @@ def run_text_accuracy(args) -> dict:
         for name, sel, _ in paths
     )
     args.streaming_heads = zoo.streaming_heads(pm) if streams else None
-    calibrated = any(
-        sel
-        and sel != SPARSE_PREFILL
-        and "calibrated" in (path_fields(sel, args.period_layers).get(k) for k in ("standin_layers", "whole_layers"))
-        for _, sel, _ in paths
-    )
+    calibrated = any(sel and sel != SPARSE_PREFILL and uses_calibrated_layers(path_fields(sel, args.period_layers)) for _, sel, _ in paths)
     args.standin_profile = zoo.standin_layers(pm.decoder, pm.checkpoint_dir, getattr(args, "standin_layers", None)) if calibrated else None
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)

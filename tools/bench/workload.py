@@ -196,10 +196,10 @@ def _standin_profile(model, checkpoint: str, args):
     """The calibrated stand-in layers (``model.standins``) when a system runs with them, before any system runs."""
     from engine_client.model import zoo
     from engine_client.model.standins import ProfileError
-    from engine_client.selection.systems import system_fields
+    from engine_client.selection.systems import system_fields, uses_calibrated_layers
 
     names = [n for n in args.systems if SYSTEMS[n].selection in NAMED_SELECTION]
-    if not any(system_fields(SYSTEMS[n].selection).get("standin_layers") == "calibrated" for n in names):
+    if not any(uses_calibrated_layers(system_fields(SYSTEMS[n].selection)) for n in names):
         return None
     try:
         return zoo.standin_layers(model, checkpoint, getattr(args, "standin_layers", None))
