@@ -4,7 +4,8 @@ Arrays go in and out as numpy (``torch`` tensors are accepted and can be
 returned); bfloat16 travels as raw uint16.  On a unix socket the client
 opens a shared-memory session by default (``shm.ShmSession``): extents then
 arrive as zero-copy views into the daemon's arena, valid until the read is
-released.  Every call has a deadline; errors and retries are ``rpc``'s
+released.  Every call has a deadline (``deadline_s``; a put's grows with
+its payload, ``put_floor_bytes_s``); errors and retries are ``rpc``'s
 (``KVStoreRpcError``, ``RETRY_POLICY``, ``PUT_ATTEMPTS``).
 
 Every call answers with a value of ``kvstore.wire`` (``LookupResult``,
@@ -17,6 +18,7 @@ built and read only here, in ``reads``, ``prefetch`` and ``pages``.
 from __future__ import annotations
 
 import json
+import math
 import time
 
 import grpc
@@ -65,6 +67,7 @@ from .shm import ShmSession
 __all__ = ["KVStoreClient", "KVStoreRpcError", "as_numpy_kv", "to_torch"]
 
 FRAME_BYTES = 2 * 1024 * 1024
+PUT_FLOOR_BYTES_S = 8 * 1024 * 1024
 
 
 class KVStoreClient(ConversationCalls):
@@ -75,6 +78,7 @@ class KVStoreClient(ConversationCalls):
         shm: bool | None = None,
         shm_socket: str | None = None,
         deadline_s: float = 60.0,
+        put_floor_bytes_s: float = PUT_FLOOR_BYTES_S,
         token: str | None = None,
         root_certificates: bytes | None = None,
         client_cert: tuple[bytes, bytes] | None = None,
@@ -87,9 +91,19 @@ class KVStoreClient(ConversationCalls):
         ``data_channel`` (default: on for TCP targets) reads extents on the
         daemon's raw data connections where it offers them
         (``engine_client.data_channel``), else in the stream.
+
+        ``deadline_s`` bounds every call.  A put's stream is also allowed its
+        payload at ``put_floor_bytes_s`` (default 8 MiB/s): an 8000-token
+        float32 prefix of SmolLM2-135M (369 MB) gets 60 + 44 s, so a client on
+        loaded cores is not cut off while it still sends.  A stream that stops
+        sending is the daemon's to end (``--put-idle-seconds``).
         """
+        for name, value in (("deadline_s", deadline_s), ("put_floor_bytes_s", put_floor_bytes_s)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
         self.target = target
-        self.deadline_s = deadline_s
+        self.deadline_s = float(deadline_s)
+        self.put_floor_bytes_s = float(put_floor_bytes_s)
         opts = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
@@ -141,6 +155,10 @@ class KVStoreClient(ConversationCalls):
     def _kw(self, timeout):
         return {"timeout": self.deadline_s if timeout is None else timeout, "metadata": self._metadata}
 
+    def _put_kw(self, timeout, payload_bytes: int):
+        """A put stream's deadline: ``timeout`` if given, else ``deadline_s`` plus the payload at the floor rate."""
+        return self._kw(self.deadline_s + payload_bytes / self.put_floor_bytes_s if timeout is None else timeout)
+
     # ------------------------------------------------------------ prefixes
     def lookup(self, tokens, geometry: StoreGeometry, *, namespace="", model_fingerprint="", timeout=None) -> LookupResult:
         req = pb.LookupRequest(
@@ -163,7 +181,8 @@ class KVStoreClient(ConversationCalls):
                 tokens=toks,
                 reuse_chunks=reuse.matched_chunks,
             )
-            return put_from_pb(call(self.stub.PutPrefix, _put_stream(header, arr, geometry, reuse.matched_chunks), **self._kw(timeout)))
+            frames = _put_stream(header, arr, geometry, reuse.matched_chunks)
+            return put_from_pb(call(self.stub.PutPrefix, frames, **self._put_kw(timeout, arr.nbytes)))
 
         return _with_put_retries(attempt)
 
@@ -307,7 +326,7 @@ class KVStoreClient(ConversationCalls):
                 skip_pages=np.flatnonzero(present.exists).tolist(),
             )
             return pages_put_from_pb(
-                call(self.stub.PutPages, page_wire.put_stream(header, arr, geometry, FRAME_BYTES), **self._kw(timeout))
+                call(self.stub.PutPages, page_wire.put_stream(header, arr, geometry, FRAME_BYTES), **self._put_kw(timeout, arr.nbytes))
             )
 
         return _with_put_retries(attempt)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent import futures
 
 import grpc
@@ -82,3 +83,48 @@ def test_unavailable_is_retried_with_backoff_by_the_channel(tmp_path):
         assert flaky.attempts == 3
     finally:
         server.stop(0)
+
+
+class _SlowReader(pb_grpc.KVStoreServicer):
+    """Takes a put's frames one every ``pause_s``: a daemon on starved cores, made repeatable."""
+
+    def __init__(self, pause_s: float):
+        self.pause_s = pause_s
+
+    def Lookup(self, request, context):
+        return pb.LookupResponse()
+
+    def PutPrefix(self, request_iterator, context):
+        chunks = 0
+        for req in request_iterator:
+            time.sleep(self.pause_s)
+            chunks += req.HasField("extent")
+        return pb.PutPrefixResponse(num_chunks=chunks)
+
+
+def test_a_puts_deadline_grows_with_its_payload_at_the_floor_rate(tmp_path):
+    kv, tokens = make_kv(GEO, 64, 1), make_tokens(64, 1)  # 4 extents after the header: >= 1 s at 0.2 s a frame
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    pb_grpc.add_KVStoreServicer_to_server(_SlowReader(0.2), server)
+    server.add_insecure_port(f"unix:{tmp_path}/s.sock")
+    server.start()
+    target = f"unix:{tmp_path}/s.sock"
+    try:
+        # 0.4 s for any call, plus the payload at kv.nbytes / 5 bytes a second: 5.4 s for the put
+        with KVStoreClient(target, shm=False, deadline_s=0.4, put_floor_bytes_s=kv.nbytes / 5) as client:
+            assert client.put_prefix(tokens, kv, GEO).num_chunks == 4
+            with pytest.raises(KVStoreRpcError) as err:  # an explicit timeout is the whole deadline
+                client.put_prefix(tokens, kv, GEO, timeout=0.4)
+            assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+        with KVStoreClient(target, shm=False, deadline_s=0.4, put_floor_bytes_s=1e15) as client:  # no allowance
+            with pytest.raises(KVStoreRpcError) as err:
+                client.put_prefix(tokens, kv, GEO)
+            assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        server.stop(0)
+
+
+@pytest.mark.parametrize("field, value", [("deadline_s", 0), ("deadline_s", -1.0), ("put_floor_bytes_s", float("nan"))])
+def test_a_deadline_that_is_not_a_positive_number_is_refused(field, value):
+    with pytest.raises(ValueError, match=f"^{field} must be a positive number, got"):
+        KVStoreClient("unix:/nonexistent.sock", shm=False, **{field: value})
