@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--socket-path", default=os.environ.get(cli_flags.SOCKET_ENV, cli_flags.SYSTEM_SOCKET), help="the daemon's socket")
     cli_flags.add_alias(health, "--socket", "socket_path")
     health.add_argument("--service", default="", help="service name to check ('' = the whole daemon)")
-    health.add_argument("--timeout", type=float, default=5.0, help="seconds")
+    health.add_argument("--timeout", type=cli_flags.positive_seconds, default=5.0, help="seconds")
     cli_flags.add_version(health)
     health.set_defaults(func=_health)
     return parser

@@ -18,6 +18,7 @@ and with no default of its own, so it changes nothing unless it is given.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 
 from . import __version__
@@ -92,6 +93,17 @@ def one_fraction_arg(text: str) -> float:
     if len(values) != 1:
         raise argparse.ArgumentTypeError(f"--budget takes one fraction (--budgets takes a list), got {text!r}")
     return values[0]
+
+
+def positive_seconds(text: str) -> float:
+    """``--timeout S``: a finite number of seconds above zero."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 def positive_int(text: str) -> int:

@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--address", help="daemon TCP address host:port")
     parser.add_argument("--auth-token-file", help="bearer token for a TCP daemon")
     parser.add_argument("--tls-ca-file", help="CA bundle to check a TLS daemon")
-    parser.add_argument("--timeout", type=float, default=600.0, help="deadline of each call in seconds")
+    parser.add_argument("--timeout", type=cli_flags.positive_seconds, default=600.0, help="deadline of each call in seconds")
     parser.add_argument("--data-dir", default=None, help=f"open this data directory directly, without a daemon (default: {default_dir})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     add_progress_flag(parser)
@@ -252,6 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         common.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     for flag, dest in ALIASES.items():
         cli_flags.add_alias(common, flag, dest)
+    common.add_argument("--timeout", type=cli_flags.positive_seconds, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", required=True)

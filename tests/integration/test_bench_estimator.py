@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from helpers import run_bench
 from pretrained import needs_smollm2
 
@@ -26,3 +27,10 @@ def test_estimator_bench_reports_every_system_and_the_strategies_it_chooses():
     (st,) = r["strategies"]
     assert len(st["edge_mass"]) == 30 and all(0 <= e <= 2 for e in st["edge_mass"])
     assert st["stride_same_non_ir"] == (set(st["stride_non_ir"]) == set(st["non_ir"]))
+
+
+@pytest.mark.parametrize("bench", ["estimator", "restore"])
+@pytest.mark.parametrize("flag, value", [("--gamma", "-0.1"), ("--gamma", "nan"), ("--ratio", "7")])
+def test_a_strategy_flag_out_of_range_is_refused_in_one_line(bench, flag, value):
+    proc = run_bench(bench, flag, value, expect=1, timeout=120)  # refused before the model loads
+    assert proc.stderr.strip() == "kvstore-bench: error: --gamma must be in [0, 2] (an edge mass) and --ratio in [0, 1]"

@@ -116,3 +116,21 @@ def test_socket_discovery_order(tmp_path, monkeypatch):
     env_sock.touch()
     assert find_socket({"KVSTORE_SOCKET": str(env_sock)})[0] == str(env_sock)  # the variable first
     assert find_socket({})[0] in ("/run/kvstore/kvstore.sock", str(local))
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
+@pytest.mark.parametrize(
+    "module, argv",
+    [("tools.admin", ["--timeout", "V", "ls"]), ("tools.admin", ["ls", "--timeout", "V"]), ("kvstore.cli", ["health", "--timeout", "V"])],
+)
+def test_a_timeout_that_is_not_positive_seconds_is_refused_in_one_line(module, argv, value):
+    argv = [value if a == "V" else a for a in argv]
+    proc = subprocess.run([sys.executable, "-m", module, *argv], cwd=data_root(), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "argument --timeout: " in proc.stderr.strip().splitlines()[-1] and repr(value) in proc.stderr
+
+
+def test_admin_takes_its_timeout_before_or_after_the_command():
+    assert admin_parser().parse_args(["--timeout", "2.5", "ls"]).timeout == 2.5
+    assert admin_parser().parse_args(["ls", "--timeout", "2.5"]).timeout == 2.5
+    assert admin_parser().parse_args(["ls"]).timeout == 600.0

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from .eval_common import load_pretrained
+from .eval_common import check_strategy_flags, load_pretrained
 from .io_jobs import BenchError
 
 SYSTEMS = ("none", "estimator", "estimator-b1", "estimator-deferred", "estimator-stride")
@@ -68,6 +68,7 @@ def add_estimator_parser(sub) -> None:
 def command_estimator(args) -> int:
     if min(args.tokens, args.examples, args.threads, args.new_tokens, args.decode_batch, args.grid, args.row_stride) < 1:
         raise BenchError("--tokens, --examples, --threads, --new-tokens, --decode-batch, --grid and --row-stride must be positive")
+    check_strategy_flags(args)
     report = run_estimator(args)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_estimator(report))
     return 0

@@ -56,7 +56,7 @@ import torch
 
 from kvstore.kvquant import KV_QUANT
 
-from .eval_common import load_pretrained
+from .eval_common import check_strategy_flags, load_pretrained
 from .io_jobs import BenchError
 from .restore_report import format_restore, make_report
 
@@ -108,8 +108,7 @@ def command_restore(args) -> int:
         args.paper = parse_profile(args.paper_profile)
     except ValueError as exc:
         raise BenchError(f"--paper-profile: {exc}") from None
-    if not 0.0 <= args.gamma <= 2.0 or not 0.0 <= args.ratio <= 1.0:
-        raise BenchError("--gamma must be in [0, 2] (an edge mass) and --ratio in [0, 1]")
+    check_strategy_flags(args)
     if not args.paper_load_gbps > 0:
         raise BenchError("--paper-load-gbps must be positive")
     report = run_restore(args)
