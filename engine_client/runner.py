@@ -16,7 +16,7 @@ already has it.  ``reprefill`` answers a new suffix over a stored prefix:
 After the token, each selected chunk's attention mass (the period's first
 layer) is reported to the daemon, the input of its cache score.
 
-Why one file of ~890 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
+Why one file of ~900 lines: ``ReprefillConfig`` and ``ReprefillResult`` are
 the request's vocabulary and ``ModelRunner`` its one loop, whose steps
 (``check_request``, ``_select``, ``_row_masks``, ``_run_period``, ``_report``) share the
 runner's resident state (key summaries, quantized probe keys, the stand-in
@@ -126,6 +126,10 @@ class ReprefillConfig:
     # read once per prefix and kept.  (): only the loaded rows.  "calibrated": the runner's
     # calibrated layers (ModelRunner(standin_layers=), model.standins).
     standin_layers: tuple | str = ()
+    # select_queries > 0: the first token's selection scores with the queries of the suffix's
+    # last this many tokens only (the answer's opening), not all of them; a long new turn's
+    # own text then does not outweigh the question.  0: every suffix token's queries.
+    select_queries: int = 0
 
 
 @dataclass
@@ -315,6 +319,8 @@ class ModelRunner:
             raise InvalidArgument("probe_bits", f"quantized probe keys serve the exact selector only, not {cfg.selector!r}")
         if isinstance(cfg.follow, bool) or not isinstance(cfg.follow, int) or cfg.follow < 0:
             raise InvalidArgument("follow", f"must be an int >= 0, got {cfg.follow!r}")
+        if isinstance(cfg.select_queries, bool) or not isinstance(cfg.select_queries, int) or cfg.select_queries < 0:
+            raise InvalidArgument("select_queries", f"must be an int >= 0 (0: every suffix token), got {cfg.select_queries!r}")
         if isinstance(cfg.page_chunks, bool) or not isinstance(cfg.page_chunks, int) or cfg.page_chunks < 1:
             raise InvalidArgument("page_chunks", f"must be an int >= 1, got {cfg.page_chunks!r}")
         if cfg.page_chunks > 1 and cfg.follow:
@@ -491,7 +497,9 @@ class ModelRunner:
                 elif plan.periods[p][2] == m:  # a layer loaded in full
                     chunks = torch.arange(m)
                 else:
-                    chunks = self._select(selector, desc.prefix_id, q, l0, m, replace(cfg, budget=plan.periods[p][2]), out, head_sets)
+                    chunks = self._select(
+                        selector, desc.prefix_id, _choosing(q, cfg), l0, m, replace(cfg, budget=plan.periods[p][2]), out, head_sets
+                    )
                 out.selected.append(chunks)
                 out.head_sets.append(head_sets)
                 out.period_select_s[p] += time.perf_counter() - t0
@@ -502,7 +510,7 @@ class ModelRunner:
                     t0 = time.perf_counter()
                     guess = self.model.layer_queries(nxt, hidden, positions)
                     wide = replace(cfg, budget=min(1.0, cfg.budget * cfg.lookahead))
-                    out.hints[p + 1] = self._select(selector, desc.prefix_id, guess, nxt, m, wide, out)
+                    out.hints[p + 1] = self._select(selector, desc.prefix_id, _choosing(guess, cfg), nxt, m, wide, out)
                     stream.hint(p + 1, out.hints[p + 1].numpy())
                     out.period_select_s[p] += time.perf_counter() - t0
                     out.select_s += time.perf_counter() - t0
@@ -887,6 +895,11 @@ def _check_probe_form(stored: StoreGeometry, cfg: ReprefillConfig) -> None:
         f"the prefix stores its probe keys quantized to {stored.probe_bits} bits, not the {asked} keys "
         f"probe_bits={cfg.probe_bits} scores with; ask with probe_bits={stored.probe_bits}",
     )
+
+
+def _choosing(queries: torch.Tensor, cfg: ReprefillConfig) -> torch.Tensor:
+    """The suffix queries ``[Hq, s, d]`` the first token's selection scores with (``cfg.select_queries``)."""
+    return queries[:, -cfg.select_queries :] if cfg.select_queries else queries
 
 
 def _as_torch(arr: np.ndarray, geo: StoreGeometry) -> torch.Tensor:

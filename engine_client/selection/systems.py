@@ -65,6 +65,8 @@ SYSTEMS["perlayer-follow-int4-streaming"] = {**SYSTEMS["perlayer-follow-int4"], 
 SYSTEMS["perlayer-follow-int4-standin"] = {**SYSTEMS["perlayer-follow-int4"], "standin_layers": "calibrated"}
 # ... with those layers loaded whole instead, on top of the budget (the exact rows the stand-ins approximate).
 SYSTEMS["perlayer-follow-int4-whole"] = {**SYSTEMS["perlayer-follow-int4"], "whole_layers": "calibrated"}
+# ... choosing from the suffix's last 16 tokens' queries only (the answer's opening after a new turn's text):
+SYSTEMS["perlayer-follow-int4-last16"] = {**SYSTEMS["perlayer-follow-int4"], "select_queries": 16}
 # The decode-side systems (``kvstore-bench decode``), each at the bench's token budget:
 # Quest: every layer, every generated token, chunks (16-token pages) ranked by their min/max key bound;
 SYSTEMS["quest"] = {"selector": "summary", "period_layers": 1, "head_aggregation": "max", "reselect_every": 1}
