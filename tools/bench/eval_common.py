@@ -13,14 +13,14 @@ import math
 import numpy as np
 import torch
 
+from .io_jobs import BenchError
+
 SELECTORS = ("summary", "exact", "recent")
 CHUNK_TOKENS = 16
 
 
 def check_strategy_flags(args) -> None:
     """``--gamma`` / ``--ratio`` of a recorded Krul strategy: an edge mass in [0, 2], a share in [0, 1]."""
-    from .io_jobs import BenchError
-
     if not 0.0 <= args.gamma <= 2.0 or not 0.0 <= args.ratio <= 1.0:
         raise BenchError("--gamma must be in [0, 2] (an edge mass) and --ratio in [0, 1]")
 
