@@ -12,6 +12,12 @@ restore and delete a user's conversation::
      compressed: null | {prefix_id, format, strategy, num_tokens, kv_bytes},
      created, updated}
 
+A turn's history must extend the previous turn's, while that is stored: its
+first chunks are the previous turn's whole chunks, compared by their chained
+hashes (``PrefixView.first_chunk_not_extended``; a shorter last chunk's
+tokens are stored nowhere, so it compares only between histories that end
+together).  One that does not is refused naming the first chunk that differs.
+
 The rules (``appended``, ``marked_inactive`` and the checks of request
 fields) are pure functions of a record and the prefixes' views; they raise
 before anything changes.  ``Conversations`` applies them: one lock per
@@ -115,8 +121,16 @@ def check_prefix(view: PrefixView, field: str, namespace: str, model_fingerprint
 
 
 # ------------------------------------------------------------ rules
-def appended(record: dict | None, namespace: str, conversation_id: str, turn: int, view: PrefixView, now: float) -> dict | None:
-    """The record with ``turn`` appended; None when it is a retry of the last turn (nothing changes)."""
+def appended(
+    record: dict | None, namespace: str, conversation_id: str, turn: int, view: PrefixView, now: float, previous: PrefixView | None = None
+) -> dict | None:
+    """The record with ``turn`` appended; None when it is a retry of the last turn (nothing changes).
+
+    ``previous`` is the last turn's prefix: ``view`` must extend its tokens
+    (``check_extends``).  None when it is no longer stored (an inactive
+    conversation's history may be evicted): then only the token counts
+    compare.
+    """
     turns = record["turns"] if record else []
     if record is None and turn != 0:
         raise NotFound(f"conversation {conversation_id!r} is not stored in namespace {namespace!r} (its first turn is 0)")
@@ -133,6 +147,8 @@ def appended(record: dict | None, namespace: str, conversation_id: str, turn: in
         raise InvalidArgument(
             "prefix_id", f"holds {view.num_tokens} tokens, fewer than turn {turn - 1}'s {turns[-1]['num_tokens']}: a history only grows"
         )
+    if previous is not None:
+        check_extends(previous, view, turn - 1)
     entry = {"turn": turn, "prefix_id": view.prefix_id, "num_tokens": view.num_tokens, "kv_bytes": view.kv_bytes, "created": now}
     base = record or {
         "conversation_id": conversation_id,
@@ -142,6 +158,17 @@ def appended(record: dict | None, namespace: str, conversation_id: str, turn: in
         "created": now,
     }
     return {**base, "state": ACTIVE, "turns": [*turns, entry], "updated": now}
+
+
+def check_extends(previous: PrefixView, view: PrefixView, previous_turn: int) -> None:
+    """FailedPrecondition naming the first chunk of ``previous`` (turn ``previous_turn``'s prefix) that ``view`` does not start with."""
+    j = previous.first_chunk_not_extended(view)
+    if j is None:
+        return
+    why = "; it is stored under another geometry" if view.geometry.digest != previous.geometry.digest else ""
+    raise FailedPrecondition(
+        f"prefix_id: {view.prefix_id[:16]} does not extend turn {previous_turn}'s history {previous.prefix_id[:16]}: chunk {j} differs{why}"
+    )
 
 
 def marked_inactive(record: dict, view: PrefixView | None, fmt: str, strategy: dict, now: float) -> dict:
@@ -207,7 +234,8 @@ class Conversations:
         with self.store.holds.hold(full_id), self._locks.locked(key):  # no eviction between describe and commit
             view = self.store.describe(full_id)
             record = ops.conversation(self.index, key)
-            new = appended(record, namespace, conversation_id, turn, view, time.time())
+            previous = self._stored(record["turns"][-1]["prefix_id"]) if record else None
+            new = appended(record, namespace, conversation_id, turn, view, time.time(), previous)
             if new is None:
                 return record
             self._commit(key, record, new)
@@ -353,6 +381,13 @@ class Conversations:
         if record is None:
             raise NotFound(f"conversation {conversation_id!r} is not stored in namespace {namespace!r}")
         return record
+
+    def _stored(self, prefix_id: str) -> PrefixView | None:
+        """The prefix's view, None when it is no longer stored (evicted or deleted)."""
+        try:
+            return self.store.describe(prefix_id)
+        except NotFound:
+            return None
 
     def _commit(self, key: bytes, old: dict | None, new: dict) -> None:
         """Record file durable, then the index commit; the file put back if the commit fails."""

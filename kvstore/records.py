@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -135,6 +136,23 @@ class PrefixView:
     def chunk_positions(self) -> dict[str, int]:
         """Chunk index of each chunk hash (hex)."""
         return {h: j for j, h in enumerate(self.chunk_hashes)}
+
+    def first_chunk_not_extended(self, later: PrefixView) -> int | None:
+        """The first chunk of this prefix whose tokens ``later`` does not start with; None: none.
+
+        Whole chunks compare by their chained hashes: equal hashes at chunk
+        ``j`` mean equal tokens (and namespace, model, geometry) up to its
+        end, so the first difference is found by bisection.  A last chunk
+        shorter than ``chunk_tokens`` compares only when ``later`` ends at
+        the same token (its hash covers exactly its tokens); otherwise it is
+        not compared, as no tokens are stored.
+        """
+        same_end = later.num_tokens == self.num_tokens
+        n = self.num_chunks if same_end else self.num_tokens // self.geometry.chunk_tokens
+        mine, theirs = self.chunk_hashes, later.chunk_hashes
+        if n == 0 or (len(theirs) >= n and mine[n - 1] == theirs[n - 1]):
+            return None
+        return bisect.bisect_left(range(min(n, len(theirs))), True, key=lambda j: mine[j] != theirs[j])
 
     def locate(self, chunks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Piece index and segment-local chunk of each prefix chunk index."""

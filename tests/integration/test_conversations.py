@@ -192,6 +192,28 @@ def test_every_bad_request_is_refused_by_name_and_changes_nothing(daemon):
         assert client.mark_inactive("c", compressed_prefix_id=merged.prefix_id, format="kv8").state == "inactive"
 
 
+def test_a_turn_must_extend_the_last_turns_tokens(daemon):
+    FAILED = grpc.StatusCode.FAILED_PRECONDITION
+    with KVStoreClient(daemon.target) as client:
+        first = put_history(client, 48)  # chunks 0-2
+        client.append_turn("c", 0, first.prefix_id)
+        before = client.get_conversation("c")
+        unrelated = make_tokens(300, 2)
+        assert unrelated[0] != TOKENS[0]
+        unrelated = client.put_prefix(unrelated, make_kv(GEO, 300, 2), GEO, model_fingerprint="m")
+        edited = TOKENS[:88].copy()
+        edited[2 * 16 + 5] += 1  # chunk 2 differs, chunks 0 and 1 are turn 0's
+        edited = client.put_prefix(edited, KV[:, :, :, :88], GEO, model_fingerprint="m")
+        assert edited.reused_chunks == 2
+        for put, chunk in ((unrelated, 0), (edited, 2)):
+            message = refused(lambda: client.append_turn("c", 1, put.prefix_id), FAILED, "prefix_id")
+            assert message.endswith(f"does not extend turn 0's history {first.prefix_id[:16]}: chunk {chunk} differs"), message
+            assert client.get_conversation("c") == before
+        extension = put_history(client, 88)
+        info = client.append_turn("c", 1, extension.prefix_id)
+        assert [t.prefix_id for t in info.turns] == [first.prefix_id, extension.prefix_id]
+
+
 def test_delete_with_and_without_its_prefixes(daemon):
     with KVStoreClient(daemon.target) as client:
         p0, p1, p2 = (put_history(client, n).prefix_id for n in HISTORY)

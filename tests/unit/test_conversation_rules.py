@@ -1,10 +1,12 @@
 """The pure rules of conversation records: what a request may change, and what it is refused for."""
 
+import numpy as np
 import pytest
 
 from kvstore.conversations import INACTIVE, appended, check_format, check_key, marked_inactive, parse_strategy, prefix_ids
 from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
 from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.hashing import chunk_hashes
 from kvstore.records import PrefixView
 
 GEO = StoreGeometry(ModelSpec(2, 1, 4, "float32"), chunk_tokens=4, group_layers=1)
@@ -36,6 +38,56 @@ def test_turns_are_appended_in_order_and_a_retry_changes_nothing():
             appended(rec, "ns", "c", 2, bad, now=3.0)
         assert err.value.field == "prefix_id"
     assert prefix_ids(rec) == ["a" * 64, "b" * 64]
+
+
+def history(tokens, *, geometry=GEO) -> PrefixView:
+    """A prefix of ``tokens`` as a put stores it: its id is its last chunk's chained hash."""
+    hashes = tuple(h.hex() for h in chunk_hashes(np.array(tokens, dtype="<u4"), geometry, "ns", "m"))
+    return PrefixView(hashes[-1], "ns", "m", geometry, len(tokens), hashes, (), 0.0)
+
+
+TURN_0 = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]  # two whole chunks of 4, then 2 tokens
+
+
+@pytest.mark.parametrize(
+    "tokens, chunk",
+    [
+        ([20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31], 0),  # longer, unrelated
+        ([1, 2, 3, 4, 5, 6, 0, 8, 9, 10, 11, 12], 1),  # chunk 1 differs
+        ([1, 2, 3, 4, 5, 6, 7, 8, 9, 0], 2),  # as long, the last (short) chunk differs
+        ([1, 2, 3, 4, 5, 6, 7], 1),  # ends inside chunk 1: shorter, refused by length first
+    ],
+)
+def test_a_turn_that_does_not_extend_the_last_is_refused_naming_the_first_chunk_that_differs(tokens, chunk):
+    rec = appended(None, "ns", "c", 0, history(TURN_0), now=1.0)
+    assert history(TURN_0).first_chunk_not_extended(history(tokens)) == chunk
+    with pytest.raises((FailedPrecondition, InvalidArgument)) as err:
+        appended(rec, "ns", "c", 1, history(tokens), now=2.0, previous=history(TURN_0))
+    message = str(err.value)
+    assert message.startswith("prefix_id: ") and "\n" not in message
+    if len(tokens) >= len(TURN_0):
+        assert type(err.value) is FailedPrecondition
+        assert message.endswith(f"does not extend turn 0's history {history(TURN_0).prefix_id[:16]}: chunk {chunk} differs")
+    assert rec == appended(None, "ns", "c", 0, history(TURN_0), now=1.0)  # the record is a value: nothing changed
+
+
+def test_a_turn_that_extends_the_last_is_appended():
+    rec = appended(None, "ns", "c", 0, history(TURN_0), now=1.0)
+    for tokens in (TURN_0, [*TURN_0, 11], [*TURN_0, 11, 12, 13, 14, 15, 16]):
+        assert history(TURN_0).first_chunk_not_extended(history(tokens)) is None
+        out = appended(rec, "ns", "c", 1, history(tokens), now=2.0, previous=history(TURN_0))
+        assert out["turns"][-1]["prefix_id"] == history(tokens).prefix_id
+    # the tokens of turn 0's short last chunk (9, 10) are stored nowhere: a longer history compares its whole chunks only
+    assert history(TURN_0).first_chunk_not_extended(history([*TURN_0[:8], 0, 0, 0, 0])) is None
+    # whole chunks only: every chunk compares
+    whole = history(TURN_0[:8])
+    assert whole.first_chunk_not_extended(history([*TURN_0[:7], 0, 9])) == 1
+    # another geometry chains other hashes: chunk 0 differs, and the message says why
+    other = StoreGeometry(ModelSpec(2, 1, 4, "float32"), chunk_tokens=2, group_layers=1)
+    with pytest.raises(FailedPrecondition, match="chunk 0 differs; it is stored under another geometry$"):
+        appended(rec, "ns", "c", 1, history([*TURN_0, 11], geometry=other), now=2.0, previous=history(TURN_0))
+    # the last turn's prefix no longer stored (previous=None): only the token counts compare
+    assert appended(rec, "ns", "c", 1, history(list(range(20, 32))), now=2.0)["turns"][1]["num_tokens"] == 12
 
 
 def test_the_compressed_form_holds_the_last_turns_tokens_under_any_geometry():
