@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 
+from .file_modes import make_dirs
 from .identity import fsync_dir, write_atomic
 
 PREFIX, SUFFIX, TMP = "conv-", ".json", ".tmp"
@@ -33,7 +34,7 @@ def is_conversation_file(name: str) -> bool:
 class ConversationFiles:
     def __init__(self, directory: str):
         self.directory = directory
-        os.makedirs(directory, mode=0o750, exist_ok=True)
+        make_dirs(directory)
 
     def path(self, key: bytes) -> str:
         return os.path.join(self.directory, file_name(key))

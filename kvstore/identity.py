@@ -23,6 +23,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from .errors import IndexDamaged, StoreLocked
+from .file_modes import FILE_MODE
 
 FORMAT_VERSION = 2
 STORE_ID_FILE = "STORE_ID"
@@ -69,7 +70,7 @@ def fsync_dir(path: str) -> None:
 def write_atomic(path: str, data: bytes) -> None:
     """Replace ``path`` with ``data`` durably: temp file, fsync, rename, directory fsync."""
     tmp = f"{path}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
     try:
         os.write(fd, data)
         os.fsync(fd)
@@ -137,7 +138,7 @@ def check_index_file(data_dir: str, index_dir: str, has_store_files: bool) -> bo
 
 def lock_data_dir(data_dir: str) -> int:
     """Take the data directory's exclusive lock (held by one process: daemon, admin or rebuild)."""
-    fd = os.open(os.path.join(data_dir, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    fd = os.open(os.path.join(data_dir, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, FILE_MODE)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -36,6 +36,7 @@ from typing import TypeVar
 import lmdb
 
 from .errors import IndexDamaged, InvalidArgument, StoreFull
+from .file_modes import FILE_MODE, make_dirs
 from .identity import (
     FORMAT_VERSION,
     STORE_ID_FILE,
@@ -88,8 +89,10 @@ class Index:
         self.path = path
         self.max_map_bytes = max_map_bytes
         self._lock = threading.RLock()
+        make_dirs(path)  # LMDB would make it 0755
         self.env = lmdb.open(
             path,
+            mode=FILE_MODE,  # data.mdb and lock.mdb (LMDB's default: 0644)
             map_size=map_bytes,
             subdir=True,
             max_dbs=8,

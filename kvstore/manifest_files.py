@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 
+from .file_modes import FILE_MODE, make_dirs
 from .identity import fsync_dir
 from .keyed_locks import KeyedLocks
 
@@ -38,7 +39,7 @@ def is_manifest_file(name: str) -> bool:
 class ManifestFiles:
     def __init__(self, directory: str):
         self.directory = directory
-        os.makedirs(directory, mode=0o750, exist_ok=True)
+        make_dirs(directory)
         self._locks = KeyedLocks()
 
     def path(self, prefix_id: str) -> str:
@@ -51,7 +52,7 @@ class ManifestFiles:
     def write(self, manifest: dict) -> None:
         """Write the file durably: temp file, fsync, rename, directory fsync."""
         path = self.path(manifest["prefix_id"])
-        fd = os.open(path + TMP, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o640)
+        fd = os.open(path + TMP, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         try:
             os.write(fd, json.dumps(manifest, separators=(",", ":")).encode())
             os.fsync(fd)

@@ -51,6 +51,7 @@ from .conversation_files import ConversationFiles
 from .conversations import Conversations
 from .errors import InvalidArgument, NotFound
 from .faults import crash_point
+from .file_modes import make_dirs
 from .geometry import StoreGeometry
 from .hashing import chunk_hashes, validate_tokens
 from .holds import PrefixHolds
@@ -75,7 +76,7 @@ class ChunkStore:
         self.config = config = config or StoreConfig()
         self.data_dir = os.path.abspath(config.data_dir)
         self.segment_dir = os.path.join(self.data_dir, "segments")
-        os.makedirs(self.segment_dir, mode=0o750, exist_ok=True)
+        make_dirs(self.segment_dir)  # the data directory too, if missing
         self._lock_fd = lock_data_dir(self.data_dir)
         self.manifest_files = ManifestFiles(os.path.join(self.data_dir, "manifests"))
         self.conversation_files = ConversationFiles(os.path.join(self.data_dir, CONVERSATIONS_DIR))

@@ -13,6 +13,7 @@ import os
 
 import numpy as np
 
+from ..file_modes import FILE_MODE
 from .base import FileHandle, IOBackend, check_aligned
 
 
@@ -81,10 +82,9 @@ class KvikioBackend(IOBackend):
             kvikio.defaults.num_threads_reset(queue_depth)
 
     def open(self, path: str, *, write: bool = False) -> FileHandle:
-        if write and not os.path.exists(path):
-            f = self._kvikio.CuFile(path, "w")
-        else:
-            f = self._kvikio.CuFile(path, "r+" if write else "r")
+        if write and not os.path.exists(path):  # created FILE_MODE here: kvikio's "w" would make it 0644
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, FILE_MODE))
+        f = self._kvikio.CuFile(path, "r+" if write else "r")
         return FileHandle(path=path, writable=write, direct=self.direct, raw=f)
 
     def pread(self, fh: FileHandle, buf, offset: int) -> _Future:

@@ -25,6 +25,7 @@ import weakref
 from queue import SimpleQueue
 
 from ..faults import armed, crash_point
+from ..file_modes import FILE_MODE
 from .base import FileHandle, IOBackend, aligned_nbytes
 from .future import Future
 
@@ -40,7 +41,7 @@ def _direct_supported(directory: str) -> bool:
     """Whether files in ``directory`` open with O_DIRECT (a private probe file)."""
     probe = os.path.join(directory, f".odirect-probe-{os.getpid()}-{threading.get_ident()}")
     try:
-        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_DIRECT, 0o600)
+        fd = os.open(probe, os.O_CREAT | os.O_EXCL | os.O_RDWR | os.O_DIRECT, FILE_MODE)
     except OSError as exc:
         if exc.errno == errno.EINVAL:
             return False
@@ -112,7 +113,7 @@ class FdBackend(IOBackend):
         flags = (os.O_RDWR | os.O_CREAT) if write else os.O_RDONLY
         if direct:
             flags |= os.O_DIRECT
-        fd = os.open(path, flags | os.O_CLOEXEC, 0o640)
+        fd = os.open(path, flags | os.O_CLOEXEC, FILE_MODE)
         return FileHandle(path=path, writable=write, direct=direct, raw=fd)
 
     def fdatasync(self, fh: FileHandle) -> None:

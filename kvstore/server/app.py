@@ -18,6 +18,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from .._proto import kvstore_pb2, kvstore_pb2_grpc
 from ..config import StoreConfig
 from ..errors import InvalidArgument
+from ..file_modes import FILE_MODE
 from ..store import ChunkStore
 from ..wire import MAX_MESSAGE_BYTES
 from . import sockets
@@ -286,7 +287,8 @@ async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str |
     watcher = asyncio.ensure_future(daemon.watch_read_only())
     flusher = asyncio.ensure_future(daemon.flush_scores())
     if ready_file:  # written whole, then renamed: a reader never sees it half done
-        with open(ready_file + ".tmp", "w") as fh:
+        fd = os.open(ready_file + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        with open(fd, "w") as fh:
             fh.write(f"{os.getpid()} {getattr(daemon, 'tcp_port', 0)} {daemon.metrics_port}\n")
         os.replace(ready_file + ".tmp", ready_file)
     log.info("kvstore daemon ready (pid %d)", os.getpid())

@@ -21,6 +21,7 @@ import stat
 import struct
 
 from ..errors import InvalidArgument
+from ..file_modes import DIR_MODE, make_dirs
 
 PROBE_TIMEOUT_S = 2.0
 
@@ -30,10 +31,10 @@ def claim(path: str, key: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         try:
-            os.makedirs(directory, mode=0o750)
+            make_dirs(directory)
         except OSError as exc:
             raise InvalidArgument(key, f"cannot create {directory}: {exc.strerror}") from None
-        os.chmod(directory, 0o750)  # ours: undo the umask, nothing else
+        os.chmod(directory, DIR_MODE)  # ours: undo the umask, nothing else
     try:
         st = os.lstat(path)
     except FileNotFoundError:
