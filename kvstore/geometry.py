@@ -233,6 +233,10 @@ class StoreGeometry:
         """Unpadded bytes of one extent of ``tokens`` tokens in ``group`` (quantized when ``kv_quant``)."""
         return sum(self._layer_bytes(layer, tokens) for layer in self.group_layer_range(group))
 
+    def extent_padded_bytes(self, group: int) -> int:
+        """Bytes one full extent of ``group`` takes in a read buffer (padded to ALIGN_BYTES): the most any extent needs."""
+        return align_up(self.extent_bytes(group, self.chunk_tokens))
+
     def kv_bytes(self, num_tokens: int) -> int:
         """Extent bytes (unpadded) of a whole ``num_tokens``-token prefix as stored."""
         counts = self.chunk_token_counts(num_tokens)

@@ -11,11 +11,28 @@ Every lease belongs to an owner: a shared-memory session (its id) or a
 Prefetch stream (a token only the stream knows).  A release names its owner
 and frees only that owner's leases.  Lease ids and owner tokens are random
 63-bit integers, so one client cannot guess another's.
+
+Admission (no hold-and-wait): a read that holds several buffers at once
+(a ReadChunks on shared memory holds every group until the client
+releases it; a Prefetch period on shared memory holds every group until
+the client is done with the period) first takes its whole space in one
+step, a ``Reservation`` (one contiguous slot run), and carves its buffers
+from it without ever waiting again.  Reservations are granted strictly in
+arrival order (FIFO): a request that fits waits only for the requests
+ahead of it, never for a peer that holds part of what it needs, and a
+large request is not starved by small ones.  One that can never fit is
+refused at once (``check_fits``).  Waiting costs no thread (``reserve`` is
+awaited on the event loop).  Single buffers leased by admitted work
+(``lease``: a dropped speculative read read again, a GPU hit staged) may
+take free space ahead of the queue, since they finish what was admitted;
+speculative buffers never jump the queue.
 """
 
 from __future__ import annotations
 
+import asyncio
 import bisect
+import collections
 import fcntl
 import gc
 import logging
@@ -44,6 +61,26 @@ class Lease:
     offset: int  # bytes into the arena
     nbytes: int
     slots: tuple[int, int]  # (first slot, count)
+
+
+@dataclass(eq=False)
+class Reservation:
+    """Slots granted to one request at once; its buffers are carved from them in order."""
+
+    owner: int
+    start: int  # first slot
+    count: int
+    used: int = 0  # slots carved so far
+    closed: bool = False
+
+
+@dataclass(eq=False)
+class _Waiter:
+    owner: int
+    count: int
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    granted: Reservation | None = None
 
 
 class SlotAllocator:
@@ -110,6 +147,7 @@ class Arena:
         self._alloc = SlotAllocator(self.tier_offset // slot_bytes)
         self._cond = threading.Condition()
         self._leases: dict[int, Lease] = {}
+        self._queue: collections.deque[_Waiter] = collections.deque()  # reservations waiting, in arrival order
 
     @property
     def leased_bytes(self) -> int:
@@ -120,27 +158,125 @@ class Arena:
         with self._cond:
             return sum(1 for lease in self._leases.values() if owner in (None, lease.owner))
 
+    @property
+    def num_waiting(self) -> int:
+        """Reservations queued for space."""
+        with self._cond:
+            return len(self._queue)
+
+    def _slots(self, nbytes: int) -> int:
+        return max(1, -(-nbytes // self.slot_bytes))
+
     def lease(self, owner: int, nbytes: int, *, wait_seconds: float, keep_free_bytes: int = 0) -> Lease:
-        """Reserve ``nbytes`` (rounded up to slots), waiting for space if needed.
+        """One buffer of ``nbytes`` (rounded up to slots) for admitted work, waiting for space if needed.
 
         ``keep_free_bytes``: succeed only if that much lease space stays free
-        afterwards (opportunistic reads must not starve required ones).
+        afterwards, and never ahead of queued reservations (opportunistic
+        reads must not starve required ones).
         """
-        count = max(1, -(-nbytes // self.slot_bytes))
+        count = self._slots(nbytes)
         keep = -(-keep_free_bytes // self.slot_bytes)
         self.check_fits(nbytes)
         deadline = time.monotonic() + wait_seconds
         with self._cond:
-            while (start := self._alloc.allocate(count) if self._alloc.free_slots - count >= keep else None) is None:
+
+            def take():
+                if keep and self._queue:
+                    return None
+                return self._alloc.allocate(count) if self._alloc.free_slots - count >= keep else None
+
+            while (start := take()) is None:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise ArenaExhausted(f"shared-memory arena busy: no {nbytes} free bytes within {wait_seconds}s")
+                    raise ArenaExhausted(
+                        f"shared-memory arena busy: no {nbytes} free bytes within {wait_seconds}s "
+                        f"(lease space {self.lease_bytes} bytes, {self._alloc.free_slots * self.slot_bytes} free)"
+                    )
                 self._cond.wait(left)
-            while (lease_id := new_owner()) in self._leases:
-                pass
-            lease = Lease(lease_id, owner, start * self.slot_bytes, nbytes, (start, count))
-            self._leases[lease.lease_id] = lease
-            return lease
+            return self._new_lease(owner, start, count, nbytes)
+
+    def _new_lease(self, owner: int, start: int, count: int, nbytes: int) -> Lease:
+        while (lease_id := new_owner()) in self._leases:
+            pass
+        lease = Lease(lease_id, owner, start * self.slot_bytes, nbytes, (start, count))
+        self._leases[lease.lease_id] = lease
+        return lease
+
+    # ------------------------------------------------------------ admission
+    async def reserve(self, owner: int, nbytes: int, *, wait_seconds: float, what: str = "read") -> Reservation:
+        """``nbytes`` of lease space in one step, granted in arrival order.
+
+        Refused at once when it can never fit; ArenaExhausted when not
+        granted within ``wait_seconds`` (the queue moves only as buffers
+        are released).  A cancelled wait leaves the queue and gives back
+        anything granted meanwhile.
+        """
+        self.check_fits(nbytes, what)
+        count = self._slots(nbytes)
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            if not self._queue and (start := self._alloc.allocate(count)) is not None:
+                return Reservation(owner, start, count)
+            waiter = _Waiter(owner, count, loop.create_future(), loop)
+            self._queue.append(waiter)
+            ahead = len(self._queue) - 1
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter.future), wait_seconds)
+        except BaseException as exc:
+            with self._cond:
+                granted = waiter.granted
+                if granted is None:
+                    self._queue.remove(waiter)
+                    self._grant()  # it may have been the head that held the others back
+            if granted is not None:
+                self.close_reservation(granted)
+            if isinstance(exc, TimeoutError):
+                raise ArenaExhausted(
+                    f"shared-memory arena busy: {what} of {nbytes} bytes not granted within {wait_seconds}s "
+                    f"({ahead} requests were ahead of it; lease space {self.lease_bytes} bytes)"
+                ) from None
+            raise
+
+    def _grant(self) -> None:
+        """Grant queued reservations from the head while they fit (caller holds the lock)."""
+        while self._queue:
+            head = self._queue[0]
+            start = self._alloc.allocate(head.count)
+            if start is None:
+                return
+            self._queue.popleft()
+            head.granted = Reservation(head.owner, start, head.count)
+            try:
+                head.loop.call_soon_threadsafe(_fulfil, head.future, head.granted)
+            except RuntimeError:  # its loop has closed (shutdown): nobody will take the grant
+                head.granted.closed = True
+                self._alloc.free(start, head.count)
+
+    def carve(self, reservation: Reservation, nbytes: int) -> Lease | None:
+        """A lease of ``nbytes`` from the reservation's next slots; None when it has no room left (or is closed)."""
+        count = self._slots(nbytes)
+        with self._cond:
+            if reservation.closed or reservation.used + count > reservation.count:
+                return None
+            start = reservation.start + reservation.used
+            reservation.used += count
+            return self._new_lease(reservation.owner, start, count, nbytes)
+
+    def close_reservation(self, reservation: Reservation) -> None:
+        """Give back the slots not carved yet; the carved leases live on until released."""
+        with self._cond:
+            if reservation.closed:
+                return
+            reservation.closed = True
+            rest = reservation.count - reservation.used
+            if rest:
+                self._alloc.free(reservation.start + reservation.used, rest)
+                self._freed()
+
+    def _freed(self) -> None:
+        """Space came back (caller holds the lock): the queue first, then threads waiting for a buffer."""
+        self._grant()
+        self._cond.notify_all()
 
     def check_fits(self, nbytes: int, what: str = "read") -> None:
         """ArenaExhausted at once when ``nbytes`` (held at the same time) can never be leased, however long one waits."""
@@ -173,7 +309,7 @@ class Arena:
             for lease_id in ids:
                 self._alloc.free(*self._leases.pop(lease_id).slots)
             if ids:
-                self._cond.notify_all()
+                self._freed()
         return len(ids)
 
     def release_owner(self, owner: int) -> int:
@@ -192,3 +328,9 @@ class Arena:
         except BufferError:
             log.warning("shared-memory arena still referenced at close; it is unmapped when the process exits")
         os.close(self.fd)
+
+
+def _fulfil(future: asyncio.Future, reservation: Reservation) -> None:
+    """On the waiter's loop: hand over a grant (a waiter that gave up closes it itself)."""
+    if not future.done():
+        future.set_result(reservation)

@@ -32,7 +32,11 @@ class ServerConfig:
     cache_policy: str = _opt("score", "tier eviction policy: score (attention x frequency) | lru | lfu | impress")
     max_periods_ahead: int = _opt(2, "period sets a Prefetch client may send beyond the last delivered period")
     shm_slot_bytes: int = _opt(64 * 1024, "allocation unit of the arena (multiple of 4096)")
-    lease_wait_seconds: float = _opt(10.0, "how long a read waits for arena space before RESOURCE_EXHAUSTED")
+    lease_wait_seconds: float = _opt(
+        10.0,
+        "how long a read with no deadline of its own waits for its turn in the arena before RESOURCE_EXHAUSTED "
+        "(a call with a deadline waits in order until then)",
+    )
     frame_bytes: int = _opt(2 * MiB, "largest payload of one streamed message (below the 4 MiB gRPC default)")
     max_put_bytes: int = _opt(1 << 36, "largest total payload of one PutPrefix stream")
     stream_idle_seconds: float = _opt(60.0, "a stream that sends nothing for this long is cancelled")

@@ -41,6 +41,7 @@ from .._proto import kvstore_pb2 as pb
 from ..errors import DataLoss, InvalidArgument
 from ..reader import validate_chunks
 from ..wire import geometry_to_pb
+from .admission import queue_wait_seconds
 from .arena import new_owner
 from .read_exec import ReadExecutor, ReadJob, Source, StreamFinished, read_flag
 from .read_plan import plan_group, plan_speculation
@@ -62,8 +63,10 @@ class _Push:
 class PrefetchHandler:
     """One Prefetch call: checks its messages and drives the executor period by period."""
 
-    def __init__(self, svc, open_msg: pb.PrefetchOpen):
+    def __init__(self, svc, open_msg: pb.PrefetchOpen, queue_wait=None):
+        """``queue_wait()``: how long a period may wait for its turn in the arena (default ``lease_wait_seconds``)."""
         self.svc = svc
+        self.queue_wait = queue_wait or (lambda: svc.config.lease_wait_seconds)
         self.store = svc.store
         self.tiers = svc.tiers
         self.arena = svc.arena
@@ -104,6 +107,7 @@ class PrefetchHandler:
         self.exec = ReadExecutor(
             svc,
             self.prefix_id,
+            geo,
             arena=self.arena,
             lease_owner=new_owner(),  # owns the stream's arena leases; never leaves the daemon
             tiers=self.tiers,
@@ -210,6 +214,11 @@ class PrefetchHandler:
         """
         out = []
         wanted = chunks.tolist()
+        # What is held at once is admitted at once: on shared memory the
+        # client computes on the whole period before its buffers go back, so
+        # one grant covers the period; framed bytes free each group's buffers
+        # as it is sent, so a grant per group.
+        period_grant = self.exec.admission.grant(period) if self.session else None
         for g in self.period_groups(period):
             units = self.store.units(self.prefix_id, chunks, [g])
             unit_of = dict(zip(wanted, units))
@@ -230,21 +239,30 @@ class PrefetchHandler:
                     per_read=self._per_read(g),
                 )
                 self.exec.cancel([inflight[i] for i in gp.cancel])
-            if gp.reads:
-                self._check_fits(period, g, gp.num_read)
-            jobs = [inflight[i] for i in gp.keep]
-            by_chunk = {j: inflight[i] for i, served in gp.from_reads.items() for j in served}
-            for job in jobs:
-                job.used = set(gp.from_reads.get(job.read_id, ()))
+                jobs = [inflight[i] for i in gp.keep]
+                grant = period_grant or self.exec.admission.grant(period)
+                for job in jobs:
+                    job.used = set(gp.from_reads.get(job.read_id, ()))
+                    if job.result is None:  # not read yet: it may still be dropped for room, then read again from the grant
+                        job.grant = grant
+                        self.exec.admission.need(grant, g, int(job.chunks.size))
             for part in gp.reads:
-                job = self.exec.submit(g, part, speculative=False, period=period)
+                self.exec.admission.need(grant, g, len(part))
+            by_chunk = {j: inflight[i] for i, served in gp.from_reads.items() for j in served}
+            for part in gp.reads:
+                job = self.exec.submit(g, part, speculative=False, period=period, grant=grant)
                 jobs.append(job)
                 by_chunk.update(dict.fromkeys(part, job))
+            if period_grant is None:
+                self._open(grant, f"period {period} group {g}")
             hit = set(gp.hits)
             sources = [
                 Source(j, unit_of[j], resident=hits[unit_of[j]]) if j in hit else Source(j, unit_of[j], job=by_chunk[j]) for j in wanted
             ]
             out.append((g, sources, jobs, None))
+        if period_grant is not None:
+            gs = self.period_groups(period)
+            self._open(period_grant, f"period {period} group {gs[0]}" if len(gs) == 1 else f"period {period} groups {gs[0]}-{gs[-1]}")
         if self.tiers is not None:
             hits = sum(1 for _, sources, _, _ in out for s in sources if s.resident is not None)
             self.tiers.count(hits, sum(len(sources) for _, sources, _, _ in out) - hits)
@@ -300,26 +318,20 @@ class PrefetchHandler:
         if self.push:
             self._tasks.append(asyncio.ensure_future(self._push_period(period, set(wanted))))
 
-    def _extent_bytes(self, group: int) -> int:
-        geo = self.geometry
-        return -(-geo.extent_bytes(group, geo.chunk_tokens) // 4096) * 4096
-
     def _per_read(self, group: int) -> int:
-        return max(1, self._max_job_bytes // self._extent_bytes(group))
+        return max(1, self._max_job_bytes // self.geometry.extent_padded_bytes(group))
 
-    def _check_fits(self, period: int, group: int, num_missing: int) -> None:
-        """A group is sent whole, so its disk reads share the reserve at once: one that can never fit fails now."""
-        if self.arena is None:
-            return
-        need = num_missing * self._extent_bytes(group)
-        if need > self.arena.lease_bytes:
+    def _open(self, grant, what: str) -> None:
+        """Admit a grant's buffers in one step; what can never fit the reserve fails now."""
+        if self.arena is not None and grant.nbytes > self.arena.lease_bytes:
             cfg = self.svc.config
             raise ArenaExhausted(
-                f"period.chunks: period {period} group {group} needs {need} bytes of stream buffers at once "
-                f"({num_missing} extents read from disk), more than the whole prefetch reserve ({self.arena.lease_bytes} bytes: "
+                f"period.chunks: {what} needs {grant.nbytes} bytes of stream buffers at once "
+                f"(extents read from disk), more than the whole prefetch reserve ({self.arena.lease_bytes} bytes: "
                 f"prefetch_reserve_fraction {cfg.prefetch_reserve_fraction} of shm_arena_bytes {cfg.shm_arena_bytes}); "
                 "send fewer chunks or raise shm_arena_bytes"
             )
+        self.exec.admission.open(grant, self.queue_wait())
 
     # ------------------------------------------------------------ push
     async def _push_period(self, period: int, wanted: set) -> None:
@@ -389,6 +401,7 @@ class PrefetchHandler:
                 continue
             self._daemon_wait_s += await self.exec.settle(period, g, sources, jobs)
             yield await self.svc.deliver(self.exec.serve, period, g, sources, jobs, self._describer(period, g, sources))
+        self.exec.admission.close(period, period)  # every read of the period has its buffer: the rest of its space goes back
         self.delivered = period
         self.retire()
 
@@ -442,7 +455,7 @@ async def serve_prefetch(svc, request_iterator, context, max_ahead: int):
     first = await _next(frames, svc.config.stream_idle_seconds)
     if first is None or first.WhichOneof("kind") != "open":
         raise InvalidArgument("open", "the first message of Prefetch must be a PrefetchOpen")
-    stream = PrefetchHandler(svc, first.open)
+    stream = PrefetchHandler(svc, first.open, lambda: queue_wait_seconds(context, svc.config))
     # A cancelled call may never resume this generator: release from the
     # call's own completion too, not only from the generator's finally.
     context.add_done_callback(lambda _ctx: stream.finish())

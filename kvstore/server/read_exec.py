@@ -16,6 +16,10 @@ Who owns the leases differs by call: a Prefetch stream owns them itself and
 names its own id in descriptors (the client releases nothing); a
 ``ReadChunks`` on shared memory leases in the client's session and names
 each lease, which the client releases (``handover``).
+
+Buffers that are held together are taken together (``admission``): a
+read submitted under a ``Grant`` starts once the arena has admitted the
+grant whole and carves its buffer from it.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .._proto import kvstore_pb2 as pb
+from .admission import Admissions, Grant
 from .read_plan import InFlight
 from .status import ArenaExhausted
 
@@ -73,6 +78,7 @@ class ReadJob:
     lease_id: int | None = None
     result: object = None  # ReadResult
     used: set = field(default_factory=set)
+    grant: Grant | None = None  # the space its buffer is carved from
 
     def in_flight(self) -> InFlight:
         return InFlight(self.read_id, tuple(self.chunks.tolist()), self.started)
@@ -90,7 +96,18 @@ class Source:
 
 class ReadExecutor:
     def __init__(
-        self, svc, prefix_id: str, *, arena, lease_owner: int, tiers, coalesce: bool, copies: bool, handover: bool = False, ref_id: int = 0
+        self,
+        svc,
+        prefix_id: str,
+        geometry,
+        *,
+        arena,
+        lease_owner: int,
+        tiers,
+        coalesce: bool,
+        copies: bool,
+        handover: bool = False,
+        ref_id: int = 0,
     ):
         """``copies``: the extents leave as byte frames (a buffer may go once framed).
 
@@ -101,6 +118,7 @@ class ReadExecutor:
         self.svc = svc
         self.store = svc.store
         self.prefix_id = prefix_id
+        self.geometry = geometry  # StoreGeometry of the prefix
         self.arena = arena
         self.owner = lease_owner
         self.tiers = tiers
@@ -115,17 +133,28 @@ class ReadExecutor:
         self._ids = itertools.count()
         self._leases: dict[int, list[int]] = {}  # period -> leases its extents live in
         self._pins: dict[int, list[tuple]] = {}  # period -> tier units pinned for it
+        self.admission = Admissions(arena, lease_owner, geometry)
 
     # ------------------------------------------------------------ reads
-    def submit(self, group: int, chunks, *, speculative: bool, period: int, after=()) -> ReadJob:
-        """Start one read; a speculative one queues behind ``after`` (futures of needed reads)."""
-        job = ReadJob(next(self._ids), group, np.asarray(chunks, np.int64), speculative, period)
+    def submit(self, group: int, chunks, *, speculative: bool, period: int, after=(), grant: Grant | None = None) -> ReadJob:
+        """Start one read; a speculative one queues behind ``after`` (futures of needed reads).
+
+        ``grant``: the read carves its buffer from that admission and starts once it is granted.
+        """
+        job = ReadJob(next(self._ids), group, np.asarray(chunks, np.int64), speculative, period, grant=grant)
+        if grant is not None and not speculative:
+            after = (*after, grant.ready)
         job.future = asyncio.ensure_future(self._run_after(after, job) if after else self.svc.run(self._load, job))
         self.jobs.append(job)
         return job
 
     async def _run_after(self, after, job: ReadJob):
         await asyncio.gather(*after, return_exceptions=True)
+        if job.grant is not None and not job.speculative:
+            if job.grant.ready.cancelled():  # the call ended before its turn came
+                job.cancelled = True
+                return None
+            job.grant.ready.result()  # not admitted: the read fails with the arena's refusal
         return await self.svc.run(self._load, job)
 
     def cancel(self, jobs: list[ReadJob]) -> None:
@@ -149,7 +178,9 @@ class ReadExecutor:
             keep = self.arena.lease_bytes // 2 if job.speculative else 0
 
             def alloc(nbytes: int):
-                lease = self.arena.lease(self.owner, nbytes, wait_seconds=wait, keep_free_bytes=keep)
+                lease = self.admission.carve(job.grant, nbytes) if job.grant is not None else None
+                if lease is None:  # no admission (or not granted yet: a speculative read takes its chance)
+                    lease = self.arena.lease(self.owner, nbytes, wait_seconds=wait, keep_free_bytes=keep)
                 holder.append(lease)
                 return self.arena.buffer(lease)
 
@@ -184,7 +215,7 @@ class ReadExecutor:
         for i, job in enumerate(jobs):
             await job.future
             if job.result is None and job.speculative and job.used and not self.finished:
-                jobs[i] = redo = self.submit(group, sorted(job.used), speculative=False, period=period)
+                jobs[i] = redo = self.submit(group, sorted(job.used), speculative=False, period=period, grant=job.grant)
                 for src in sources:
                     if src.job is job:
                         src.job = redo
@@ -299,6 +330,7 @@ class ReadExecutor:
             periods = {p for p in list(self._leases) + list(self._pins) if first <= p <= last}
             leases = [i for p in periods for i in self._leases.pop(p, [])]
             pins = [u for p in periods for u in self._pins.pop(p, [])]
+        self.admission.close(first, last)
         self._give_back(leases, pins)
 
     def finish(self, *, handed_over: bool = False) -> None:
@@ -313,6 +345,7 @@ class ReadExecutor:
             leases = [] if handed_over else [i for held in self._leases.values() for i in held]
             pins = [u for held in self._pins.values() for u in held]
             self._leases, self._pins = {}, {}
+        self.admission.close_all()
         self._give_back(leases, pins)
 
     def _give_back(self, leases, pins) -> None:

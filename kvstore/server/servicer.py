@@ -21,6 +21,7 @@ from ..pages import READ_BATCH_BYTES, not_stored
 from ..reader import validate_chunks
 from ..store import ChunkStore
 from ..wire import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
+from .admission import queue_wait_seconds
 from .arena import Arena
 from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
@@ -264,8 +265,6 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
             if svc.sessions is None:
                 raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
             svc.sessions.check(session)
-            # the client holds every group's lease until it releases the read: they must fit together
-            svc.arena.check_fits(sum(len(chunks) * -(-geo.extent_bytes(g, geo.chunk_tokens) // 4096) * 4096 for g in groups), "read")
         hold = svc.store.holds.hold(pid)  # not evicted nor moved while the stream lasts
         context.add_done_callback(lambda _ctx: hold.release())
         counts = geo.chunk_token_counts(view.num_tokens)[chunks]
@@ -283,6 +282,7 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
         ex = ReadExecutor(
             svc,
             pid,
+            geo,
             arena=svc.arena if session else None,
             lease_owner=session,
             tiers=None,
@@ -296,9 +296,18 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
         context.add_done_callback(lambda _ctx: ex.finish(handed_over=bool(completed)))
         wanted = chunks.tolist()
         plans = [plan_group(g, wanted, per_read=len(wanted)) for g in groups]
+        # On shared memory the client holds every group's buffers until it
+        # releases the read: the whole read is admitted at once (or refused
+        # at once when it can never fit), in arrival order.
+        grant = ex.admission.grant(0)
+        for g in groups:
+            ex.admission.need(grant, g, len(wanted))
+        if session:
+            svc.arena.check_fits(grant.nbytes, "read")
+        ex.admission.open(grant, queue_wait_seconds(context, svc.config))
 
         def start(i: int) -> list:
-            return [ex.submit(plans[i].group, part, speculative=False, period=0) for part in plans[i].reads]
+            return [ex.submit(plans[i].group, part, speculative=False, period=0, grant=grant) for part in plans[i].reads]
 
         try:
             jobs = start(0)
