@@ -22,7 +22,7 @@ def smollm2():
 
 def test_layerwise_keeps_the_pass_key_at_five_percent(daemon, smollm2):
     # Tuning seed 1 at 2000 tokens: an early needle (depth 0.12), answered by
-    # layerwise at 5% in the README's tuning run C.  (At 1000 tokens, 5% is 3
+    # layerwise at 5% in docs/accuracy.md's tuning run C.  (At 1000 tokens, 5% is 3
     # chunks per layer, one beyond sink and local, and seed 0 is missed.)
     (ex,) = text.examples("passkey", smollm2.tokenizer, 1, 2000, stream="tune", start=1)
     cfg = ReprefillConfig(budget=0.05, report_attention=False, **system_fields("layerwise"))

@@ -92,7 +92,7 @@ def test_smollm2s_classification_keeps_a_pass_key_answer_and_calibration_runs_on
     torch.set_num_threads(1)
     pm = zoo.load("smollm2-135m", dtype=torch.float32)
     shipped = StreamingHeads.load(Path(__file__).parents[2] / "docs/figures/streaming-heads-smollm2-135m.json", model=pm.decoder)
-    assert shipped.fraction == pytest.approx(0.4) and not any(shipped.streaming[0])  # README, "Streaming heads"
+    assert shipped.fraction == pytest.approx(0.4) and not any(shipped.streaming[0])  # docs/decode.md, "Streaming heads"
     ex = text.examples("passkey", pm.tokenizer, 1, 1024, stream="tune", start=7)[0]
     gen = dense_generate(pm.decoder, ex.prefix_tokens, ex.suffix_tokens, 8, tokenizer=pm.tokenizer, streaming=shipped)
     assert ex.is_correct(gen.text), gen.text
