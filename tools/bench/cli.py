@@ -162,6 +162,11 @@ LAZY_COMMANDS = {
         "add_decode_merge_parser",
         "pool kvstore-bench decode --json reports over disjoint seeds into one table",
     ),
+    "contention": (
+        "tools.bench.contention",
+        "add_contention_parser",
+        "concurrent readers on the shared-memory arena: requests/s, p50/p99, failures",
+    ),
     "replay": (
         "tools.bench.replay_cli",
         "add_replay_parser",
