@@ -1,11 +1,9 @@
 import pytest
-import torch
 from daemon import DaemonProcess
 
 from engine_client.client import KVStoreClient
-from engine_client.model.loader import load_checkpoint
-from engine_client.runner import ModelRunner
-from tools.make_checkpoint import make_checkpoint
+
+# The model fixtures import torch where they are used: the daemon's tests also run on an install without it.
 
 
 @pytest.fixture
@@ -30,6 +28,11 @@ def daemon(daemon_factory):
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
     """The 2-layer random ``tiny`` checkpoint (tools.make_checkpoint), float32."""
+    import torch
+
+    from engine_client.model.loader import load_checkpoint
+    from tools.make_checkpoint import make_checkpoint
+
     path = tmp_path_factory.mktemp("ckpt") / "tiny"
     make_checkpoint(str(path), "tiny", 0, "float32", 1)
     return load_checkpoint(str(path), dtype=torch.float32)
@@ -38,5 +41,7 @@ def tiny_model(tmp_path_factory):
 @pytest.fixture
 def tiny_runner(daemon, tiny_model):
     """A ModelRunner of ``tiny_model`` on a fresh daemon, one-layer stored groups."""
+    from engine_client.runner import ModelRunner
+
     with KVStoreClient(daemon.target) as client:
         yield ModelRunner(tiny_model, client, group_layers=1)
