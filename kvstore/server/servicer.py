@@ -17,9 +17,9 @@ from .. import __version__
 from .._proto import kvstore_pb2 as pb
 from .._proto import kvstore_pb2_grpc as pb_grpc
 from ..errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from ..pages import READ_BATCH_BYTES, not_stored
 from ..reader import validate_chunks
 from ..store import ChunkStore
+from ..store.pages import READ_BATCH_BYTES, not_stored
 from ..wire import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
 from .admission import queue_wait_seconds
 from .arena import Arena

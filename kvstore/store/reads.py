@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xxhash
 
-from .errors import DataLoss, InvalidArgument
-from .geometry import StoreGeometry, align_up
-from .io import aligned_buffer
-from .reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
-from .records import Piece, PrefixView, SegmentInfo
+from ..errors import DataLoss, InvalidArgument
+from ..geometry import StoreGeometry, align_up
+from ..io import aligned_buffer
+from ..reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
+from ..records import Piece, PrefixView, SegmentInfo
 
 if TYPE_CHECKING:
-    from .store import ChunkStore
+    from .chunk_store import ChunkStore
 
 
 def read_held(store: ChunkStore, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:

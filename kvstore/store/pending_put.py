@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import Conflict, InvalidArgument, ReadOnly, StoreFull
-from .faults import crash_point
-from .io import aligned_buffer
-from .records import PREFIX, Piece
-from .segment_trailer import encode_trailer
-from .wire.results import PutResult
-from .writer import SegmentImage
+from ..errors import Conflict, InvalidArgument, ReadOnly, StoreFull
+from ..faults import crash_point
+from ..io import aligned_buffer
+from ..records import PREFIX, Piece
+from ..segment_trailer import encode_trailer
+from ..wire.results import PutResult
+from ..writer import SegmentImage
 
 if TYPE_CHECKING:
-    from .store import ChunkStore
+    from .chunk_store import ChunkStore
 
 
 class PendingPut:

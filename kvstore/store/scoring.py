@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from . import index_ops as ops
-from .errors import InvalidArgument
-from .reader import validate_chunks, validate_groups
-from .scores import Unit
+from .. import index_ops as ops
+from ..errors import InvalidArgument
+from ..reader import validate_chunks, validate_groups
+from ..scores import Unit
 
 if TYPE_CHECKING:
-    from .store import ChunkStore
+    from .chunk_store import ChunkStore
 
 
 def units(store: ChunkStore, prefix_id: str, chunks, groups) -> list[Unit]:

@@ -33,13 +33,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import Conflict, InvalidArgument, NotFound
-from .geometry import StoreGeometry
-from .hashing import page_hashes
+from ..errors import Conflict, InvalidArgument, NotFound
+from ..geometry import StoreGeometry
+from ..hashing import page_hashes
+from ..reader import validate_groups
+from ..records import PAGES, PrefixView
+from ..wire.results import PagesPresent, PagesPutResult, ReadResult
 from .pending_put import put_with_retries
-from .reader import validate_groups
-from .records import PAGES, PrefixView
-from .wire.results import PagesPresent, PagesPutResult, ReadResult
 
 MAX_KEY_BYTES = 64
 READ_BATCH_BYTES = 32 << 20  # GetPages reads this many bytes of pages at a time (at least one page)

@@ -20,17 +20,17 @@ from collections import defaultdict
 import numpy as np
 import xxhash
 
-from . import index as ix
-from .errors import NotFound
-from .faults import crash_point
-from .geometry import SegmentLayout
-from .io import aligned_buffer
-from .policy.disk import SegmentUse, live_span
-from .records import SegmentInfo
-from .scores import encode as encode_score
-from .writer import SegmentImage
+from .. import index as ix
+from ..errors import NotFound
+from ..faults import crash_point
+from ..geometry import SegmentLayout
+from ..io import aligned_buffer
+from ..policy.disk import SegmentUse, live_span
+from ..records import SegmentInfo
+from ..scores import encode as encode_score
+from ..writer import SegmentImage
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kvstore.compaction")  # the name it had as kvstore/compaction.py
 
 
 def refs_by_segment(manifests: list[dict]) -> dict[int, list[tuple[str, dict]]]:

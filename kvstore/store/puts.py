@@ -13,16 +13,16 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .errors import Conflict, InvalidArgument, StoreFull
-from .faults import crash_point
-from .geometry import SegmentLayout, StoreGeometry
-from .hashing import chunk_hashes, validate_tokens
+from ..errors import Conflict, InvalidArgument, StoreFull
+from ..faults import crash_point
+from ..geometry import SegmentLayout, StoreGeometry
+from ..hashing import chunk_hashes, validate_tokens
+from ..records import PrefixView
+from ..writer import SegmentImage
 from .pending_put import PendingPut
-from .records import PrefixView
-from .writer import SegmentImage
 
 if TYPE_CHECKING:
-    from .store import ChunkStore
+    from .chunk_store import ChunkStore
 
 
 def begin_put(

@@ -47,18 +47,18 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from . import index_ops as ops
-from .conversation_files import SUFFIX, encode, file_name
-from .conversation_rules import appended, check_format, check_key, held_prefix_id, marked_inactive, parse_strategy, prefix_ids
-from .errors import InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
-from .faults import crash_point
-from .hashing import MAX_NAMESPACE_BYTES, validate_label
-from .identity import damaged, fsync_dir, write_atomic
-from .keyed_locks import KeyedLocks
-from .records import PrefixView
+from .. import index_ops as ops
+from ..conversation_files import SUFFIX, encode, file_name
+from ..conversation_rules import appended, check_format, check_key, held_prefix_id, marked_inactive, parse_strategy, prefix_ids
+from ..errors import InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
+from ..faults import crash_point
+from ..hashing import MAX_NAMESPACE_BYTES, validate_label
+from ..identity import damaged, fsync_dir, write_atomic
+from ..keyed_locks import KeyedLocks
+from ..records import PrefixView
 
 if TYPE_CHECKING:
-    from .store import ChunkStore
+    from .chunk_store import ChunkStore
 
 log = logging.getLogger("kvstore.store")
 

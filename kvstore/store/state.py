@@ -14,10 +14,10 @@ import threading
 
 import lmdb
 
-from . import index_ops as ops
-from .errors import DataLoss, ReadOnly, StoreFull
-from .index import Index
-from .records import PrefixView
+from .. import index_ops as ops
+from ..errors import DataLoss, ReadOnly, StoreFull
+from ..index import Index
+from ..records import PrefixView
 
 log = logging.getLogger("kvstore.store")  # the store's log lines keep one logger name
 

@@ -17,13 +17,13 @@ import logging
 import threading
 from collections.abc import Callable
 
-from . import index as ix
+from .. import index as ix
+from ..errors import NotFound, StoreFull
+from ..faults import crash_point
+from ..policy.disk import PrefixCost, choose_victims, segments_to_compact
 from .compaction import compact_segment, segment_uses
-from .errors import NotFound, StoreFull
-from .faults import crash_point
-from .policy.disk import PrefixCost, choose_victims, segments_to_compact
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("kvstore.capacity")  # the name it had as kvstore/capacity.py
 
 
 class DiskCapacity:

@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import xxhash
 
-from . import index_ops as ops
-from .io import aligned_buffer
-from .records import PrefixView
-from .segment_files import segment_file_name
+from .. import index_ops as ops
+from ..io import aligned_buffer
+from ..records import PrefixView
+from ..segment_files import segment_file_name
 
 if TYPE_CHECKING:
-    from .store import ChunkStore
+    from .chunk_store import ChunkStore
 
 
 def verify(store: ChunkStore, prefix_id: str | None = None, *, progress=None) -> list[dict]:

@@ -37,36 +37,32 @@ import os
 
 import numpy as np
 
-from . import index as ix
-from . import index_ops as ops
-from . import store_admin as admin
-from . import store_open as opening
-from . import store_put as puts
-from . import store_read as reads
-from . import store_scores as scoring
+from .. import index as ix
+from .. import index_ops as ops
+from ..config import StoreConfig
+from ..conversation_files import DIRECTORY as CONVERSATIONS_DIR
+from ..conversation_files import ConversationFiles
+from ..errors import InvalidArgument, NotFound
+from ..faults import crash_point
+from ..file_modes import make_dirs
+from ..geometry import StoreGeometry
+from ..hashing import chunk_hashes, validate_tokens
+from ..holds import PrefixHolds
+from ..identity import fsync_dir, lock_data_dir
+from ..io import IOBackend, make_backend
+from ..io.inflight import InFlight
+from ..manifest_files import ManifestFiles
+from ..reader import ReadResult
+from ..records import PrefixView, SegmentInfo
+from ..scores import ScoreTable, Unit
+from ..segment_files import SegmentFiles
+from ..wire.results import LookupResult
+from ..writer import SegmentImage
+from . import admin, opening, puts, reads, scoring
 from .capacity import DiskCapacity
-from .config import StoreConfig
-from .conversation_files import DIRECTORY as CONVERSATIONS_DIR
-from .conversation_files import ConversationFiles
 from .conversations import Conversations
-from .errors import InvalidArgument, NotFound
-from .faults import crash_point
-from .file_modes import make_dirs
-from .geometry import StoreGeometry
-from .hashing import chunk_hashes, validate_tokens
-from .holds import PrefixHolds
-from .identity import fsync_dir, lock_data_dir
-from .io import IOBackend, make_backend
-from .io.inflight import InFlight
-from .manifest_files import ManifestFiles
 from .pending_put import PendingPut, PutResult, put_with_retries
-from .reader import ReadResult
-from .records import PrefixView, SegmentInfo
-from .scores import ScoreTable, Unit
-from .segment_files import SegmentFiles
-from .store_state import StoreState
-from .wire.results import LookupResult
-from .writer import SegmentImage
+from .state import StoreState
 
 __all__ = ["ChunkStore", "LookupResult", "PendingPut", "PutResult", "put_with_retries"]
 

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import lmdb
 
-from . import index_ops as ops
-from .identity import STORE_ID_FILE, damaged
-from .manifest_files import ManifestFiles, is_manifest_file, parse_manifest_file_name
-from .segment_files import parse_segment_file_name
+from .. import index_ops as ops
+from ..identity import STORE_ID_FILE, damaged
+from ..manifest_files import ManifestFiles, is_manifest_file, parse_manifest_file_name
+from ..segment_files import parse_segment_file_name
 
 if TYPE_CHECKING:
-    from .store import ChunkStore
+    from .chunk_store import ChunkStore
 
 log = logging.getLogger("kvstore.store")  # the store's log lines keep one logger name
 
