@@ -153,3 +153,58 @@ def test_replay_of_several_traces_adds_the_scaling_table_and_its_plot(recorded, 
     row = report["scaling"]["impress@0.25"][tokens]
     assert row["bound"] in ("I/O", "compute") and row["cpu"]["ttft_s"] > 0
     assert row["ttft_mean_s"] == report["traces"][1]["systems"]["impress@0.25"]["ttft_mean_s"]  # the last replay of that length
+
+
+def _measured_profile(path, **rates):
+    """A ``file:`` profile as ``kvstore-bench calibrate`` writes it (H200-like rates unless given)."""
+    fields = dict(
+        name="calibrated-test",
+        peak_flops=539e12,
+        mem_bytes_per_s=3.8e12,
+        h2d_bytes_per_s=54.9e9,
+        matmul_efficiency=1.0,
+        mem_efficiency=1.0,
+        layer_overhead_s=60e-6,
+        dtype_bytes=2,
+        pageable_h2d_bytes_per_s=8.8e9,
+        disk_bytes_per_s=1.6e9,
+        period_overhead_s=0.3e-3,
+        source="test rates",
+    )
+    path.write_text(json.dumps(fields | rates))
+    return f"file:{path}"
+
+
+def test_recompute_is_a_row_and_the_choice_takes_the_time_of_the_path_it_picks(recorded, tmp_path):
+    from engine_client.compute_model import parse_profile
+    from engine_client.model.config import ModelConfig
+    from engine_client.path_choice import RequestShape, recompute_seconds
+
+    trace, _, directory = recorded
+    header = _trace_lines(trace)[0]
+    profile = _measured_profile(tmp_path / "p.json")
+    report = json.loads(run_bench("replay", "--trace", str(trace), "--profile", profile, "--directory", str(directory), "--json").stdout)
+    config, run = ModelConfig(**header["model"]["config"]), header["run"]
+    want = recompute_seconds(config, parse_profile(profile), RequestShape(run["prefix_tokens"], run["suffix_tokens"], 0, 1, 1.0))
+    assert report["systems"]["recompute"]["ttft_mean_s"] == pytest.approx(want)
+    assert report["systems"]["recompute"]["bytes_disk_mean"] == 0
+    rows = [r for r in report["requests"]["choice@0.25"] if not r["warmup"]]
+    assert len(rows) == 3 and report["choice_note"] is None
+    source = {"recompute": "recompute", "full-load": "full-load@1", "sparse": "contiguouskv@0.25"}
+    for row in rows:
+        assert row["chosen"] == min(row["predicted"], key=row["predicted"].get)
+        taken = next(r for r in report["requests"][source[row["chosen"]]] if r["request"] == row["request"])
+        assert row["ttft_s"] == taken["ttft_s"]  # the prediction picks, the replay times
+    # a 2-layer model on a 512-token prefix: recomputing it is far cheaper than any read from a 1.6 GB/s disk
+    assert {r["chosen"] for r in rows} == {"recompute"}
+    slow_gpu = _measured_profile(tmp_path / "slow.json", peak_flops=1e9, mem_bytes_per_s=1e9, disk_bytes_per_s=1e12)
+    report = json.loads(run_bench("replay", "--trace", str(trace), "--profile", slow_gpu, "--directory", str(directory), "--json").stdout)
+    # a machine that computes slowly next to a fast disk loads instead
+    assert {r["chosen"] for r in report["requests"]["choice@0.25"]} <= {"sparse", "full-load"}
+    assert report["systems"]["recompute"]["ttft_mean_s"] > report["systems"]["choice@0.25"]["ttft_mean_s"]
+
+
+def test_a_named_profile_has_no_choice_row_and_says_why(replays):
+    report = replays[0]
+    assert "recompute" in report["systems"] and not any(k.startswith("choice@") for k in report["systems"])
+    assert "no disk rate" in report["choice_note"] and "kvstore-bench calibrate" in report["choice_note"]

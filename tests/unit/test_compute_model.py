@@ -9,7 +9,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from engine_client.model.config import ModelConfig
 from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights, _gqa_attention
 from kvstore.errors import InvalidArgument
-from tools.bench.compute_model import (
+from engine_client.compute_model import (
     PROFILES,
     AcceleratorProfile,
     h2d_seconds,

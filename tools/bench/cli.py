@@ -18,9 +18,12 @@ Subcommands (a parser and a ``command_*`` function each, bound with
 ``--plot PATH`` on ``io``, ``reprefill``, ``accuracy`` and ``recall`` draws the
 report as a figure (``plots``).
 
+``--no-progress`` and ``--log-level`` go before or after the subcommand.
+
 Exit status: 0 on success, 2 for bad arguments (argparse's usage, or one
 line for a bad ``--plot`` path), 1 when the benchmark could not run (one
-line on stderr).
+line on stderr), such as a subcommand that needs the engine extra (torch)
+on an install without it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import threading
 
 from kvstore import cli_flags
 from kvstore.cli_flags import fractions_arg, one_fraction_arg
+from kvstore.config import BoolFlag, HelpFormatter
 from kvstore.errors import KVStoreError
 from kvstore.io import BACKENDS
 from kvstore.kvquant import KV_QUANT
@@ -43,7 +47,7 @@ from kvstore.progress import add_progress_flag, set_enabled
 
 from .fio import compare_with_fio, format_comparison
 from .io_jobs import RW_MODES, BenchError, JobSpec, UsageError, busy_core, format_run, parse_size, run_io
-from .plots import add_plot_flag, check_plot_path
+from .plots import ENGINE_EXTRA, add_plot_flag, check_plot_path
 
 DEFAULT_DIRECTORY = ".kvstore/bench"
 DEFAULT_FILENAME = "kvstore-bench.io"
@@ -66,7 +70,7 @@ def _add_job_options(parser: argparse.ArgumentParser) -> None:
     job.add_argument("--numjobs", type=int, default=1, help="jobs, one process each, on the same file")
     job.add_argument("--size", type=_size, default=parse_size("1g"), help="file bytes each job covers")
     job.add_argument("--runtime", type=float, default=10.0, help="seconds (time based, like fio --time_based)")
-    job.add_argument("--direct", type=int, choices=(0, 1), default=1, help="1: O_DIRECT, no page cache")
+    job.add_argument("--direct", action=BoolFlag, default=True, help="O_DIRECT, no page cache (default; --direct 0/1 still taken)")
     job.add_argument("--backend", choices=BACKENDS, default="auto", help="the store's I/O backend (auto: as the daemon chooses)")
     job.add_argument(
         "--busy-core",
@@ -131,8 +135,12 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     chk.add_argument("--selection", choices=("random", "runs", "both"))
     chk.add_argument("--groups", choices=("all", "period"), help="one read for all period groups, or one per group")
     chk.add_argument(
-        "--max-read-run", type=_size, help="largest coalesced read (the store's max_read_run_bytes; default: the store's default)"
+        "--max-read-run-bytes",
+        dest="max_read_run",
+        type=_size,
+        help="largest coalesced read (the store's max_read_run_bytes; default: the store's default)",
     )
+    cli_flags.add_alias(chk, "--max-read-run", "max_read_run", type=_size)  # its older name
 
 
 # Subcommands whose modules import torch: their parsers are built only when chosen,
@@ -162,6 +170,11 @@ LAZY_COMMANDS = {
         "add_decode_merge_parser",
         "pool kvstore-bench decode --json reports over disjoint seeds into one table",
     ),
+    "calibrate": (
+        "tools.bench.calibrate",
+        "add_calibrate_parser",
+        "measure this machine's compute, copy, disk and request rates into a profile file (--profile file:PATH)",
+    ),
     "contention": (
         "tools.bench.contention",
         "add_contention_parser",
@@ -175,15 +188,51 @@ LAZY_COMMANDS = {
 }
 
 
+# What a missing module means: the extra of pyproject.toml that installs it.
+EXTRAS = {
+    **dict.fromkeys(("torch", "safetensors", "gguf", "tokenizers", "jinja2", "matplotlib"), ENGINE_EXTRA),
+    **dict.fromkeys(("transformers", "accelerate"), "pip install 'kvstore[test]'"),
+}
+
+
+class MissingExtra(BenchError):
+    """A subcommand needs a module of an optional extra this install lacks."""
+
+
+def missing_extra(command: str | None, exc: ModuleNotFoundError) -> MissingExtra | None:
+    """The one-line error for ``exc`` when an optional extra would install the module; None otherwise."""
+    top = (exc.name or "").split(".")[0]
+    if top not in EXTRAS:
+        return None
+    what = f"kvstore-bench {command}" if command else "kvstore-bench"
+    return MissingExtra(f"{what} needs {top}, which this install lacks: {EXTRAS[top]}")
+
+
+def _add_common_flags(parser: argparse.ArgumentParser) -> None:
+    """``--no-progress`` and ``--log-level`` after a subcommand as before it (unset: the global value holds)."""
+    for flag, kwargs in (
+        ("--no-progress", {"dest": "progress", "action": "store_false", "help": "no progress bars"}),
+        ("--log-level", {"choices": cli_flags.LOG_LEVELS, "help": "least severe log lines written"}),
+    ):
+        try:
+            parser.add_argument(flag, default=argparse.SUPPRESS, **kwargs)
+        except argparse.ArgumentError:  # the subcommand has its own
+            pass
+
+
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The parser for ``argv`` (default: sys.argv): a torch-bound subcommand's options only when it is the one chosen."""
+    """The parser for ``argv`` (default: sys.argv): a torch-bound subcommand's options only when it is the one chosen.
+
+    MissingExtra when the chosen subcommand's module needs an extra this install lacks.
+    """
     import importlib
 
     parser = argparse.ArgumentParser(prog="kvstore-bench", description=__doc__.split("\n\n")[0])
     cli_flags.add_version(parser)
     add_progress_flag(parser)
+    cli_flags.add_log_level(parser, "warning")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    io = sub.add_parser("io", help="fio-style raw I/O job through the store's backend")
+    io = sub.add_parser("io", help="fio-style raw I/O job through the store's backend", formatter_class=HelpFormatter)
     _add_job_options(io)
     _add_compare_options(io)
     _add_chunked_options(io)
@@ -192,9 +241,14 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     chosen = next((a for a in args if not a.startswith("-")), None)
     for name, (module, add, help_text) in LAZY_COMMANDS.items():
         if name == chosen:
-            getattr(importlib.import_module(module), add)(sub)
+            try:
+                getattr(importlib.import_module(module), add)(sub)
+            except ModuleNotFoundError as exc:
+                raise missing_extra(name, exc) or exc from None
         else:
             sub.add_parser(name, help=help_text)  # listed in --help; replaced when chosen
+    for subparser in sub.choices.values():
+        _add_common_flags(subparser)
     return parser
 
 
@@ -274,19 +328,30 @@ def main(argv: list[str] | None = None) -> int:
     SIGTERM unwinds like an exception (exit status 143), so a benchmark stopped with ``kill`` still
     stops the private daemon it started and removes its store instead of leaving both behind.
     """
-    parser = build_parser(argv)
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        parser = build_parser(argv)
+    except MissingExtra as exc:  # before --help too: the subcommand cannot run here at all
+        print(f"kvstore-bench: error: {exc}", file=sys.stderr)
+        return 1
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _terminated) if main_thread else None
+    args = None
     try:
         args = parser.parse_args(argv)
         set_enabled(args.progress)
+        logging.basicConfig(level=args.log_level.upper(), format="%(levelname)s %(name)s: %(message)s", force=True)
         return args.run(args)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2, message printed); SIGTERM (143)
         return exc.code if isinstance(exc.code, int) else int(exc.code is not None)
     except UsageError as exc:  # a bad argument argparse could not check: one line
         print(f"kvstore-bench: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a module the run imports late (torch, matplotlib)
+        error = missing_extra(getattr(args, "command", None), exc)
+        if error is None:
+            raise
+        print(f"kvstore-bench: error: {error}", file=sys.stderr)
+        return 1
     except (BenchError, KVStoreError, OSError) as exc:  # could not run: say why, no traceback
         print(f"kvstore-bench: error: {exc}", file=sys.stderr)
         return 1

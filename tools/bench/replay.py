@@ -38,6 +38,11 @@ within ``lease_wait_seconds``) is counted with its status, not hidden.  The
 command line, and several traces at once for a table against prefix
 length, are ``replay_cli``.
 
+Two rows are modelled rather than replayed (``replay_choice``): ``recompute``
+(prefix and suffix prefilled under the profile, nothing read) and, with a
+measured profile, ``choice@B`` (per request, the path ``path_choice``
+predicts cheapest, timed by that path's replayed row for the request).
+
 When the trace has no system that loads every chunk (``as-lru``), a
 ``full-load`` row is added: the first chunk system's requests with every
 chunk of every Period, LRU tiers, speculation of the next Period (layer-wise
@@ -53,10 +58,11 @@ import time
 
 import numpy as np
 
+from engine_client.compute_model import h2d_seconds, layer_seconds, lm_head_seconds, parse_profile, query_seconds, score_seconds
 from kvstore.errors import InvalidArgument
 
-from .compute_model import h2d_seconds, layer_seconds, lm_head_seconds, parse_profile, query_seconds, score_seconds
 from .io_jobs import BenchError
+from .replay_choice import choice_rows, recompute_rows
 from .replay_report import concurrency_level
 from .trace import load_trace
 
@@ -303,7 +309,16 @@ def run_replay(args) -> dict:
                 shutil.rmtree(data_dir, ignore_errors=True)
     finally:
         progress.close()
-    report = summarize_replay(header, systems, records, daemon_bytes, profile, args.trace)
+    modelled = []
+    if records:
+        records["recompute"] = recompute_rows(header, next(iter(records.values())), config, profile)
+        choices, why_not = choice_rows(header, systems, records, config, profile, _geometry)
+        records.update(choices)
+        modelled = [{"key": "recompute", "kind": "recompute", "system": {"budgeted": False}}]
+        modelled += [{"key": key, "kind": "choice", "system": {"budgeted": False}} for key in choices]
+        daemon_bytes.update(dict.fromkeys([m["key"] for m in modelled], 0))
+    report = summarize_replay(header, systems + modelled, records, daemon_bytes, profile, args.trace)
+    report["choice_note"] = why_not if records else None
     report["concurrency"] = {key: {str(c): level for c, level in sorted(levels.items())} for key, levels in concurrency.items()}
     return report
 

@@ -31,7 +31,7 @@ def add_replay_parser(sub) -> None:
     p.add_argument(
         "--profile",
         default="h100",
-        help="h100, a100, a800 or custom:flops=..,bw=..,h2d=..[,eff=..,mem_eff=..,overhead=..] (tools/bench/compute_model.py)",
+        help="h100, a100, a800 or custom:flops=..,bw=..,h2d=..[,eff=..,mem_eff=..,overhead=..] (engine_client/compute_model.py), or file:PATH (kvstore-bench calibrate)",
     )
     p.add_argument(
         "--systems", type=lambda t: [k.strip() for k in t.split(",") if k.strip()], help="system@budget keys to replay (default: all)"

@@ -37,7 +37,14 @@ def summarize_replay(header: dict, systems: list[dict], records: dict, daemon_by
     for s in systems:
         if not any(not r["warmup"] for r in records[s["key"]]):
             continue
-        rows[s["key"]] = _row(records[s["key"]]) | {"daemon_bytes_read": daemon_bytes[s["key"]], "budgeted": s["system"]["budgeted"]}
+        rows[s["key"]] = _row(records[s["key"]]) | {
+            "daemon_bytes_read": daemon_bytes[s["key"]],
+            "budgeted": s["system"]["budgeted"],
+            "kind": s.get("kind", "replayed"),
+        }
+        if s.get("kind") == "choice":
+            timed = [r for r in records[s["key"]] if not r["warmup"]]
+            rows[s["key"]]["chosen"] = {p: sum(r["chosen"] == p for r in timed) for p in ("recompute", "full-load", "sparse")}
     return {
         "trace": trace,
         "profile": dataclasses.asdict(profile),
@@ -68,7 +75,7 @@ def concurrency_level(rows: list[dict], streams: int, wall_s: float, failures: l
 
 def replay_ratios(rows: dict) -> dict:
     """TTFT and disk-byte ratios of means: each system and the full load against the reference at each budget."""
-    full = next((k for k, r in rows.items() if not r["budgeted"]), None)
+    full = next((k for k, r in rows.items() if not r["budgeted"] and r.get("kind", "replayed") == "replayed"), None)
     by_budget: dict[str, list[str]] = {}
     for key, r in rows.items():
         if r["budgeted"]:
@@ -76,10 +83,15 @@ def replay_ratios(rows: dict) -> dict:
     out = {}
     for budget, keys in by_budget.items():
         ref = f"{REFERENCE}@{budget}" if f"{REFERENCE}@{budget}" in keys else keys[0]
-        for key in [k for k in keys if k != ref] + ([full] if full else []):
+        extra = [k for k in (full, "recompute") if k in rows]
+        for key in [k for k in keys if k != ref] + extra:
             out[f"ttft {key} / {ref}"] = rows[key]["ttft_mean_s"] / rows[ref]["ttft_mean_s"]
-            if rows[ref]["bytes_disk_mean"]:
+            if rows[ref]["bytes_disk_mean"] and rows[key]["bytes_disk_mean"]:
                 out[f"disk bytes {key} / {ref}"] = rows[key]["bytes_disk_mean"] / rows[ref]["bytes_disk_mean"]
+    plain = [k for k in (full, "recompute") if k in rows]
+    for key in (k for k, r in rows.items() if r.get("kind") == "choice" and plain):
+        best = min(plain, key=lambda k: rows[k]["ttft_mean_s"])
+        out[f"ttft {key} / best of recompute and full load ({best})"] = rows[key]["ttft_mean_s"] / rows[best]["ttft_mean_s"]
     return out
 
 
@@ -98,14 +110,20 @@ def format_replay_report(report: dict) -> str:
     ms = 1e3
     for key, r in sorted(report["systems"].items()):
         cpu = r["recorded_cpu_ttft_mean_s"]
+        label = key if r["budgeted"] else key + {"recompute": " (modelled)", "choice": " (chosen)"}.get(r.get("kind"), " (full load)")
         lines.append(
-            f"{key + ('' if r['budgeted'] else ' (full load)'):<30}{r['ttft_mean_s'] * ms:>9.2f}{r['ttft_p50_s'] * ms:>8.2f}"
+            f"{label:<30}{r['ttft_mean_s'] * ms:>9.2f}{r['ttft_p50_s'] * ms:>8.2f}"
             f"{r['ttft_p95_s'] * ms:>8.2f}{r['select_mean_s'] * ms:>8.2f}{r['io_wait_mean_s'] * ms:>9.2f}{r['compute_mean_s'] * ms:>9.2f}"
             f"{r['h2d_mean_s'] * ms:>7.2f}{r['fetch_mean_s'] * ms:>7.2f}{r['other_mean_s'] * ms:>7.2f}"
             f"{r['bytes_disk_mean'] / 1e6:>9.3f}{r['bytes_memory_mean'] / 1e6:>8.3f}{r['bytes_received_mean'] / 1e6:>8.3f}"
             f"{(f'{cpu * ms:.0f}' if cpu is not None else '-'):>10}"
         )
     lines.append("(ms per request, means over timed requests; MB per request; CPU TTFT: the recorded run's, on this CPU)")
+    for key, r in sorted(report["systems"].items()):
+        if r.get("chosen"):
+            lines.append(f"{key} chose: " + ", ".join(f"{path} {n}" for path, n in r["chosen"].items()))
+    if report.get("choice_note"):
+        lines.append(report["choice_note"])
     for key, value in report["ratios"].items():
         lines.append(f"{key} = {value:.2f}")
     levels = report.get("concurrency") or {}

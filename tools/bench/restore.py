@@ -54,6 +54,7 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
+from kvstore.cli_flags import add_alias
 from kvstore.kvquant import KV_QUANT
 
 from .eval_common import check_strategy_flags, load_pretrained
@@ -89,12 +90,13 @@ def add_restore_parser(sub) -> None:
     p.add_argument(
         "--paper-profile",
         default="h100",
-        help="an accelerator profile (tools.bench.compute_model: h100, a100, a800, custom:...) to plan the same restore for on paper",
+        help="an accelerator profile (engine_client.compute_model: h100, a100, a800, custom:...) to plan the same restore for on paper",
     )
     p.add_argument(
         "--paper-load-gbps", type=float, default=6.0, help="storage read rate of that host, GB/s (an assumption: one NVMe drive)"
     )
-    p.add_argument("--directory", default=".kvstore/bench", help="where the run's store lives (removed after)")
+    p.add_argument("--data-dir", dest="directory", default=".kvstore/bench", help="where the run's store lives (removed after)")
+    add_alias(p, "--directory", "directory")  # older spelling
     p.add_argument("--json", action="store_true")
     p.set_defaults(run=command_restore)
 
@@ -102,7 +104,7 @@ def add_restore_parser(sub) -> None:
 def command_restore(args) -> int:
     if min(args.tokens, args.examples, args.threads, args.group_layers) < 1:
         raise BenchError("--tokens, --examples, --threads and --group-layers must be positive")
-    from .compute_model import parse_profile
+    from engine_client.compute_model import parse_profile
 
     try:
         args.paper = parse_profile(args.paper_profile)

@@ -24,12 +24,17 @@ Left out of ``layer_seconds``: RMSNorm, RoPE, softmax, SiLU and the residual add
 and one activation pass each), bias adds, the embedding and the LM head,
 overlap between parts or with copies, caches (L2 reuse), tensor/pipeline
 parallelism and any quantization (weights and KV are ``dtype_bytes`` each).
-The profiles' rates are vendor datasheet peaks; the efficiencies and the
-overhead applied to them are stated assumptions, not measurements.
+The named profiles' rates are vendor datasheet peaks; the efficiencies and
+the overhead applied to them are stated assumptions, not measurements.  A
+``file:PATH`` profile is measured instead (``kvstore-bench calibrate``:
+achieved matmul and copy rates with efficiency 1, the project's own layer's
+fixed cost, pinned and pageable host-to-device copies, the disk's O_DIRECT
+rate and the storage path's fixed cost per Period), and says where and how.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import numbers
 from dataclasses import dataclass, fields
@@ -38,6 +43,7 @@ from engine_client.model.config import ModelConfig
 from kvstore.errors import InvalidArgument
 
 _EFFICIENCIES = ("matmul_efficiency", "mem_efficiency")
+_OPTIONAL = ("pageable_h2d_bytes_per_s", "disk_bytes_per_s", "period_overhead_s")
 
 
 @dataclass(frozen=True)
@@ -52,15 +58,22 @@ class AcceleratorProfile:
     mem_efficiency: float = 0.8  # fraction of HBM bandwidth a streaming kernel reaches (assumption)
     layer_overhead_s: float = 30e-6  # ~12 kernel launches of ~2.5 us per layer (assumption)
     dtype_bytes: int = 2  # bf16/fp16 weights, activations and KV
+    # measured profiles only (None: not known)
+    pageable_h2d_bytes_per_s: float | None = None  # a copy from pageable host memory (the arena is pageable)
+    disk_bytes_per_s: float | None = None  # O_DIRECT reads of the store's disk
+    period_overhead_s: float | None = None  # the storage path's fixed cost per Period (a set's round trip, client and daemon work)
+    source: str = "datasheet peaks x assumed efficiencies"  # or where and how it was measured
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not self.name:
-            raise InvalidArgument("name", f"must be a non-empty string, got {self.name!r}")
+        for key in ("name", "source"):
+            if not isinstance(getattr(self, key), str) or not getattr(self, key):
+                raise InvalidArgument(key, f"must be a non-empty string, got {getattr(self, key)!r}")
         for f in fields(self):
-            if f.name != "name":
-                problem = _problem(f.name, getattr(self, f.name))
-                if problem:
-                    raise InvalidArgument(f.name, problem)
+            if f.name in ("name", "source") or (f.name in _OPTIONAL and getattr(self, f.name) is None):
+                continue
+            problem = _problem(f.name, getattr(self, f.name))
+            if problem:
+                raise InvalidArgument(f.name, problem)
 
     @property
     def flops_per_s(self) -> float:
@@ -113,19 +126,53 @@ _CUSTOM_KEYS = {
 _CUSTOM_REQUIRED = ("flops", "bw", "h2d")
 
 
+def profile_to_json(profile: AcceleratorProfile) -> str:
+    """The text of a ``file:`` profile."""
+    return json.dumps({f.name: getattr(profile, f.name) for f in fields(profile)}, indent=2, sort_keys=True) + "\n"
+
+
+def read_profile_file(path: str) -> AcceleratorProfile:
+    """A measured profile written by ``kvstore-bench calibrate``; ``InvalidArgument`` names the file and the key."""
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except OSError as exc:
+        raise InvalidArgument("profile", f"file:{path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidArgument("profile", f"file:{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise InvalidArgument("profile", f"file:{path}: expected a JSON object")
+    known = {f.name for f in fields(AcceleratorProfile)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise InvalidArgument(f"profile.{unknown[0]}", f"file:{path}: unknown key (known: {', '.join(sorted(known))})")
+    for key in ("name", "peak_flops", "mem_bytes_per_s", "h2d_bytes_per_s"):
+        if key not in data:
+            raise InvalidArgument(f"profile.{key}", f"file:{path}: is required")
+    try:
+        return AcceleratorProfile(**data)
+    except InvalidArgument as exc:
+        raise InvalidArgument(f"profile.{exc.field}", f"file:{path}: {str(exc).split(': ', 1)[1]}") from None
+
+
 def parse_profile(text: str) -> AcceleratorProfile:
-    """A profile from ``h100``/``a100``/``a800`` or ``custom:flops=..,bw=..,h2d=..[,eff=..,mem_eff=..,overhead=..]``.
+    """A profile from ``h100``/``a100``/``a800``, ``custom:flops=..,bw=..,h2d=..[,eff=..,mem_eff=..,overhead=..]``
+    or ``file:PATH`` (a measured profile, ``kvstore-bench calibrate``).
 
     Numbers take any ``float`` spelling (``1e12``, ``2.5e-5``); ``InvalidArgument``
     names ``profile`` or ``profile.<key>`` for an unknown name, key or bad number.
     """
     if not isinstance(text, str):
         raise InvalidArgument("profile", f"must be a string, got {type(text).__name__}")
+    if text.strip().startswith("file:"):
+        return read_profile_file(text.strip()[len("file:") :])
     name = text.strip().lower()
     if name in PROFILES:
         return PROFILES[name]
     if not name.startswith("custom:"):
-        raise InvalidArgument("profile", f"unknown profile {text!r} (known: {', '.join(PROFILES)}, or custom:flops=...,bw=...,h2d=...)")
+        raise InvalidArgument(
+            "profile", f"unknown profile {text!r} (known: {', '.join(PROFILES)}, custom:flops=...,bw=...,h2d=..., or file:PATH)"
+        )
     values: dict[str, float] = {}
     for item in name[len("custom:") :].split(","):
         key, sep, raw = (part.strip() for part in item.partition("="))

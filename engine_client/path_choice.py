@@ -1,0 +1,105 @@
+"""Recompute, full load, or sparse Re-Prefill: the cheapest path for one request (pure).
+
+Given a model's shape, a profile of the machine (``compute_model``: a
+measured ``file:`` profile from ``kvstore-bench calibrate`` knows the disk
+rate and the storage path's fixed cost per Period) and a request's shape,
+``predict`` gives each path's time and ``choose`` the cheapest, with why:
+
+* recompute: prefill of prefix + suffix through every layer, then the
+  first token's logits; nothing is read;
+* full load: every stored byte of the prefix read from disk and copied to
+  the device, every layer computing the suffix over every prefix row, one
+  storage round trip per Period;
+* sparse at the budget: that fraction of the bytes, the per-request state
+  (key summaries, probe keys) when not resident, each Period's selection
+  (the first layer's queries and scoring), every layer computing the suffix
+  over the selected rows, one round trip per Period.
+
+Reads and compute overlap Period by Period: a loading path costs the larger
+of its I/O and its compute, plus the smaller spread over the Periods (the
+first Period's wait is not hidden).  A path whose cost the profile cannot
+say (no disk rate) is left out of the choice, and the reason says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .compute_model import AcceleratorProfile, h2d_seconds, layer_seconds, lm_head_seconds, query_seconds, score_seconds
+from .model.config import ModelConfig
+
+PATHS = ("recompute", "full-load", "sparse")
+
+
+@dataclass(frozen=True)
+class RequestShape:
+    """One Re-Prefill request, as the choice needs it."""
+
+    prefix_tokens: int
+    suffix_tokens: int
+    kv_bytes: int  # the prefix's stored KV, every layer (what a full load reads)
+    num_periods: int  # storage round trips of a loading path
+    budget: float  # fraction of the prefix's chunks the sparse path loads, in (0, 1]
+    state_bytes: int = 0  # per-request state the sparse path fetches (0 when resident)
+    scored_rows: int = 0  # key rows a Period's selection scores (0: none)
+
+    def __post_init__(self):
+        for name in ("prefix_tokens", "suffix_tokens", "num_periods"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        for name in ("kv_bytes", "state_bytes", "scored_rows"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
+        if not 0 < self.budget <= 1:
+            raise ValueError(f"budget must be a fraction in (0, 1], got {self.budget!r}")
+
+
+@dataclass(frozen=True)
+class Choice:
+    path: str  # one of PATHS
+    seconds: float  # its predicted time to first token
+    predicted: dict  # path -> seconds, for every path the profile could cost
+    reason: str
+
+
+def recompute_seconds(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> float:
+    tokens = shape.prefix_tokens + shape.suffix_tokens
+    return config.num_hidden_layers * layer_seconds(config, tokens, 0, profile).total + lm_head_seconds(config, profile)
+
+
+def load_seconds(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape, fraction: float) -> float | None:
+    """A loading path over ``fraction`` of the prefix; None without a disk rate in the profile."""
+    if profile.disk_bytes_per_s is None:
+        return None
+    nbytes = fraction * shape.kv_bytes
+    state = shape.state_bytes if fraction < 1 else 0
+    io = (nbytes + state) / profile.disk_bytes_per_s + shape.num_periods * (profile.period_overhead_s or 0.0)
+    rows = max(1, round(fraction * shape.prefix_tokens))
+    compute = h2d_seconds(nbytes, profile) + config.num_hidden_layers * layer_seconds(config, shape.suffix_tokens, rows, profile).total
+    if fraction < 1 and shape.scored_rows:
+        compute += shape.num_periods * (
+            query_seconds(config, shape.suffix_tokens, profile) + score_seconds(config, shape.suffix_tokens, shape.scored_rows, profile)
+        )
+    hidden = min(io, compute)
+    return max(io, compute) + hidden / shape.num_periods + lm_head_seconds(config, profile)
+
+
+def predict(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> dict[str, float]:
+    """Each path's predicted seconds; a path the profile cannot cost is absent."""
+    out = {"recompute": recompute_seconds(config, profile, shape)}
+    for path, fraction in (("full-load", 1.0), ("sparse", shape.budget)):
+        seconds = load_seconds(config, profile, shape, fraction)
+        if seconds is not None:
+            out[path] = seconds
+    return out
+
+
+def choose(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> Choice:
+    predicted = predict(config, profile, shape)
+    path = min(predicted, key=predicted.get)
+    others = ", ".join(f"{p} {s * 1e3:.2f} ms" for p, s in predicted.items() if p != path)
+    missing = [p for p in PATHS if p not in predicted]
+    why = f"{path} {predicted[path] * 1e3:.2f} ms predicted, against {others}"
+    if missing:
+        why += f"; {' and '.join(missing)} not costed (the profile has no disk rate: kvstore-bench calibrate)"
+    return Choice(path, predicted[path], predicted, why)

@@ -1,0 +1,88 @@
+"""The per-request choice between recompute, full load and sparse Re-Prefill: directions on known shapes."""
+
+import dataclasses
+
+import pytest
+
+from engine_client.compute_model import AcceleratorProfile
+from engine_client.model.config import ModelConfig
+from engine_client.path_choice import RequestShape, choose, predict
+from tools.bench.calibrate import SHAPES
+
+# an H200-like measured profile (../shared/gpu figures: achieved GEMM rate, pinned copies, a virtio disk)
+H200 = AcceleratorProfile(
+    "h200-measured",
+    539e12,
+    3.8e12,
+    54.9e9,
+    matmul_efficiency=1.0,
+    mem_efficiency=1.0,
+    layer_overhead_s=60e-6,
+    pageable_h2d_bytes_per_s=8.8e9,
+    disk_bytes_per_s=1.6e9,
+    period_overhead_s=0.3e-3,
+    source="test",
+)
+
+
+def config(shape: str, layers: int) -> ModelConfig:
+    return ModelConfig(
+        architecture="Qwen2ForCausalLM" if SHAPES[shape]["attention_bias"] else "LlamaForCausalLM",
+        num_hidden_layers=layers,
+        rms_norm_eps=1e-6,
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        rope_theta=1e6,
+        **SHAPES[shape],
+    )
+
+
+def request(cfg: ModelConfig, tokens: int, budget: float, periods: int) -> RequestShape:
+    kv = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 2 * tokens
+    return RequestShape(tokens, 64, kv, periods, budget, scored_rows=tokens)
+
+
+def test_a_small_model_on_a_short_prefix_recomputes():
+    """Qwen2.5-0.5B shape, 2048 tokens: its prefill is a few ms, below any read of its KV from this disk."""
+    cfg = config("qwen2.5-0.5b", 24)
+    c = choose(cfg, H200, request(cfg, 2048, 0.05, 24))
+    assert c.path == "recompute", c.reason
+    assert c.predicted["recompute"] < c.predicted["full-load"]
+
+
+def test_a_large_model_on_a_long_prefix_loads_sparsely_and_far_faster():
+    """Llama-3-8B shape, 16k tokens, 5%: the sparse path beats the best of recompute and full load by a wide margin."""
+    cfg = config("llama3-8b", 32)
+    c = choose(cfg, H200, request(cfg, 16384, 0.05, 32))
+    assert c.path == "sparse", c.reason
+    best_other = min(c.predicted["recompute"], c.predicted["full-load"])
+    assert best_other / c.seconds > 5, c.predicted
+
+
+def test_without_a_disk_rate_only_recompute_is_costed_and_the_reason_says_so():
+    cfg = config("smollm2-135m", 30)
+    named = dataclasses.replace(H200, disk_bytes_per_s=None)
+    c = choose(cfg, named, request(cfg, 4096, 0.05, 30))
+    assert c.path == "recompute" and set(c.predicted) == {"recompute"}
+    assert "kvstore-bench calibrate" in c.reason
+
+
+@pytest.mark.parametrize("shape, layers", [("smollm2-135m", 30), ("llama3-8b", 32)])
+def test_costs_move_the_right_way(shape, layers):
+    cfg = config(shape, layers)
+    base = request(cfg, 8192, 0.05, layers)
+    p = predict(cfg, H200, base)
+    faster_disk = predict(cfg, dataclasses.replace(H200, disk_bytes_per_s=16e9), base)
+    assert faster_disk["full-load"] < p["full-load"] and faster_disk["sparse"] <= p["sparse"]
+    assert faster_disk["recompute"] == p["recompute"]  # nothing is read
+    more = predict(cfg, H200, dataclasses.replace(base, budget=0.25))
+    assert more["sparse"] > p["sparse"] and more["full-load"] == p["full-load"]
+    longer = predict(cfg, H200, request(cfg, 16384, 0.05, layers))
+    assert all(longer[k] > p[k] for k in p)
+
+
+def test_bad_shapes_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="budget must be a fraction"):
+        RequestShape(100, 8, 1000, 2, 1.5)
+    with pytest.raises(ValueError, match="num_periods must be a positive integer"):
+        RequestShape(100, 8, 1000, 0, 0.5)
