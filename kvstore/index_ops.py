@@ -2,7 +2,7 @@
 
 Keys and values are built here (with the schema of ``index.py``), so the
 store says what it does (``commit_put``, ``unlist_prefix``,
-``mark_quarantined``) and never how a record is laid out.  No I/O on data
+``replace_segment``, ``mark_quarantined``) and never how a record is laid out.  No I/O on data
 files happens inside a transaction.  ``quarantined`` arguments are the
 store's live map of quarantined segments: a segment quarantined meanwhile
 counts as gone.
@@ -40,6 +40,14 @@ def manifest(index: Index, prefix_id: str) -> dict | None:
 def manifests(index: Index) -> list[dict]:
     with index.read() as txn:
         return [ix.loads(v) for _, v in txn.cursor(db=index.manifests)]
+
+
+def manifests_and_segments(index: Index) -> tuple[list[dict], dict[int, dict]]:
+    """Every manifest and every segment record by id, in one read transaction."""
+    with index.read() as txn:
+        manifests = [ix.loads(v) for _, v in txn.cursor(db=index.manifests)]
+        records = {ix.segment_id_of(k): ix.loads(v) for k, v in txn.cursor(db=index.segments)}
+    return manifests, records
 
 
 def is_stored(index: Index, prefix_id: str) -> bool:
@@ -210,6 +218,37 @@ def unlist_prefix(index: Index, prefix_id: str) -> tuple[list[int], int]:
         return freed, freed_bytes
 
     return index.write(txn_fn)
+
+
+def replace_segment(
+    index: Index, old_id: int, record: dict, lo: int, moved: list[tuple[Unit, UnitScore]], prefix_ids: Collection[str]
+) -> None:
+    """Compaction's commit: every piece of ``prefix_ids`` in segment ``old_id`` points at the new
+    segment ``record`` (local chunk ``lo`` becomes 0), which takes the old one's refcount and the
+    ``moved`` scores; the old record and its scores go.  One transaction."""
+    new_id = record["segment_id"]
+
+    def txn_fn(txn) -> None:
+        old_rec = ix.loads(txn.get(ix.seg_key(old_id), db=index.segments))
+        for pid in prefix_ids:
+            key = bytes.fromhex(pid)
+            m = ix.loads(txn.get(key, db=index.manifests))
+            for p in m["segments"]:
+                if p["segment_id"] == old_id:
+                    p["segment_id"], p["segment_chunk"] = new_id, p["segment_chunk"] - lo
+            txn.put(key, ix.dumps(m), db=index.manifests)
+        txn.put(ix.seg_key(new_id), ix.dumps({**record, "refcount": old_rec["refcount"]}), db=index.segments)
+        txn.delete(ix.seg_key(old_id), db=index.segments)
+        score_cur = txn.cursor(db=index.scores)
+        prefix = ix.seg_key(old_id)
+        if score_cur.set_range(prefix):
+            while score_cur.key()[:8] == prefix:
+                if not score_cur.delete():
+                    break
+        for unit, score in moved:
+            txn.put(*encode_score(unit, score), db=index.scores)
+
+    index.write(txn_fn)
 
 
 def mark_quarantined(index: Index, segment_id: int, reason: str) -> None:

@@ -73,7 +73,7 @@ class PrefetchHandler:
         self.id = new_owner()  # named in descriptors; grants nothing
         self.prefix_id = self.store.resolve(open_msg.prefix_id)
         view = self.store.describe(self.prefix_id)
-        q = self.store.prefix_quarantine(view)
+        q = self.store.state.prefix_quarantine(view)
         if q:
             raise DataLoss(f"prefix {self.prefix_id} is quarantined ({q}); delete and store it again")
         self.view = view
@@ -220,7 +220,7 @@ class PrefetchHandler:
         # as it is sent, so a grant per group.
         period_grant = self.exec.admission.grant(period) if self.session else None
         for g in self.period_groups(period):
-            units = self.store.units(self.prefix_id, chunks, [g])
+            units = self.store.catalogue.units(self.prefix_id, chunks, [g])
             unit_of = dict(zip(wanted, units))
             self._spec_hits.pop(g, None)  # its pins stay with the period
             if g in covered:
@@ -290,7 +290,7 @@ class PrefetchHandler:
         after = [job.future for job in self._needed if not job.future.done()]
         push = self.push and self.tiers is not None
         for g in self.period_groups(period):
-            unit_of = dict(zip(wanted, self.store.units(self.prefix_id, chunks, [g])))
+            unit_of = dict(zip(wanted, self.store.catalogue.units(self.prefix_id, chunks, [g])))
             resident = [j for j in wanted if self.tiers is not None and self.tiers.where(unit_of[j]) is not None]
             held = self._spec_hits.setdefault(g, {}) if push else self._spec_hits.get(g, {})
             inflight = {job.read_id: job for job in self._spec.pop(g, [])}
@@ -354,7 +354,7 @@ class PrefetchHandler:
                 if j in wanted:
                     sources.append(Source(j, u, resident=res))
             have = {s.chunk for s in sources}
-            units = dict(zip(sorted(wanted), self.store.units(self.prefix_id, np.asarray(sorted(wanted), np.int64), [g])))
+            units = dict(zip(sorted(wanted), self.store.catalogue.units(self.prefix_id, np.asarray(sorted(wanted), np.int64), [g])))
             for job in jobs:
                 for j in job.chunks.tolist():
                     if j in wanted and j not in have:

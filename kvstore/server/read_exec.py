@@ -268,7 +268,7 @@ class ReadExecutor:
             if job.speculative and job.result is not None:
                 c["spec_bytes_wasted"] += sum(job.result.extent_bytes(group, j).size for j in job.chunks.tolist() if j not in job.used)
         if record:
-            self.store.record_access(self.prefix_id, np.asarray([s.chunk for s in sources], np.int64), [group])
+            self.store.scoring.record_access(self.prefix_id, np.asarray([s.chunk for s in sources], np.int64), [group])
         out = describe(datas)
         done = [] if self.handover else [job.lease_id for job in jobs if id(job) not in staged and job.lease_id is not None]
         with self.lock:

@@ -363,7 +363,7 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
                 for msg in msgs:
                     yield msg
             completed.append(True)
-            svc.store.record_access(pid, chunks, groups)
+            svc.store.scoring.record_access(pid, chunks, groups)
         finally:
             ex.finish(handed_over=bool(completed))
             hold.release()
@@ -413,9 +413,9 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
     async def ReportAttention(self, request, context):
         store = self.svc.store
         pid = self.svc.reach(request.prefix_id, context)
-        n = store.report_attention(pid, request.group, list(request.chunks), list(request.attention))
+        n = store.scoring.report_attention(pid, request.group, list(request.chunks), list(request.attention))
         if self.svc.tiers is not None:
-            self.svc.tiers.rescore(store.units(pid, list(request.chunks), [request.group]))
+            self.svc.tiers.rescore(store.catalogue.units(pid, list(request.chunks), [request.group]))
         return pb.ReportAttentionResponse(units=n)
 
     @unary
@@ -423,7 +423,7 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
         store = self.svc.store
         pid = self.svc.reach(request.prefix_id, context)
         view = store.describe(pid)
-        units = store.units(pid, range(view.num_chunks), [request.group])
+        units = store.catalogue.units(pid, range(view.num_chunks), [request.group])
         scores = [store.scores.get(u) for u in units]
         return pb.GetScoresResponse(
             importance=[s.importance for s in scores],
@@ -442,7 +442,7 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
             geometry=geometry_to_pb(view.geometry),
             num_tokens=view.num_tokens,
             num_chunks=view.num_chunks,
-            quarantined=store.prefix_quarantine(view) or "",
+            quarantined=store.state.prefix_quarantine(view) or "",
             kind=view.kind,
         )
 

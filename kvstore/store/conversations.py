@@ -43,34 +43,56 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING
 
 import lmdb
 
 from .. import index_ops as ops
-from ..conversation_files import SUFFIX, encode, file_name
+from ..conversation_files import SUFFIX, ConversationFiles, encode, file_name
 from ..conversation_rules import appended, check_format, check_key, held_prefix_id, marked_inactive, parse_strategy, prefix_ids
 from ..errors import InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
 from ..faults import crash_point
 from ..hashing import MAX_NAMESPACE_BYTES, validate_label
+from ..holds import PrefixHolds
 from ..identity import damaged, fsync_dir, write_atomic
+from ..index import Index
 from ..keyed_locks import KeyedLocks
 from ..records import PrefixView
-
-if TYPE_CHECKING:
-    from .chunk_store import ChunkStore
+from .catalogue import Catalogue
+from .compaction import Compactor
+from .removal import Removal
+from .state import StoreState
 
 log = logging.getLogger("kvstore.store")
 
 
 # ------------------------------------------------------------ the store's records
 class Conversations:
-    """The conversation records of one store: its index and its record files."""
+    """The conversation records of one store: its index and its record files.
 
-    def __init__(self, store: ChunkStore):
-        self.store = store
-        self.index = store.index
-        self.files = store.conversation_files
+    Of the store it uses the catalogue (prefixes named by id), holds, state,
+    and, to delete a record's prefixes, ``Removal`` and ``Compactor``.
+    """
+
+    def __init__(
+        self,
+        index: Index,
+        files: ConversationFiles,
+        catalogue: Catalogue,
+        holds: PrefixHolds,
+        state: StoreState,
+        removal: Removal,
+        compactor: Compactor,
+        *,
+        data_dir: str,
+    ):
+        self.index = index
+        self.files = files
+        self._catalogue = catalogue
+        self._holds = holds
+        self._state = state
+        self._removal = removal
+        self._compactor = compactor
+        self._data_dir = data_dir
         self._locks = KeyedLocks()
 
     def append_turn(self, namespace: str, conversation_id: str, turn: int, prefix_id: str, *, resolve=None) -> dict:
@@ -78,9 +100,9 @@ class Conversations:
         key = check_key(namespace, conversation_id)
         if isinstance(turn, bool) or not isinstance(turn, int) or turn < 0:
             raise InvalidArgument("turn", f"must be an integer >= 0, got {turn!r}")
-        full_id = (resolve or self.store.resolve)(prefix_id)
-        with self.store.holds.hold(full_id), self._locks.locked(key):  # no eviction between describe and commit
-            view = self.store.describe(full_id)
+        full_id = (resolve or self._catalogue.resolve)(prefix_id)
+        with self._holds.hold(full_id), self._locks.locked(key):  # no eviction between describe and commit
+            view = self._catalogue.describe(full_id)
             record = ops.conversation(self.index, key)
             previous = self._stored(record["turns"][-1]["prefix_id"]) if record else None
             new = appended(record, namespace, conversation_id, turn, view, time.time(), previous)
@@ -101,9 +123,9 @@ class Conversations:
             raise InvalidArgument("format" if fmt else "strategy_json", "must be empty without a compressed_prefix_id")
         else:
             strategy = {}
-        full_id = (resolve or self.store.resolve)(compressed_prefix_id) if compressed_prefix_id else None
-        with self.store.holds.hold(full_id), self._locks.locked(key):  # no eviction between describe and commit
-            view = None if full_id is None else self.store.describe(full_id)
+        full_id = (resolve or self._catalogue.resolve)(compressed_prefix_id) if compressed_prefix_id else None
+        with self._holds.hold(full_id), self._locks.locked(key):  # no eviction between describe and commit
+            view = None if full_id is None else self._catalogue.describe(full_id)
             record = self._record(key, namespace, conversation_id)
             new = marked_inactive(record, view, fmt, strategy, time.time())
             self._commit(key, record, new)
@@ -115,6 +137,9 @@ class Conversations:
     def held(self) -> set[str]:
         """The prefixes records keep from eviction, one per conversation (``held_prefix_id``)."""
         return {held_prefix_id(r) for r in ops.conversations(self.index).values()}
+
+    def count(self) -> int:
+        return ops.num_conversations(self.index)
 
     def records(self, namespace: str | None = None) -> list[dict]:
         """Every record (of one namespace), in namespace and id order."""
@@ -134,15 +159,13 @@ class Conversations:
         key = check_key(namespace, conversation_id)
         with self._locks.locked(key):
             record = self._record(key, namespace, conversation_id)
-            self.store.state.check_writable()
+            self._state.check_writable()
             ops.delete_conversation(self.index, key)
             crash_point("conversation:deleted")
             try:
                 self.files.remove(key)
             except OSError as exc:  # the delete is committed; a rebuild could bring the record back
-                self.store.state.turn_read_only(
-                    f"removing the record file of conversation {conversation_id!r} failed: {exc.strerror or exc}"
-                )
+                self._state.turn_read_only(f"removing the record file of conversation {conversation_id!r} failed: {exc.strerror or exc}")
         deleted, kept = [], []
         if delete_prefixes:
             named_elsewhere = {p for r in ops.conversations(self.index).values() for p in prefix_ids(r)}
@@ -153,7 +176,7 @@ class Conversations:
                 else:
                     kept.append((pid, why))
             if deleted:
-                self.store.capacity.compact()
+                self._compactor.compact()
         return {"conversation_id": conversation_id, "deleted_prefixes": deleted, "kept_prefixes": kept}
 
     def info(self, record: dict, *, turns: bool = True) -> dict:
@@ -161,7 +184,7 @@ class Conversations:
         views = {}
         for pid in prefix_ids(record):
             try:
-                views[pid] = self.store.describe(pid)
+                views[pid] = self._catalogue.describe(pid)
             except NotFound:
                 pass
         stored_bytes = sum(self._segment_bytes(s) for s in {s for v in views.values() for s in v.segment_ids})
@@ -201,7 +224,7 @@ class Conversations:
             records = {file_name(k): encode(r) for k, r in ops.conversations(self.index).items()}
         except (lmdb.Error, ValueError, KeyError, TypeError) as exc:
             path = os.path.join(self.index.path, "data.mdb")
-            raise damaged(self.store.data_dir, path, f"holds an undecodable conversation record ({exc.__class__.__name__})") from None
+            raise damaged(self._data_dir, path, f"holds an undecodable conversation record ({exc.__class__.__name__})") from None
         changed = 0
         present = set()
         for name in self.files.names():
@@ -233,13 +256,13 @@ class Conversations:
     def _stored(self, prefix_id: str) -> PrefixView | None:
         """The prefix's view, None when it is no longer stored (evicted or deleted)."""
         try:
-            return self.store.describe(prefix_id)
+            return self._catalogue.describe(prefix_id)
         except NotFound:
             return None
 
     def _commit(self, key: bytes, old: dict | None, new: dict) -> None:
         """Record file durable, then the index commit; the file put back if the commit fails."""
-        state = self.store.state
+        state = self._state
         state.check_writable()
         try:
             self.files.write(key, new)
@@ -260,11 +283,11 @@ class Conversations:
 
     def _delete_prefix(self, prefix_id: str) -> str | None:
         """Delete one prefix as eviction does; why not, or None when deleted."""
-        holds = self.store.holds
+        holds = self._holds
         if not holds.claim([prefix_id]):
             return "in use by a read or a put"
         try:
-            self.store.delete(prefix_id, compact=False)
+            self._removal.delete(prefix_id)
         except NotFound:
             return "not stored"
         except KVStoreError as exc:
@@ -275,6 +298,6 @@ class Conversations:
 
     def _segment_bytes(self, segment_id: int) -> int:
         try:
-            return self.store.segment_info(segment_id).layout.total_bytes
+            return self._catalogue.segment_info(segment_id).layout.total_bytes
         except NotFound:  # freed since the prefix was described
             return 0

@@ -36,10 +36,16 @@ import numpy as np
 from ..errors import Conflict, InvalidArgument, NotFound
 from ..geometry import StoreGeometry
 from ..hashing import page_hashes
+from ..holds import PrefixHolds
 from ..reader import validate_groups
 from ..records import PAGES, PrefixView
 from ..wire.results import PagesPresent, PagesPutResult, ReadResult
-from .pending_put import put_with_retries
+from .catalogue import Catalogue
+from .pending_put import PendingPut, put_with_retries
+from .puts import Writer
+from .reads import Reader
+from .scoring import Scoring
+from .state import StoreState
 
 MAX_KEY_BYTES = 64
 READ_BATCH_BYTES = 32 << 20  # GetPages reads this many bytes of pages at a time (at least one page)
@@ -67,6 +73,16 @@ def validate_keys(keys, max_pages: int, field_name: str = "keys") -> list[bytes]
         seen[k] = i
         out.append(k)
     return out
+
+
+def check_geometry(geometry) -> None:
+    """Pages hold an engine's blocks as they are: every KV head, in its KV dtype (InvalidArgument naming the field)."""
+    if not isinstance(geometry, StoreGeometry):
+        raise InvalidArgument("geometry", "must be a StoreGeometry")
+    if geometry.kv_quant:
+        raise InvalidArgument("geometry.kv_quant", "pages hold an engine's blocks in its KV dtype; store them unquantized")
+    if geometry.streaming_heads:
+        raise InvalidArgument("geometry.streaming_heads", "pages hold every KV head of their chunk; store them without streaming heads")
 
 
 def not_stored(index: int) -> NotFound:
@@ -114,30 +130,41 @@ class PageRead:
 
 
 class PageStore:
-    """The page operations of one ``ChunkStore``."""
+    """The page operations of one ``ChunkStore``: stored through its writer, read through its reader."""
 
-    def __init__(self, store):
-        self.store = store
+    def __init__(
+        self,
+        catalogue: Catalogue,
+        writer: Writer,
+        reader: Reader,
+        scoring: Scoring,
+        holds: PrefixHolds,
+        state: StoreState,
+        *,
+        max_prefix_tokens: int,
+    ):
+        self._catalogue = catalogue
+        self._writer = writer
+        self._reader = reader
+        self._scoring = scoring
+        self._holds = holds
+        self._state = state
+        self._max_prefix_tokens = max_prefix_tokens
 
     def max_pages(self, geometry: StoreGeometry) -> int:
         """Pages per call: as many as a prefix has chunks at most."""
-        return max(1, self.store.config.max_prefix_tokens // geometry.chunk_tokens)
+        return max(1, self._max_prefix_tokens // geometry.chunk_tokens)
 
     def hashes(self, keys, geometry, namespace, model_fingerprint) -> tuple[list[bytes], list[bytes]]:
         """``(keys, page hashes)``, every argument validated (InvalidArgument naming the field)."""
-        if not isinstance(geometry, StoreGeometry):
-            raise InvalidArgument("geometry", "must be a StoreGeometry")
-        if geometry.kv_quant:
-            raise InvalidArgument("geometry.kv_quant", "pages hold an engine's blocks in its KV dtype; store them unquantized")
-        if geometry.streaming_heads:
-            raise InvalidArgument("geometry.streaming_heads", "pages hold every KV head of their chunk; store them without streaming heads")
+        check_geometry(geometry)
         keys = validate_keys(keys, self.max_pages(geometry))
         return keys, page_hashes(keys, geometry, namespace, model_fingerprint)
 
     def locate(self, hashes: list[bytes]) -> list[PageLocation | None]:
         out = []
         for h in hashes:
-            view = self.store.holder(h)
+            view = self._catalogue.holder(h)
             out.append(None if view is None else PageLocation(view, view.chunk_positions[h.hex()]))
         return out
 
@@ -154,29 +181,28 @@ class PageStore:
         ``skip_pages``: indices of pages the caller will not send because it
         found them stored; Conflict if one of them is not stored now.
         """
-        store = self.store
-        store._check_writable()
+        self._state.check_writable()
         keys, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
         skip = _validate_skip(skip_pages, len(keys))
         locations = self.locate(hashes)
         gone = [i for i in sorted(skip) if locations[i] is None]
         if gone:
             raise Conflict(f"skip_pages: page {gone[0]} is no longer stored; ask again which pages exist")
-        hold = store.holds.hold(*sorted({loc.view.prefix_id for loc in locations if loc is not None}))
+        hold = self._holds.hold(*sorted({loc.view.prefix_id for loc in locations if loc is not None}))
         try:
             new = [i for i, loc in enumerate(locations) if loc is None]
             present = [hashes[i] for i, loc in enumerate(locations) if loc is not None]
             pending = None
             if new:
                 new_hashes = [hashes[i] for i in new]
-                pending = store.begin_chunks(
+                pending = self._writer.begin_chunks(
                     batch_id(new_hashes), new_hashes, geometry, namespace=namespace, model_fingerprint=model_fingerprint, kind=PAGES
                 )
                 pending.requires = present
         except BaseException:
             hold.release()
             raise
-        return PendingPages(store, geometry, len(keys), skip, new, present, pending, hold)
+        return PendingPages(self._catalogue, geometry, len(keys), skip, new, present, pending, hold)
 
     def put(
         self, keys, kv_pages: np.ndarray, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = ""
@@ -193,7 +219,6 @@ class PageStore:
 
         NotFound (``not_stored``) for the first page that is not stored.
         """
-        store = self.store
         _, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
         for _ in range(_LOCATE_ATTEMPTS):
             locations = self.locate(hashes)
@@ -201,7 +226,7 @@ class PageStore:
             if missing:
                 raise not_stored(missing[0])
             ids = sorted({loc.view.prefix_id for loc in locations})
-            hold = store.holds.hold(*ids)
+            hold = self._holds.hold(*ids)
             # a delete or a compaction may have come between the look-up and the hold
             again = self.locate(hashes)
             if all(b is not None and (a.view.prefix_id, a.chunk) == (b.view.prefix_id, b.chunk) for a, b in zip(locations, again)):
@@ -211,7 +236,6 @@ class PageStore:
 
     def read(self, locations: list[PageLocation], groups=None, *, coalesce: bool = True) -> PageRead:
         """Read held pages (``hold``): one store read per holding batch, checksums verified."""
-        store = self.store
         geo = locations[0].view.geometry
         grp = validate_groups(groups, geo.num_groups)
         out = PageRead(geo, grp, len(locations))
@@ -220,7 +244,7 @@ class PageStore:
             by_holder.setdefault(loc.view.prefix_id, []).append(i)
         for pid, pages in by_holder.items():
             chunks = np.array([locations[i].chunk for i in pages], dtype=np.int64)
-            res: ReadResult = store._read(pid, chunks, grp, coalesce=coalesce, alloc=None)
+            res: ReadResult = self._reader.read_held(pid, chunks, grp, coalesce=coalesce, alloc=None)
             for g in grp:
                 for i, j in zip(pages, chunks.tolist()):
                     out._extents[(g, i)] = res.extent_bytes(g, j)
@@ -235,7 +259,7 @@ class PageStore:
         for loc in locations:
             by_holder.setdefault(loc.view.prefix_id, []).append(loc.chunk)
         for pid, chunks in by_holder.items():
-            self.store.record_access(pid, chunks, groups)
+            self._scoring.record_access(pid, chunks, groups)
 
     def get(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "", groups=None) -> PageRead:
         """Locate, hold, read, count: the whole read of ``keys`` in one call."""
@@ -266,8 +290,8 @@ class PendingPages:
     pages go into one segment (``PendingPut``).
     """
 
-    def __init__(self, store, geometry, num_pages, skip, new, present, pending, hold):
-        self.store = store
+    def __init__(self, catalogue: Catalogue, geometry, num_pages, skip, new, present, pending: PendingPut | None, hold):
+        self._catalogue = catalogue
         self.geometry = geometry
         self.num_pages = num_pages
         self.skip = skip
@@ -332,7 +356,7 @@ class PendingPages:
                 g, i = (int(x) for x in np.argwhere(short)[0])
                 raise InvalidArgument("extents", f"{int(short.sum())} page extents missing or short, first: group {g} page {i}")
             if self.pending is None:
-                if not self.store.still_held(self._present):
+                if not self._catalogue.still_held(self._present):
                     raise Conflict("a page this put found stored was deleted concurrently; retry")
                 res = None
             else:

@@ -1,4 +1,4 @@
-"""The put path after ``begin_put``: ``PendingPut`` takes the extents, then commits.
+"""The put path after ``Writer.begin_put``: ``PendingPut`` takes the extents, then commits.
 
 Commit order: the segment (with its trailer) and the prefix's manifest
 file are written, the segment fdatasynced and its directory fsynced, then
@@ -10,24 +10,33 @@ is never retried: the store turns read-only.
 
 from __future__ import annotations
 
-import errno
-import os
 import threading
-import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import Conflict, InvalidArgument, ReadOnly, StoreFull
+from ..errors import Conflict, InvalidArgument, StoreFull
 from ..faults import crash_point
-from ..io import aligned_buffer
+from ..holds import PrefixHold
+from ..manifest_files import ManifestFiles
 from ..records import PREFIX, Piece
-from ..segment_trailer import encode_trailer
 from ..wire.results import PutResult
 from ..writer import SegmentImage
+from .catalogue import Catalogue
+from .new_segment import NewSegment, SegmentSink, is_full, put_manifest, segment_record
+from .state import StoreState
+from .usage import DiskUsage
 
-if TYPE_CHECKING:
-    from .chunk_store import ChunkStore
+
+@dataclass(frozen=True)
+class PutPath:
+    """What a put goes through: segment files, manifest files, the index, usage and the store's state."""
+
+    sink: SegmentSink
+    manifest_files: ManifestFiles
+    catalogue: Catalogue
+    usage: DiskUsage
+    state: StoreState
 
 
 class PendingPut:
@@ -37,18 +46,26 @@ class PendingPut:
     prefix); the caller sends extents for chunks ``[reused_chunks, num_chunks)``
     of every group, then commits.  Nothing is listed before ``commit`` returns.
 
-    Of the store it uses the collaborators ``config``, ``identity``,
-    ``backend``, ``files``, ``manifest_files``, ``capacity`` and ``state``,
-    and three operations: ``is_stored``, ``commit_put`` (the index commit)
-    and ``sync_segment_dir``.  The store passes the prefix hold at
-    construction, opens the segment (``open_segment``) and records the bytes
-    it reserved (``reserved``).
+    ``Writer`` passes the prefix hold at construction, opens the segment
+    (``open_segment``) and records the bytes it reserved (``reserved``).
     """
 
     def __init__(
-        self, store, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, reused_chunks, reused, *, kind=PREFIX, hold=None
+        self,
+        path: PutPath,
+        prefix_id,
+        tokens,
+        geometry,
+        namespace,
+        model_fingerprint,
+        hashes,
+        reused_chunks,
+        reused,
+        *,
+        kind=PREFIX,
+        hold: PrefixHold | None = None,
     ):
-        self.store: ChunkStore = store
+        self._path = path
         self.kind = kind
         self.requires: list[bytes] = []  # chunk hashes that must still be held at the commit (else Conflict)
         self.prefix_id = prefix_id
@@ -61,11 +78,11 @@ class PendingPut:
         self.reused: list[Piece] = reused
         self.segment_id: int | None = None
         self.image: SegmentImage | None = None
-        self._fh = None
+        self._segment: NewSegment | None = None
         self._done = False
         self._committing = False  # commit owns the outcome: abort from another thread waits it out
         self._state_lock = threading.Lock()
-        self._hold = hold  # PrefixHold: this prefix and the one it reuses chunks of
+        self._hold = hold  # this prefix and the one it reuses chunks of
         self.reserved = 0  # bytes of max_disk_bytes reserved for the new segment
 
     @property
@@ -78,14 +95,11 @@ class PendingPut:
 
     def open_segment(self, segment_id: int, image: SegmentImage) -> None:
         self.segment_id, self.image = segment_id, image
-        store = self.store
-        path = store.files.path(segment_id)
         try:
-            self._fh = store.backend.open(path, write=True)
-            store.backend.allocate(self._fh, image.layout.total_bytes)
+            self._segment = self._path.sink.open(segment_id, image)
         except OSError as exc:
             self.abort()
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            if is_full(exc):
                 raise StoreFull(f"data file system is full ({exc.strerror}) reserving {image.layout.total_bytes} bytes") from None
             raise
 
@@ -127,15 +141,15 @@ class PendingPut:
             if self._done or self._committing:
                 raise InvalidArgument("put", "this put was already committed or aborted")
             self._committing = True
-        store = self.store
+        path = self._path
         try:
-            store.state.check_writable()
+            path.state.check_writable()
             if self.image is not None and self.image.missing:
                 g, j = self.image.first_missing()
                 raise InvalidArgument("extents", f"{self.image.missing} extents missing, first: group {g} chunk {j}")
-            record = self._segment_record() if self.image is not None else None
-            with store.manifest_files.locked(self.prefix_id):
-                stored, written = (False, 0) if store.is_stored(self.prefix_id) else self._write_and_commit(record)
+            record = segment_record(self.segment_id, self.geometry, self.image) if self.image is not None else None
+            with path.manifest_files.locked(self.prefix_id):
+                stored, written = (False, 0) if path.catalogue.is_stored(self.prefix_id) else self._write_and_commit(record)
         except BaseException:
             self._abort()
             raise
@@ -143,9 +157,9 @@ class PendingPut:
         self._done = True
         self._settle(record["total_bytes"] if stored and record else 0)
         if not stored and self.segment_id is not None:
-            store.files.remove(self.segment_id)  # a concurrent put stored it first
+            path.sink.remove(self.segment_id)  # a concurrent put stored it first
             written = 0
-        store.state.count(puts=1, bytes_written=written)
+        path.state.count(puts=1, bytes_written=written)
         return PutResult(self.prefix_id, int(self.tokens.size), self.num_chunks, self.reused_chunks, written, not stored)
 
     def _write_and_commit(self, record: dict | None) -> tuple[bool, int]:
@@ -153,9 +167,16 @@ class PendingPut:
         manifest = self._manifest()
         written = self._write_and_sync(record, manifest)
         try:
-            stored = self.store.commit_put(self, record, manifest)
+            stored = self._path.catalogue.commit_put(
+                self.prefix_id,
+                manifest,
+                record,
+                reused_segments=[p.segment_id for p in self.reused],
+                requires=self.requires,
+                hashes=self.hashes,
+            )
         except BaseException:
-            self.store.manifest_files.remove(self.prefix_id)
+            self._path.manifest_files.remove(self.prefix_id)
             raise
         return stored, written
 
@@ -163,90 +184,40 @@ class PendingPut:
         pieces = list(self.reused)
         if self.image is not None:
             pieces.append(Piece(self.segment_id, self.reused_chunks, self.num_chunks - self.reused_chunks, 0))
-        return {
-            "prefix_id": self.prefix_id,
-            "namespace": self.namespace,
-            "model_fingerprint": self.model_fingerprint,
-            "geometry": self.geometry.to_record(),
-            "num_tokens": int(self.tokens.size),
-            "chunk_hashes": [h.hex() for h in self.hashes],
-            "segments": [p.to_dict() for p in pieces],
-            "created": time.time(),
-            "kind": self.kind,
-        }
-
-    def _segment_record(self) -> dict:
-        img = self.image
-        return {
-            "segment_id": self.segment_id,
-            "geometry": self.geometry.to_record(),
-            "num_tokens": img.layout.num_tokens,
-            "first_chunk": img.first_chunk,
-            "total_bytes": img.layout.total_bytes,
-            "refcount": 1,
-            "created": time.time(),
-            "quarantined": None,
-            **img.checksums(),
-        }
+        return put_manifest(
+            prefix_id=self.prefix_id,
+            namespace=self.namespace,
+            model_fingerprint=self.model_fingerprint,
+            geometry=self.geometry,
+            num_tokens=int(self.tokens.size),
+            chunk_hashes=[h.hex() for h in self.hashes],
+            pieces=pieces,
+            kind=self.kind,
+        )
 
     def _write_and_sync(self, record: dict | None, manifest: dict) -> int:
         """Segment (with its trailer) and manifest file written and synced, with their directory."""
-        store = self.store
         try:
-            written = self._write_segment(record, manifest) if record is not None else 0
-            store.manifest_files.write(manifest)
+            written = self._segment.write(record, manifest) if record is not None else 0
+            self._path.manifest_files.write(manifest)
         except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            if is_full(exc):
                 raise StoreFull(f"data file system is full ({exc.strerror}) writing prefix {self.prefix_id}") from None
             raise
         if record is not None:
-            self._sync_segment()
+            self._segment.sync()
         crash_point("put:synced")
         return written
 
-    def write_segment_synced(self, record: dict, manifest: dict) -> int:
-        """The segment alone (no manifest file: compaction's copy), written and synced."""
-        try:
-            written = self._write_segment(record, manifest)
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                raise StoreFull(f"data file system is full ({exc.strerror}) writing segment {self.segment_id}") from None
-            raise
-        self._sync_segment()
-        return written
-
-    def _sync_segment(self) -> None:
-        store = self.store
-        try:
-            store.backend.fdatasync(self._fh)
-            store.sync_segment_dir()
-        except OSError as exc:
-            store.state.turn_read_only(f"fdatasync of segment {self.segment_id} failed: {exc.strerror or exc}")
-            raise ReadOnly(f"write not durable ({exc.strerror or exc}); store is now read-only") from None
-
-    def _write_segment(self, record: dict, manifest: dict) -> int:
-        store, img = self.store, self.image
-        piece = store.config.write_piece_bytes
-        total = img.layout.total_bytes
-        trailer = encode_trailer(total, store.identity.store_id, record, manifest)
-        tail = aligned_buffer(len(trailer))
-        tail[:] = trailer
-        futures = [store.backend.pwrite(self._fh, img.buffer[o : min(o + piece, total)], o) for o in range(0, total, piece)]
-        futures.append(store.backend.pwrite(self._fh, tail, total))
-        for f in futures:
-            f.result()
-        return total  # layout bytes, as counted in bytes_written; the trailer is a few KiB more
-
     def _close_file(self) -> None:
-        if self._fh is not None:
-            self.store.backend.close(self._fh)
-            self._fh = None
+        if self._segment is not None:
+            self._segment.close()
 
     def _settle(self, stored_bytes: int) -> None:
         """The put is over: its reservation becomes stored bytes (or goes), its hold ends."""
-        capacity = self.store.capacity
-        capacity.unreserve(self.reserved)
-        capacity.segments_added(stored_bytes)
+        usage = self._path.usage
+        usage.unreserve(self.reserved)
+        usage.segments_added(stored_bytes)
         self.reserved = 0
         if self._hold is not None:
             self._hold.release()
@@ -269,11 +240,8 @@ class PendingPut:
         self._done = True
         self._settle(0)
         self._close_file()
-        if self.segment_id is not None and not self.store.state.read_only:
-            try:
-                os.unlink(self.store.files.path(self.segment_id))
-            except FileNotFoundError:
-                pass
+        if self.segment_id is not None:
+            self._path.sink.discard(self.segment_id)
 
 
 def put_with_retries(begin, fill, attempts: int = 3):

@@ -56,6 +56,11 @@ class StoreState:
             self.next_segment_id += 1
         return segment_id
 
+    def restore_quarantine(self, segment_id: int, reason: str) -> None:
+        """A quarantine the segment's record kept across a restart (already persisted)."""
+        with self.lock:
+            self.quarantined[segment_id] = reason
+
     def quarantine(self, segment_id: int, reason: str) -> None:
         with self.lock:
             if segment_id in self.quarantined:

@@ -29,9 +29,9 @@ def assert_exact(store, prefix_id, kv):
 def warm(store, prefix_id):
     """Give every unit of the prefix a cache score: one access, attention 1."""
     n = store.describe(prefix_id).num_chunks
-    store.record_access(prefix_id, range(n), range(GEO.num_groups))
+    store.scoring.record_access(prefix_id, range(n), range(GEO.num_groups))
     for g in range(GEO.num_groups):
-        store.report_attention(prefix_id, g, list(range(n)), [1.0] * n)
+        store.scoring.report_attention(prefix_id, g, list(range(n)), [1.0] * n)
 
 
 def capped(store_config, num_segments: float):

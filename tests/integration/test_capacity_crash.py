@@ -75,8 +75,8 @@ def store_all(data: str, seeds, max_disk_bytes: int = 0) -> dict[str, int]:
         for pid, seed in acked.items():
             if seed != 1:  # every prefix but the shared one's owner has a score: it is the victim
                 n = store.describe(pid).num_chunks
-                store.record_access(pid, range(n), [0])
-                store.report_attention(pid, 0, list(range(n)), [1.0] * n)
+                store.scoring.record_access(pid, range(n), [0])
+                store.scoring.report_attention(pid, 0, list(range(n)), [1.0] * n)
     return acked
 
 

@@ -85,7 +85,7 @@ def corruption_trial(tmp_path, seed: int, geo: StoreGeometry = GEO) -> dict:
     with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
         pid = next(iter(stored))
         seg_id = int(rng.choice(store.describe(pid).segment_ids))
-        info = store._segment(seg_id)
+        info = store.catalogue.segment_info(seg_id)
         path = store.files.path(seg_id)
         checksummed = [(off, off + length) for _, off, length, _ in info.regions()]
         summaries_ok = store.read_summaries(pid)  # what an intact store returns
@@ -142,7 +142,7 @@ def page_corruption_trial(tmp_path, seed: int) -> dict:
     with ChunkStore(StoreConfig(data_dir=data, min_free_bytes=0)) as store:
         batch = sorted(p["prefix_id"] for p in store.list_prefixes())[int(rng.integers(2))]
         (seg_id,) = store.describe(batch).segment_ids
-        regions = store._segment(seg_id).regions()
+        regions = store.catalogue.segment_info(seg_id).regions()
         path = store.files.path(seg_id)
     extents = [(off, off + length) for name, off, length, _ in regions if name.startswith("extent")]
     checksummed = [(off, off + length) for _, off, length, _ in regions]

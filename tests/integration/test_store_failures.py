@@ -40,7 +40,7 @@ def test_flipped_byte_is_a_checksum_error_never_wrong_bytes(store_config):
         pid = store.put(make_tokens(64, 1), kv, GEO).prefix_id
         other = store.put(make_tokens(64, 2), other_kv, GEO).prefix_id
         seg = store.inspect(pid)["segments"][0]
-        lay = store._segment(seg["segment_id"]).layout
+        lay = store.catalogue.segment_info(seg["segment_id"]).layout
         flip_byte(os.path.join(store.segment_dir, seg["file"]), int(lay.extent_offsets[0, 2]) + 100)
         # chunks not touching the bad extent still read (their own checksums pass)
         np.testing.assert_array_equal(store.read(pid, [0, 1]).to_kv(), kv[:, :, :, :32])
@@ -69,7 +69,7 @@ def test_verify_finds_corruption_in_summaries_without_a_read(store_config):
     with ChunkStore(store_config) as store:
         pid = store.put(make_tokens(40, 3), make_kv(GEO, 40, 3), GEO).prefix_id
         seg = store.inspect(pid)["segments"][0]
-        lay = store._segment(seg["segment_id"]).layout
+        lay = store.catalogue.segment_info(seg["segment_id"]).layout
         flip_byte(os.path.join(store.segment_dir, seg["file"]), lay.summaries_offset + 3)
         (rep,) = store.verify(pid)
         assert rep["bad_regions"] == ["summaries"] and rep["quarantined"]
@@ -87,7 +87,7 @@ def test_corrupt_quantized_probe_keys_are_found_by_verify_and_refused_by_reads(s
     with ChunkStore(store_config) as store:
         pid = store.put(make_tokens(40, 4), kv, geo).prefix_id
         seg = store.inspect(pid)["segments"][0]
-        lay = store._segment(seg["segment_id"]).layout
+        lay = store.catalogue.segment_info(seg["segment_id"]).layout
         rows = quantize_probe_rows(kv[2, 0].astype(np.float32), 4)  # group 1's first layer
         np.testing.assert_array_equal(store.read_probe_keys(pid, 1), rows)
         flip_byte(os.path.join(store.segment_dir, seg["file"]), lay.probe_offsets[1] + lay.probe_length - 2)  # a scale byte

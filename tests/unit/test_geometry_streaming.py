@@ -87,10 +87,10 @@ def test_bad_streaming_heads_are_named(heads, field, words):
 
 
 def test_pages_refuse_a_streaming_layout():
-    from kvstore.store.pages import PageStore
+    from kvstore.store.pages import check_geometry
 
     with pytest.raises(InvalidArgument, match="streaming_heads"):
-        PageStore(store=None).hashes([b"k"], StoreGeometry(MODEL, streaming_heads=LEFT_OUT), "", "")
+        check_geometry(StoreGeometry(MODEL, streaming_heads=LEFT_OUT))
 
 
 @settings(max_examples=60, deadline=None)

@@ -1,0 +1,154 @@
+"""The catalogue: what the index says is stored, read as views, and the transactions that change it.
+
+A prefix's manifest (``describe``) and a segment's record (``segment_info``)
+are immutable until a delete (``unlist``) or a compaction
+(``replace_segment``) changes them, so their views are cached, and those two
+drop the entries they change.  Look-ups by chunk hash (``holder``,
+``match``, ``still_held``) count a prefix with a quarantined segment as not
+stored.  Every transaction is one of ``index_ops``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from .. import index_ops as ops
+from ..errors import InvalidArgument, NotFound
+from ..index import Index
+from ..reader import validate_chunks, validate_groups
+from ..records import PrefixView, SegmentInfo
+from ..scores import Unit, UnitScore
+from .state import StoreState
+
+
+class Catalogue:
+    def __init__(self, index: Index, state: StoreState):
+        self._index = index
+        self._state = state
+        self._views: dict[str, PrefixView] = {}
+        self._segments: dict[int, SegmentInfo] = {}
+
+    # ------------------------------------------------------------ views
+    def describe(self, prefix_id: str) -> PrefixView:
+        """The stored prefix's manifest (geometry, tokens, chunks, segments)."""
+        view = self._views.get(prefix_id)
+        if view is not None:
+            return view
+        m = ops.manifest(self._index, prefix_id)
+        if m is None:
+            raise NotFound(f"prefix {prefix_id} is not stored")
+        view = self._views[prefix_id] = PrefixView.from_manifest(m)
+        return view
+
+    def segment_info(self, segment_id: int) -> SegmentInfo:
+        """The immutable part of the segment's record."""
+        info = self._segments.get(segment_id)
+        if info is None:
+            rec = ops.segment_record(self._index, segment_id)
+            if rec is None:
+                raise NotFound(f"segment {segment_id} is not stored")
+            info = self._segments[segment_id] = SegmentInfo.from_record(rec)
+        return info
+
+    def resolve(self, prefix: str) -> str:
+        """Full prefix id from a unique leading part of it (at least 8 hex digits)."""
+        prefix = prefix.lower()
+        if len(prefix) == 64:
+            return prefix
+        if len(prefix) < 8 or any(c not in "0123456789abcdef" for c in prefix):
+            raise InvalidArgument("prefix_id", "must be at least 8 hex digits of a prefix id")
+        found = ops.prefix_ids_starting(self._index, prefix)
+        if not found:
+            raise NotFound(f"no stored prefix id starts with {prefix}")
+        if len(found) > 1:
+            raise InvalidArgument("prefix_id", f"{prefix} is ambiguous ({len(found)} prefixes)")
+        return found[0]
+
+    def is_stored(self, prefix_id: str) -> bool:
+        return ops.is_stored(self._index, prefix_id)
+
+    def units(self, prefix_id: str, chunks, groups) -> list[Unit]:
+        """The stored units (segment, local chunk, group) of a prefix's chunks."""
+        view = self.describe(prefix_id)
+        sel = validate_chunks(chunks, view.num_chunks)
+        grp = validate_groups(groups, view.geometry.num_groups)
+        which, local = view.locate(sel)
+        seg_ids = [view.pieces[p].segment_id for p in which.tolist()]
+        return [(s, loc, g) for g in grp for s, loc in zip(seg_ids, local.tolist())]
+
+    # ------------------------------------------------------------ by chunk hash
+    def holder(self, chunk_hash: bytes) -> PrefixView | None:
+        """A healthy stored prefix (or page batch) holding the chunk, or None."""
+        for pid in ops.chunk_holders(self._index, chunk_hash):
+            try:
+                view = self.describe(pid)
+            except NotFound:
+                continue
+            if self._state.prefix_quarantine(view) is None:
+                return view
+        return None
+
+    def match(self, hashes: list[bytes]) -> tuple[int, PrefixView | None]:
+        """Leading chunks stored, and a holder of them: a healthy manifest holding chunk j holds all before it (binary search)."""
+        lo, hi, best = 0, len(hashes), None  # invariant: chunks [0, lo) matched
+        while lo < hi:
+            mid = (lo + hi) // 2
+            view = self.holder(hashes[mid])
+            if view is not None:
+                lo, best = mid + 1, view
+            else:
+                hi = mid
+        return lo, best
+
+    def still_held(self, chunk_hashes: list[bytes]) -> bool:
+        """Whether every chunk has a healthy holder now (one read transaction)."""
+        return ops.all_held(self._index, chunk_hashes, self._state.quarantined)
+
+    # ------------------------------------------------------------ listings
+    def manifests(self) -> list[dict]:
+        return ops.manifests(self._index)
+
+    def manifests_and_segments(self) -> tuple[list[dict], dict[int, dict]]:
+        """Every manifest and segment record, as one transaction saw them (eviction and compaction plan over it)."""
+        return ops.manifests_and_segments(self._index)
+
+    def segment_ids(self) -> list[int]:
+        return ops.segment_ids(self._index)
+
+    def segment_records(self, segment_ids: list[int]) -> dict[int, dict]:
+        return ops.segment_records(self._index, segment_ids)
+
+    def totals(self) -> tuple[int, int, int]:
+        """``(prefixes, segments, bytes of the segments)`` stored."""
+        return ops.totals(self._index)
+
+    # ------------------------------------------------------------ changes
+    def commit_put(
+        self, prefix_id: str, manifest: dict, segment_record: dict | None, *, reused_segments: Collection[int], requires, hashes
+    ) -> bool:
+        """List a put's prefix (``index_ops.commit_put``); False when it was stored meanwhile."""
+        return ops.commit_put(
+            self._index,
+            prefix_id,
+            manifest,
+            segment_record,
+            reused_segments=reused_segments,
+            requires=requires,
+            hashes=hashes,
+            quarantined=self._state.quarantined,
+        )
+
+    def unlist(self, prefix_id: str) -> tuple[list[int], int]:
+        """Unlist the prefix (``index_ops.unlist_prefix``): ``(segments freed, their bytes)``."""
+        freed, freed_bytes = ops.unlist_prefix(self._index, prefix_id)
+        self._views.pop(prefix_id, None)
+        for seg_id in freed:
+            self._segments.pop(seg_id, None)
+        return freed, freed_bytes
+
+    def replace_segment(self, old_id: int, record: dict, lo: int, moved: list[tuple[Unit, UnitScore]], prefix_ids: Collection[str]) -> None:
+        """Compaction's commit (``index_ops.replace_segment``): the prefixes' pieces in ``old_id`` move to ``record``'s segment."""
+        ops.replace_segment(self._index, old_id, record, lo, moved, prefix_ids)
+        for pid in prefix_ids:
+            self._views.pop(pid, None)
+        self._segments.pop(old_id, None)
