@@ -119,6 +119,9 @@ class PageRead:
     def extent_bytes(self, group: int, page: int) -> np.ndarray:
         return self._extents[(group, page)]
 
+    def add_extent(self, group: int, page: int, data: np.ndarray) -> None:
+        self._extents[(group, page)] = data
+
     def to_array(self) -> np.ndarray:
         """``[pages, layers of the groups, 2, kv_heads, chunk_tokens, head_dim]`` in the KV dtype (a copy)."""
         geo = self.geometry
@@ -247,7 +250,7 @@ class PageStore:
             res: ReadResult = self._reader.read_held(pid, chunks, grp, coalesce=coalesce, alloc=None)
             for g in grp:
                 for i, j in zip(pages, chunks.tolist()):
-                    out._extents[(g, i)] = res.extent_bytes(g, j)
+                    out.add_extent(g, i, res.extent_bytes(g, j))
             out.bytes_read += res.bytes_read
             out.bytes_useful += res.bytes_useful
             out.num_reads += res.num_reads

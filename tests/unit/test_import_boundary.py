@@ -8,7 +8,9 @@
   lazy import still runs) and ones under ``if TYPE_CHECKING:`` (they never
   run, but a type named across a loop is the same coupling: the two files
   still have to change together);
-- a file of more than 400 lines says why in its module docstring.
+- a file of more than 400 lines says why in its module docstring;
+- the store's parts (``kvstore/store/``) reach one another only through
+  public names: no ``other._name``, only ``self._name``.
 
 Each check is a function of a source tree, and ``test_each_check_catches_*``
 runs it on a small tree that breaks it.
@@ -24,6 +26,7 @@ from helpers import data_root
 PACKAGES = ("kvstore", "engine_client", "tools")
 CLIENT_MAY_IMPORT = ("kvstore.wire", "kvstore.geometry")
 MAX_LINES = 400
+PARTS = ("kvstore/store/",)  # modules whose objects touch no other object's _private attributes
 GENERATED = ("kvstore/_proto/",)  # python -m tools.gen_proto writes them; nobody reads them for their length
 # A cycle here names the files and what would remove it; the test fails once it is gone, so the entry goes too.
 KNOWN_CYCLES: dict[frozenset, str] = {}  # a cycle left in place for a stated reason, until it goes
@@ -160,6 +163,22 @@ def long_files_without_a_reason(root: str) -> list[str]:
     return out
 
 
+def private_reaches(root: str) -> list[str]:
+    """``x._name`` in the store's parts where ``x`` is not ``self`` or ``cls`` (dunders aside)."""
+    out = []
+    for module, path in sorted(modules(root).items()):
+        rel = os.path.relpath(path, root)
+        if not rel.startswith(PARTS):
+            continue
+        with open(path) as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__"):
+                if not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls")):
+                    out.append(f"{module} line {node.lineno}: {ast.unparse(node)}")
+    return sorted(out)
+
+
 # ------------------------------------------------------------ the project
 def test_the_daemon_imports_neither_the_client_nor_the_tools():
     assert daemon_imports_upward(data_root()) == []
@@ -174,6 +193,10 @@ def test_no_import_cycles():
     new = [sorted(c) for c in found - KNOWN_CYCLES.keys()]
     assert new == [], f"import cycles (each member imports the next, around): {new}"
     assert KNOWN_CYCLES.keys() - found == set(), "a known cycle is gone: remove its entry from KNOWN_CYCLES"
+
+
+def test_the_stores_parts_touch_no_private_attribute_of_another():
+    assert private_reaches(data_root()) == []
 
 
 def test_every_long_file_says_why():
@@ -219,6 +242,7 @@ def test_each_check_catches_what_it_is_for(tmp_path):
             "tools/long.py": '"""Short."""\n' + "x = 1\n" * MAX_LINES,
             "tools/long_with_reason.py": '"""Long.\n\nWhy: one table."""\n' + "x = 1\n" * MAX_LINES,
             "kvstore/_proto/stub.py": "x = 1\n" * (MAX_LINES + 1),
+            "kvstore/store/parts.py": "class A:\n    def f(self, other):\n        return self._x, other._y, other.__class__\n",
         },
     )
     assert daemon_imports_upward(root) == ["kvstore.cli line 1 imports tools.demo", "kvstore.store line 2 imports engine_client.client"]
@@ -227,4 +251,5 @@ def test_each_check_catches_what_it_is_for(tmp_path):
         "engine_client.runner line 2 imports kvstore",
     ]
     assert sorted(map(sorted, cycles(root))) == [["tools.admin", "tools.synthetic"], ["tools.demo", "tools.fmt"]]
+    assert private_reaches(root) == ["kvstore.store.parts line 3: other._y"]
     assert long_files_without_a_reason(root) == [f"tools/long.py: {MAX_LINES + 1} lines, and its docstring does not say why"]
