@@ -7,17 +7,11 @@ daemon, and nothing in this package imports the client.
 from __future__ import annotations
 
 import argparse
-import logging
-import os
 import sys
 
 from . import cli_flags
 from .config import OneLineErrorParser
 from .errors import KVStoreError
-
-
-def setup_logging() -> None:
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname).1s %(name)s: %(message)s")
 
 
 def _serve(args) -> int:
@@ -27,8 +21,10 @@ def _serve(args) -> int:
 
 
 def _health(args) -> int:
+    from . import logs
     from .health import check
 
+    logs.configure("text", args.log_level)  # before grpc is imported: its core's verbosity follows the level
     return check(args.socket_path, args.service, args.timeout)
 
 
@@ -42,10 +38,16 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve_args(serve)
     serve.set_defaults(func=_serve)
     health = sub.add_parser("health", help="gRPC health check of a daemon (exit 0 when SERVING), for liveness/readiness probes")
-    health.add_argument("--socket-path", default=os.environ.get(cli_flags.SOCKET_ENV, cli_flags.SYSTEM_SOCKET), help="the daemon's socket")
+    health.add_argument(
+        "--socket-path",
+        default=cli_flags.default_socket(),
+        help=f"the daemon's socket (default: ${cli_flags.SOCKET_PATH_ENV}, ${cli_flags.SOCKET_ENV}, "
+        f"else where `kvstore serve` listens by default: {cli_flags.LOCAL_SOCKET})",
+    )
     cli_flags.add_alias(health, "--socket", "socket_path")
     health.add_argument("--service", default="", help="service name to check ('' = the whole daemon)")
     health.add_argument("--timeout", type=cli_flags.positive_seconds, default=5.0, help="seconds")
+    cli_flags.add_log_level(health, "warning")
     cli_flags.add_version(health)
     health.set_defaults(func=_health)
     return parser
@@ -53,7 +55,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    setup_logging()
     try:
         return args.func(args)
     except (KVStoreError, OSError) as exc:

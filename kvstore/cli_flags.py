@@ -3,12 +3,18 @@
 The names (``kvstore serve``, ``kvstore-demo``, ``kvstore-admin``, ``kvstore-bench``):
 
     --socket-path PATH       the daemon's unix socket   (old: --socket, --target unix:PATH)
-    --auth-token-file FILE   bearer token for TCP        (old: --token-file)
+    --tcp-address HOST:PORT  the daemon's TCP address   (old: kvstore-admin --address)
+    --auth-token-file FILE   bearer token(s) for TCP     (old: --token-file; serve: --auth-tokens-file)
+    --tls-ca-file FILE       CA bundle of the TLS peer   (old: serve --tls-client-ca-file)
     --data-dir DIR           data / work directory       (old: --directory)
     --budgets F,F,...        budget fractions            (old: --budget F, repeated)
+    --max-read-run-bytes N   largest coalesced read      (old: kvstore-bench io --max-read-run)
     --io-queue-depth N       requests in flight          (old: --iodepth; ``kvstore-bench io`` keeps
                                                           --iodepth as its name, like every option of
                                                           its fio-style job, and takes this as an alias)
+    --x / --no-x             booleans                    (old: --x true|false|yes|no|1|0, still taken)
+    --no-progress            no progress bars            (before or after a subcommand)
+    --log-level LEVEL        debug, info, warning, error
     --version
 
 An alias is a second option with the same ``dest``, hidden from ``--help``
@@ -18,19 +24,50 @@ and with no default of its own, so it changes nothing unless it is given.
 from __future__ import annotations
 
 import argparse
+import logging
 import math
 import os
+import sys
 
 from . import __version__
+from .config import env_name
+from .logs import LEVELS
+from .server.config import ServerConfig
 
-# Where kvstore-admin looks for a daemon, after $KVSTORE_SOCKET.
+# Where kvstore-admin looks for a daemon: $KVSTORE_SOCKET, $KVSTORE_SOCKET_PATH (the daemon's own
+# variable), the system path, then the default of `kvstore serve` in this directory.
 SOCKET_ENV = "KVSTORE_SOCKET"
+SOCKET_PATH_ENV = env_name("socket_path")
 SYSTEM_SOCKET = "/run/kvstore/kvstore.sock"  # deploy/kvstore.toml, the systemd unit and the DaemonSet
-LOCAL_SOCKET = ".kvstore/run/kvstore.sock"  # `kvstore serve` / `make demo` in a checkout
+LOCAL_SOCKET = ServerConfig.socket_path  # `kvstore serve` / `make demo` in a checkout
+LOG_LEVELS = LEVELS
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+
+
+def add_log_level(parser, default: str | None, hidden: bool = False) -> None:
+    """``--log-level``: the least severe log lines a command writes (``default``; None: leave it to an earlier one)."""
+    parser.add_argument(
+        "--log-level",
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS if default is None else default,
+        help=argparse.SUPPRESS if hidden else f"least severe log lines written (default: {default})",
+    )
+
+
+def setup_logging(level: str) -> None:
+    """Log lines of a command line tool: ``L logger: message`` on stderr from ``level`` up."""
+    logging.basicConfig(level=level.upper(), stream=sys.stderr, format="%(levelname).1s %(name)s: %(message)s", force=True)
+
+
+def default_socket(environ=os.environ) -> str:
+    """The socket ``kvstore serve`` listens on unless told otherwise: ``$KVSTORE_SOCKET_PATH``, else ServerConfig's default.
+
+    ``$KVSTORE_SOCKET`` (the clients' variable) is honoured after it.
+    """
+    return environ.get(SOCKET_PATH_ENV) or environ.get(SOCKET_ENV) or LOCAL_SOCKET
 
 
 def add_alias(parser, flag: str, dest: str, **kwargs) -> None:
@@ -60,8 +97,9 @@ def unix_target(text: str) -> str:
 def socket_candidates(environ=os.environ) -> list[tuple[str, str]]:
     """(path, where it came from), in the order kvstore-admin tries them."""
     out = []
-    if environ.get(SOCKET_ENV):
-        out.append((environ[SOCKET_ENV], f"${SOCKET_ENV}"))
+    for var in (SOCKET_ENV, SOCKET_PATH_ENV):
+        if environ.get(var):
+            out.append((environ[var], f"${var}"))
     out.append((SYSTEM_SOCKET, "system default"))
     out.append((os.path.abspath(LOCAL_SOCKET), "this directory"))
     return out

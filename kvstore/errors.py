@@ -82,3 +82,13 @@ class IndexDamaged(KVStoreError):
     """The index is missing, damaged, or not this store's: the store refuses to open."""
 
     code = "FAILED_PRECONDITION"
+
+
+class StartupError(KVStoreError):
+    """The daemon cannot start: what a configuration key names cannot be used (its directory, its memory)."""
+
+    code = "FAILED_PRECONDITION"
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"{field}: {message}")

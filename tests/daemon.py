@@ -35,7 +35,6 @@ class DaemonProcess:
             "--min-free-bytes",
             "0",
             "--enable-admin",
-            "true",
             "--shm-arena-bytes",
             str(32 << 20),
             *extra,

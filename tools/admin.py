@@ -1,9 +1,9 @@
 """``kvstore-admin``: inspect and maintain a kvstore, through its daemon or offline.
 
-With ``--socket-path`` or ``--address`` the commands go to a running daemon
+With ``--socket-path`` or ``--tcp-address`` the commands go to a running daemon
 (``inspect``, ``verify``, ``evict`` and ``compact`` need its admin RPCs
 enabled).  Without either, and without ``--data-dir``, the daemon is found at
-``$KVSTORE_SOCKET``, then ``/run/kvstore/kvstore.sock``, then this
+``$KVSTORE_SOCKET``, ``$KVSTORE_SOCKET_PATH``, then ``/run/kvstore/kvstore.sock``, then this
 directory's ``.kvstore/run/kvstore.sock``; failing those, the default data
 directory is opened offline, and the error says where it looked.  With ``--data-dir`` they open the
 data directory directly, which only works while no daemon holds it (the
@@ -23,13 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import sys
 from dataclasses import asdict
 
 from kvstore import cli_flags
-from kvstore.config import StoreConfig, parse_bytes
+from kvstore.config import HelpFormatter, StoreConfig, parse_bytes, parse_host_port
 from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.rebuild import rebuild_index
@@ -225,36 +224,49 @@ COMMANDS = {
 
 
 # ------------------------------------------------------------ arguments
-CONNECTION_FLAGS = ("--socket-path", "--address", "--auth-token-file", "--tls-ca-file", "--data-dir")
-ALIASES = {"--socket": "socket_path", "--token-file": "auth_token_file"}  # older spellings, hidden
+CONNECTION_FLAGS = ("--socket-path", "--tcp-address", "--auth-token-file", "--tls-ca-file", "--data-dir")
+ALIASES = {"--socket": "socket_path", "--token-file": "auth_token_file", "--address": "tcp_address"}  # older spellings, hidden
+
+
+def _tcp_address(text: str) -> str:
+    try:
+        parse_host_port(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:
     default_dir = StoreConfig().data_dir
-    parser = argparse.ArgumentParser(prog="kvstore-admin", description="Inspect and maintain a kvstore (daemon or data directory).")
+    parser = argparse.ArgumentParser(
+        prog="kvstore-admin", description="Inspect and maintain a kvstore (daemon or data directory).", formatter_class=HelpFormatter
+    )
     cli_flags.add_version(parser)
     parser.add_argument(
         "--socket-path",
-        help=f"daemon unix socket (default: ${cli_flags.SOCKET_ENV}, {cli_flags.SYSTEM_SOCKET}, "
+        help=f"daemon unix socket (default: ${cli_flags.SOCKET_ENV}, ${cli_flags.SOCKET_PATH_ENV}, {cli_flags.SYSTEM_SOCKET}, "
         f"then {cli_flags.LOCAL_SOCKET}, the first that exists)",
     )
-    parser.add_argument("--address", help="daemon TCP address host:port")
+    parser.add_argument("--tcp-address", type=_tcp_address, help="daemon TCP address host:port")
     parser.add_argument("--auth-token-file", help="bearer token for a TCP daemon")
     parser.add_argument("--tls-ca-file", help="CA bundle to check a TLS daemon")
     parser.add_argument("--timeout", type=cli_flags.positive_seconds, default=600.0, help="deadline of each call in seconds")
     parser.add_argument("--data-dir", default=None, help=f"open this data directory directly, without a daemon (default: {default_dir})")
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
     add_progress_flag(parser)
+    cli_flags.add_log_level(parser, "warning")
     for flag, dest in ALIASES.items():
-        cli_flags.add_alias(parser, flag, dest)
+        cli_flags.add_alias(parser, flag, dest, **({"type": _tcp_address} if dest == "tcp_address" else {}))
     common = argparse.ArgumentParser(add_help=False)  # the same options after the subcommand
     for flag in CONNECTION_FLAGS:
-        common.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        kwargs = {"type": _tcp_address} if flag == "--tcp-address" else {}
+        common.add_argument(flag, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
     for flag, dest in ALIASES.items():
-        cli_flags.add_alias(common, flag, dest)
+        cli_flags.add_alias(common, flag, dest, **({"type": _tcp_address} if dest == "tcp_address" else {}))
     common.add_argument("--timeout", type=cli_flags.positive_seconds, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     common.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    cli_flags.add_log_level(common, None, hidden=True)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("ls", parents=[common], help="list stored prefixes")
     sub.add_parser("inspect", parents=[common], help="show one prefix and its segments").add_argument(
@@ -295,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     args.data_dir_given = args.data_dir is not None
     args.data_dir = args.data_dir or StoreConfig().data_dir
     set_enabled(args.progress)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format="%(levelname).1s %(name)s: %(message)s")
+    cli_flags.setup_logging(args.log_level)
     from engine_client.client import KVStoreRpcError
 
     try:

@@ -96,7 +96,7 @@ class RemoteAdmin:
                 raise
             raise AdminDisabled(
                 f"the daemon at {self.where} does not serve admin calls ({', '.join(ADMIN_RPCS)}): "
-                "start it with --enable-admin true (enable_admin = true in [server])"
+                "start it with --enable-admin (enable_admin = true in [server])"
             ) from None
 
     def list_prefixes(self) -> list[dict]:
@@ -163,14 +163,14 @@ def connect(args):
     socket_path, looked = args.socket_path, ""
     if socket_path and not os.path.exists(socket_path):
         raise NotFound(f"no daemon socket at {socket_path} (--socket-path)")
-    if not (socket_path or args.address or args.data_dir_given):
+    if not (socket_path or args.tcp_address or args.data_dir_given):
         socket_path, looked = cli_flags.find_socket()
-    if args.address or socket_path:
+    if args.tcp_address or socket_path:
         from engine_client.client import KVStoreClient
 
         token = open(args.auth_token_file).read().strip() if args.auth_token_file else None
         ca = open(args.tls_ca_file, "rb").read() if args.tls_ca_file else None
-        target = args.address or f"unix:{os.path.abspath(socket_path)}"
+        target = args.tcp_address or f"unix:{os.path.abspath(socket_path)}"
         client = KVStoreClient(target, shm=False, token=token, root_certificates=ca, deadline_s=args.timeout)
         return RemoteAdmin(client, target)
     try:
@@ -178,4 +178,4 @@ def connect(args):
     except NotFound as exc:
         if not looked:
             raise
-        raise NotFound(f"no daemon found ({looked}) and {exc}; give --socket-path, --address or --data-dir") from None
+        raise NotFound(f"no daemon found ({looked}) and {exc}; give --socket-path, --tcp-address or --data-dir") from None

@@ -13,7 +13,6 @@ table ``[store]`` of ``--config FILE``, overridden by flags).
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import signal
 import statistics
@@ -196,7 +195,6 @@ def _spawn_daemon(config_path, cfg, server_cfg):
         "--socket-path",
         server_cfg.socket_path,
         "--enable-admin",
-        "true",
         "--ready-file",
         ready,
         "--min-free-bytes",
@@ -283,13 +281,14 @@ def build_parser() -> OneLineErrorParser:
     g.add_argument("--budgets", type=fractions_arg, default=list(DEMO_BUDGETS), help="comma-separated fractions (default: 0.05,0.25,1)")
     cli_flags.add_alias(g, "--budget", "budgets", type=one_fraction_arg, action=cli_flags.AppendAlias)
     g.add_argument("--repeats", type=positive_int, default=3, help="timed reads per budget (median is shown)")
+    cli_flags.add_log_level(p, "info")
     add_config_args(p, StoreConfig)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname).1s %(name)s: %(message)s")
+    cli_flags.setup_logging(args.log_level)
     try:
         return run_demo(args)
     except (KVStoreError, OSError) as exc:

@@ -8,6 +8,7 @@ requires TLS and/or a bearer token, checked by one interceptor.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -15,17 +16,19 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from .. import faults
 from .._proto import kvstore_pb2, kvstore_pb2_grpc
 from ..config import StoreConfig
-from ..errors import InvalidArgument
+from ..errors import BackendUnavailable, InvalidArgument, KVStoreError, StartupError
 from ..file_modes import FILE_MODE
 from ..store import ChunkStore
 from ..wire import MAX_MESSAGE_BYTES
 from . import sockets
 from .arena import Arena
-from .auth import BearerTokenInterceptor, read_token_file, read_tokens_file
+from .auth import BearerTokenInterceptor, read_auth_token_file
 from .config import ServerConfig
 from .data_channel import DataChannels
+from .notify import notify
 from .servicer import AdminServicer, KVStoreServicer, Service
 from .shm_sessions import PeerPolicy, ShmSessions
 from .status import add_service
@@ -78,8 +81,10 @@ class Daemon:
             sockets.claim(cfg.socket_path, "socket_path")
         if with_arena:
             sockets.claim(cfg.shm_socket, "shm_socket_path")
-        self.store = ChunkStore(self.store_config)
-        self.arena = Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes, tier_bytes=cfg.cpu_tier_bytes) if with_arena else None
+        with startup_step("data_dir", self.store_config.data_dir):
+            self.store = ChunkStore(self.store_config)
+        with startup_step("shm_arena_bytes", cfg.shm_arena_bytes):
+            self.arena = Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes, tier_bytes=cfg.cpu_tier_bytes) if with_arena else None
         self.tiers = TierManager(
             self.arena,
             self.store.scores,
@@ -100,7 +105,8 @@ class Daemon:
         if self.arena is not None:
             policy = PeerPolicy(cfg.allowed_uids, cfg.allowed_gids, cfg.max_shm_sessions)
             self.sessions = ShmSessions(self.arena, cfg.shm_socket, policy)
-            self.sessions.start()
+            with startup_step("shm_socket_path", cfg.shm_socket):
+                self.sessions.start()
         # extents of deleted, evicted and compacted segments leave memory (pinned ones age out)
         self.store.capacity.on_segments_freed.append(self.tiers.drop_segment)
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
@@ -110,9 +116,10 @@ class Daemon:
         if cfg.socket_path:
             server = self._server([])
             bound = sockets.private_path(cfg.socket_path)
-            server.add_insecure_port(f"unix:{bound}")
-            await server.start()
-            os.chmod(bound, 0o660)
+            with startup_step("socket_path", cfg.socket_path):
+                server.add_insecure_port(f"unix:{bound}")
+                await server.start()
+                os.chmod(bound, 0o660)
             self._socket_ident = sockets.publish(bound, cfg.socket_path, "socket_path")
             self.servers.append(server)
             log.info("listening on unix:%s (shm: %s)", cfg.socket_path, cfg.shm_socket if self.arena else "off")
@@ -125,8 +132,8 @@ class Daemon:
                 cfg.tcp_address,
                 self.tcp_port,
                 bool(cfg.tls_cert_file),
-                bool(cfg.tls_client_ca_file),
-                bool(cfg.auth_token_file or cfg.auth_tokens_file),
+                bool(cfg.tls_ca_file),
+                bool(cfg.auth_token_file),
             )
         status = health_pb2.HealthCheckResponse.SERVING if not self.store.read_only else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *SERVICES):
@@ -135,11 +142,7 @@ class Daemon:
     def _bind_tcp(self) -> grpc.aio.Server:
         """A TCP server bound (not started) on tcp_address, its tokens and TLS files read."""
         cfg = self.config
-        tokens = {}
-        if cfg.auth_token_file:
-            tokens.update(read_token_file(cfg.auth_token_file))
-        if cfg.auth_tokens_file:
-            tokens.update(read_tokens_file(cfg.auth_tokens_file))
+        tokens = read_auth_token_file(cfg.auth_token_file) if cfg.auth_token_file else {}
         creds = _tls_credentials(cfg) if cfg.tls_cert_file else None
         sockets.check_tcp_free(cfg.tcp_address)
         server = self._new_server([BearerTokenInterceptor(tokens)] if tokens else [])
@@ -231,6 +234,7 @@ class Daemon:
 
     async def stop(self) -> None:
         """NOT_SERVING, refuse new calls, let in-flight calls finish, stop."""
+        notify("STOPPING=1")
         log.info("draining: NOT_SERVING, refusing new calls, grace %.1fs", self.config.grace_seconds)
         for name in ("", *SERVICES):
             await self._set_health(name, health_pb2.HealthCheckResponse.NOT_SERVING)
@@ -260,6 +264,26 @@ class Daemon:
         log.info("stopped")
 
 
+@contextlib.contextmanager
+def startup_step(key: str, value):
+    """A failure to use what ``key`` names (an OSError, a store that will not open) as StartupError naming the key.
+
+    ``data_dir: /x: permission denied`` rather than ``[Errno 13] ...``; an
+    unusable backend names ``backend``.  Configuration errors pass unchanged.
+    """
+    try:
+        yield
+    except (InvalidArgument, StartupError):
+        raise
+    except BackendUnavailable as exc:
+        raise StartupError("backend", str(exc)) from None
+    except OSError as exc:
+        where = exc.filename or value
+        raise StartupError(key, f"{where}: {(exc.strerror or str(exc)).lower()}") from None
+    except (KVStoreError, RuntimeError) as exc:
+        raise StartupError(key, str(exc) if str(value) in str(exc) else f"{value}: {exc}") from None
+
+
 def _tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials:
     def read(key: str) -> bytes:
         path = getattr(cfg, key)
@@ -269,7 +293,7 @@ def _tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials:
         except OSError as exc:
             raise InvalidArgument(key, f"cannot read {path}: {exc.strerror}") from None
 
-    ca = read("tls_client_ca_file") if cfg.tls_client_ca_file else None
+    ca = read("tls_ca_file") if cfg.tls_ca_file else None
     return grpc.ssl_server_credentials(
         [(read("tls_key_file"), read("tls_cert_file"))],
         root_certificates=ca,
@@ -278,6 +302,10 @@ def _tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials:
 
 
 async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str | None = None) -> None:
+    if faults.IGNORED:
+        log.warning("ignoring %s: fault injection needs %s=1 (tests only)", " and ".join(faults.IGNORED), faults.SWITCH)
+    if faults.ENABLED:
+        log.warning("fault injection is on (%s=1): a test build, not for production", faults.SWITCH)
     daemon = Daemon(store_config, config)
     await daemon.start()
     loop = asyncio.get_running_loop()
@@ -292,6 +320,7 @@ async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str |
             fh.write(f"{os.getpid()} {getattr(daemon, 'tcp_port', 0)} {daemon.metrics_port}\n")
         os.replace(ready_file + ".tmp", ready_file)
     log.info("kvstore daemon ready (pid %d)", os.getpid())
+    notify("READY=1")
     await stop.wait()
     await daemon.stop()
     await asyncio.gather(watcher, flusher)

@@ -1,8 +1,8 @@
 """Bearer tokens for the TCP listener, and the namespaces each token may use.
 
-One interceptor checks every method.  ``auth_token_file`` holds one token
-that may use every namespace; ``auth_tokens_file`` is a TOML file mapping
-tokens to the namespaces they may use::
+One interceptor checks every method.  ``auth_token_file`` holds either one
+token, which may use every namespace, or a TOML file mapping tokens to the
+namespaces they may use (``auth_tokens_file``, its older name, is taken too)::
 
     [tokens]
     "token-of-tenant-a-0123456789" = ["tenant-a"]
@@ -41,26 +41,26 @@ def check_namespace(context, namespace: str) -> None:
         raise PermissionDenied(f"namespace: this token may not use namespace {namespace!r}")
 
 
-def read_token_file(path: str, key: str = "auth_token_file") -> dict[str, Namespaces]:
-    """``{token: None}`` from a file holding one token (every namespace)."""
+def read_auth_token_file(path: str, key: str = "auth_token_file") -> dict[str, Namespaces]:
+    """``{token: namespaces}`` from ``path``: one token (every namespace) or a TOML ``[tokens]`` table."""
     try:
         with open(path) as fh:
-            token = fh.read().strip()
+            text = fh.read()
     except OSError as exc:
         raise InvalidArgument(key, f"cannot read {path}: {exc.strerror}") from None
-    _check_token(token, key, path)
-    return {token: None}
-
-
-def read_tokens_file(path: str, key: str = "auth_tokens_file") -> dict[str, Namespaces]:
-    """``{token: namespaces}`` from a TOML ``[tokens]`` table (see the module docstring)."""
+    token = text.strip()
+    if not any(c.isspace() for c in token):  # one line, one word: a token (base64 ones end in =)
+        _check_token(token, key, path)
+        return {token: None}
     try:
-        with open(path, "rb") as fh:
-            table = tomllib.load(fh).get("tokens")
-    except OSError as exc:
-        raise InvalidArgument(key, f"cannot read {path}: {exc.strerror}") from None
+        table = tomllib.loads(text).get("tokens")
     except tomllib.TOMLDecodeError as exc:
-        raise InvalidArgument(key, f"{path} is not valid TOML: {exc}") from None
+        raise InvalidArgument(key, f"{path} is neither one token nor a valid TOML [tokens] table: {exc}") from None
+    return _token_table(table, key, path)
+
+
+def _token_table(table, key: str, path: str) -> dict[str, Namespaces]:
+    """``{token: namespaces}`` of a ``[tokens]`` table (see the module docstring)."""
     if not isinstance(table, dict) or not table:
         raise InvalidArgument(key, f"{path} needs a [tokens] table mapping each token to a list of namespaces")
     tokens: dict[str, Namespaces] = {}

@@ -4,22 +4,42 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import ClassVar
 
-from ..config import MiB, _opt, check_field_types
+from ..config import MiB, _opt, check_field_types, one_of, parse_host_port
 from ..errors import InvalidArgument
+from ..logs import FORMATS, LEVELS
+
+
+def tcp_address_text(text: str) -> str:
+    """``tcp_address`` as given: empty (off) or host:port with a port in 0-65535 (gRPC would take any number)."""
+    if text:
+        parse_host_port(text)
+    return text
+
+
+def metrics_address_text(text: str) -> str:
+    """``metrics_address`` as given: empty (off) or [host]:port (no host: every interface)."""
+    if text:
+        parse_host_port(text, need_host=False)
+    return text
 
 
 @dataclass(frozen=True)
 class ServerConfig:
     socket_path: str = _opt(".kvstore/run/kvstore.sock", "unix socket for local clients (directory 0750, socket 0660)")
     shm_socket_path: str = _opt("", "unix socket handing out the shared-memory arena (default: <socket_path>.shm)")
-    tcp_address: str = _opt("", "optional TCP listen address host:port; requires TLS or a bearer token")
+    # Older names of renamed keys, still taken in TOML and as (hidden) flags.
+    RENAMED_KEYS: ClassVar[dict[str, str]] = {"tls_client_ca_file": "tls_ca_file", "auth_tokens_file": "auth_token_file"}
+
+    tcp_address: str = _opt("", "optional TCP listen address host:port; requires TLS or a bearer token", parse=tcp_address_text)
     tls_cert_file: str = _opt("", "PEM certificate chain for the TCP listener")
     tls_key_file: str = _opt("", "PEM private key for the TCP listener")
-    tls_client_ca_file: str = _opt("", "PEM CA bundle; when set, TCP clients must present a certificate (mTLS)")
-    auth_token_file: str = _opt("", "file holding the bearer token TCP clients must send (it may use every namespace)")
-    auth_tokens_file: str = _opt(
-        "", 'TOML file mapping bearer tokens to the namespaces each may use ([tokens] TOKEN = ["ns", ...]; "*" = all)'
+    tls_ca_file: str = _opt("", "PEM CA bundle; when set, TCP clients must present a certificate it signed (mTLS)")
+    auth_token_file: str = _opt(
+        "",
+        "bearer tokens TCP clients must send: a file holding one token (it may use every namespace), "
+        'or a TOML file mapping tokens to the namespaces each may use ([tokens] TOKEN = ["ns", ...]; "*" = all)',
     )
     enable_admin: bool = _opt(False, "serve the KVStoreAdmin service (inspect, verify)")
     enable_reflection: bool = _opt(False, "serve gRPC server reflection")
@@ -28,7 +48,11 @@ class ServerConfig:
         0.25, "share of the arena kept for stream buffers (reads in flight, extents the policy keeps out); the rest is the CPU tier"
     )
     gpu_tier_bytes: int = _opt(0, "GPU tier capacity; ignored (0) without a CUDA device")
-    gpu_tier_device: str = _opt("auto", "GPU tier memory: auto (CUDA if present) | cuda | host (a host-memory stand-in, for tests)")
+    gpu_tier_device: str = _opt(
+        "auto",
+        "GPU tier memory: auto (CUDA if present) | cuda | host (a host-memory stand-in, for tests)",
+        parse=one_of("auto", "cuda", "host"),
+    )
     cache_policy: str = _opt("score", "tier eviction policy: score (attention x frequency) | lru | lfu | impress")
     max_periods_ahead: int = _opt(2, "period sets a Prefetch client may send beyond the last delivered period")
     shm_slot_bytes: int = _opt(64 * 1024, "allocation unit of the arena (multiple of 4096)")
@@ -56,8 +80,13 @@ class ServerConfig:
     grace_seconds: float = _opt(10.0, "on SIGTERM, how long in-flight calls may finish")
     io_threads: int = _opt(8, "threads running store calls for the async service")
     score_flush_seconds: float = _opt(5.0, "how often changed cache scores are written to the index")
-    metrics_address: str = _opt("", "serve Prometheus metrics at http://HOST:PORT/metrics (empty: off; port 0 picks a free one)")
-    log_format: str = _opt("text", "log lines as text (timestamp, level, logger, message) or json (one object per line)")
+    metrics_address: str = _opt(
+        "", "serve Prometheus metrics at http://HOST:PORT/metrics (empty: off; port 0 picks a free one)", parse=metrics_address_text
+    )
+    log_format: str = _opt(
+        "text", "log lines as text (timestamp, level, logger, message) or json (one object per line)", parse=one_of(*FORMATS)
+    )
+    log_level: str = _opt("info", "least severe log lines written: debug, info, warning or error", parse=one_of(*LEVELS))
 
     def __post_init__(self) -> None:
         check_field_types(self)
@@ -69,14 +98,17 @@ class ServerConfig:
             raise InvalidArgument("shm_arena_bytes", "must be a multiple of shm_slot_bytes")
         if not 4096 <= self.frame_bytes <= 4 * MiB - 64 * 1024:
             raise InvalidArgument("frame_bytes", "must be in [4096, 4 MiB - 64 KiB]")
-        if self.tcp_address and not (self.tls_cert_file or self.auth_token_file or self.auth_tokens_file):
-            raise InvalidArgument(
-                "tcp_address", "a TCP listener needs TLS (tls_cert_file) or bearer tokens (auth_token_file, auth_tokens_file)"
-            )
+        if self.tcp_address:
+            try:
+                tcp_address_text(self.tcp_address)
+            except ValueError as exc:
+                raise InvalidArgument("tcp_address", str(exc)) from None
+        if self.tcp_address and not (self.tls_cert_file or self.auth_token_file):
+            raise InvalidArgument("tcp_address", "a TCP listener needs TLS (tls_cert_file) or bearer tokens (auth_token_file)")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise InvalidArgument("tls_key_file", "tls_cert_file and tls_key_file go together")
-        if self.tls_client_ca_file and not self.tls_cert_file:
-            raise InvalidArgument("tls_client_ca_file", "mTLS needs tls_cert_file and tls_key_file")
+        if self.tls_ca_file and not self.tls_cert_file:
+            raise InvalidArgument("tls_ca_file", "mTLS needs tls_cert_file and tls_key_file")
         if not 0.0 < self.prefetch_reserve_fraction <= 1.0:
             raise InvalidArgument("prefetch_reserve_fraction", "must be in (0, 1]")
         if self.gpu_tier_bytes < 0:
@@ -98,8 +130,10 @@ class ServerConfig:
             from .prom import parse_address
 
             parse_address(self.metrics_address)
-        if self.log_format not in ("text", "json"):
+        if self.log_format not in FORMATS:
             raise InvalidArgument("log_format", f"must be text or json, got {self.log_format!r}")
+        if self.log_level not in LEVELS:
+            raise InvalidArgument("log_level", f"must be one of {', '.join(LEVELS)}, got {self.log_level!r}")
         if self.max_shm_sessions < 1:
             raise InvalidArgument("max_shm_sessions", "must be positive")
         if not 0 <= self.data_channel_port <= 65535:

@@ -1,9 +1,11 @@
 """``/metrics``: the daemon's figures in the Prometheus text format.
 
 A custom collector reads ``Service.snapshot()`` (the dict ``Stats`` answers
-with) and the RPC histograms at scrape time, so there is one set of
-counters and no second bookkeeping: a scrape and ``kvstore-admin stats``
-taken at the same moment agree.  The HTTP listener (``metrics_address``) is
+with), the cache-hit token counters and the RPC histograms at scrape time,
+so there is one set of counters and no second bookkeeping: a scrape and
+``kvstore-admin stats`` taken at the same moment agree.  The registry also
+holds prometheus_client's process, platform and GC collectors
+(``process_*``, ``python_*``).  The HTTP listener (``metrics_address``) is
 ``prometheus_client``'s own server thread, bound before the store opens so a
 port in use is a configuration error.
 """
@@ -15,12 +17,14 @@ import logging
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
+from ..config import parse_host_port
 from ..errors import InvalidArgument
 from .metrics import LATENCY_BUCKETS_SECONDS
 
 log = logging.getLogger(__name__)
 
 # (metric name, help, key of the snapshot) for the plain counters and gauges.
+# Counts of things are named for the thing (``_extents``), never ``_units``.
 COUNTERS = (
     ("kvstore_written_bytes_total", "Bytes written to segment files by puts (padding and trailers included).", "bytes_written"),
     ("kvstore_tier_hits_total", "Extents a Prefetch stream found in a memory tier.", "tier_hit_units"),
@@ -29,7 +33,7 @@ COUNTERS = (
     ("kvstore_evicted_bytes_total", "Segment bytes freed by evictions.", "evicted_bytes"),
     ("kvstore_compactions_total", "Segments compacted.", "compactions"),
     ("kvstore_compaction_reclaimed_bytes_total", "Bytes compactions gave back.", "compaction_reclaimed_bytes"),
-    ("kvstore_prefetch_speculative_cancelled_units_total", "Speculative extents cancelled before their read.", "spec_units_cancelled"),
+    ("kvstore_prefetch_speculative_cancelled_extents_total", "Speculative extents cancelled before their read.", "spec_units_cancelled"),
     ("kvstore_requests_total", "RPCs served (every method and outcome).", "requests"),
 )
 GAUGES = (
@@ -48,8 +52,8 @@ GAUGES = (
     ("kvstore_data_connections", "Open raw data connections of TCP clients.", "data_connections"),
     ("kvstore_prefetch_reserve_bytes", "Arena bytes kept for stream buffers.", "prefetch_reserve_bytes"),
     ("kvstore_pinned_bytes", "Tier-resident bytes held by streams (never evicted while held).", "pinned_bytes"),
-    ("kvstore_pinned_units", "Tier-resident extents held by streams.", "pinned_units"),
-    ("kvstore_tier_units", "Extents resident in a memory tier.", "tier_units"),
+    ("kvstore_pinned_extents", "Tier-resident extents held by streams.", "pinned_units"),
+    ("kvstore_tier_extents", "Extents resident in a memory tier.", "tier_units"),
     ("kvstore_index_map_bytes", "LMDB map size of the index.", "index_map_bytes"),
     ("kvstore_read_queue_depth", "Disk reads submitted to the I/O backend and not yet completed.", "read_queue_depth"),
 )
@@ -84,6 +88,7 @@ class DaemonCollector:
         spec.add_metric(["used"], snap["spec_bytes_used"])
         spec.add_metric(["wasted"], snap["spec_bytes_wasted"])
         yield spec
+        yield from _hit_tokens(svc.metrics.counters())
         for name, doc, key in COUNTERS:
             if key in snap:
                 yield CounterMetricFamily(name.removesuffix("_total"), doc, value=snap[key])
@@ -108,6 +113,21 @@ class DaemonCollector:
         yield _latency(svc.metrics.histograms())
 
 
+def _hit_tokens(counters: dict):
+    """Tokens asked about and found, by call: the cache hit rate of Lookup (prefixes) and PagesExist (pages)."""
+    for call, key in (("Lookup", "lookup"), ("PagesExist", "pages")):
+        requested = CounterMetricFamily(
+            f"kvstore_{key}_requested_tokens", f"Tokens {call} calls asked about.", value=counters[f"{key}_requested_tokens"]
+        )
+        hit = CounterMetricFamily(
+            f"kvstore_{key}_hit_tokens",
+            f"Tokens {call} calls found stored (the leading ones a client can reuse).",
+            value=counters[f"{key}_hit_tokens"],
+        )
+        yield requested
+        yield hit
+
+
 def _latency(histograms) -> HistogramMetricFamily:
     fam = HistogramMetricFamily("kvstore_rpc_duration_seconds", "RPC latency by method and status code.", labels=["method", "code"])
     for (method, code), (buckets, count, total) in sorted(histograms.items()):
@@ -120,23 +140,27 @@ def _latency(histograms) -> HistogramMetricFamily:
 
 
 def parse_address(text: str) -> tuple[str, int]:
-    """``host:port`` (``[v6]:port``) -> (host, port); InvalidArgument naming metrics_address."""
-    host, sep, port = text.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise InvalidArgument("metrics_address", f"must be host:port, got {text!r}")
-    return host.strip("[]") or "0.0.0.0", int(port)
+    """``host:port`` (``[v6]:port``; no host: every interface) -> (host, port); InvalidArgument naming metrics_address."""
+    try:
+        host, port = parse_host_port(text, need_host=False)
+    except ValueError as exc:
+        raise InvalidArgument("metrics_address", str(exc)) from None
+    return host or "0.0.0.0", port
 
 
 class MetricsServer:
     """The ``/metrics`` HTTP listener: bound at construction, serving from a thread."""
 
     def __init__(self, address: str):
-        from prometheus_client import start_http_server
+        from prometheus_client import GCCollector, PlatformCollector, ProcessCollector, start_http_server
 
         host, port = parse_address(address)
         self.collector = DaemonCollector()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
+        ProcessCollector(registry=self.registry)  # process_*: CPU, resident memory, open files, start time
+        PlatformCollector(registry=self.registry)  # python_info
+        GCCollector(registry=self.registry)  # python_gc_*
         try:
             self._server, self._thread = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:

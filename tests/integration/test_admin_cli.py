@@ -40,7 +40,7 @@ def test_says_where_it_looked_when_nothing_is_found(tmp_path):
     assert "\n" not in line and "Traceback" not in line
     assert f"looked at {missing} ($KVSTORE_SOCKET), /run/kvstore/kvstore.sock (system default)" in line
     assert f"{tmp_path}/.kvstore/run/kvstore.sock (this directory)" in line
-    assert "--socket-path, --address or --data-dir" in line
+    assert "--socket-path, --tcp-address or --data-dir" in line
 
 
 def test_named_socket_that_is_missing_names_the_flag(tmp_path):
@@ -49,12 +49,12 @@ def test_named_socket_that_is_missing_names_the_flag(tmp_path):
 
 
 def test_admin_call_on_a_daemon_without_admin_says_so(daemon_factory):
-    d = daemon_factory("--enable-admin", "false")
+    d = daemon_factory("--no-enable-admin")
     pid = put_one(d)
     for argv in (["inspect", pid], ["verify", "--all"], ["compact"]):
         proc = admin("--socket-path", d.socket, *argv)
         assert proc.returncode == 1
-        assert "does not serve admin calls" in proc.stderr and "--enable-admin true" in proc.stderr, proc.stderr
+        assert "does not serve admin calls" in proc.stderr and "start it with --enable-admin " in proc.stderr, proc.stderr
         assert "Method not found" not in proc.stderr and "Traceback" not in proc.stderr
     assert admin("--socket-path", d.socket, "ls").returncode == 0  # the data service is there
 
@@ -108,3 +108,15 @@ def test_kvstore_health_probe(daemon, tmp_path):
     daemon.stop()
     gone = health(daemon.socket)
     assert gone.returncode == 1 and "UNAVAILABLE" in gone.stderr and "Traceback" not in gone.stderr
+
+
+def test_admin_reaches_a_tcp_daemon_by_tcp_address_and_by_its_old_name(daemon_factory, tmp_path):
+    token = tmp_path / "token"
+    token.write_text("0123456789abcdef-admin-token\n")
+    d = daemon_factory("--tcp-address", "127.0.0.1:0", "--auth-token-file", str(token))
+    pid = put_one(d)
+    address = f"127.0.0.1:{d.tcp_port}"
+    for flag in ("--tcp-address", "--address"):
+        proc = admin(flag, address, "--auth-token-file", str(token), "ls", "--json")
+        assert proc.returncode == 0, proc.stderr
+        assert [p["prefix_id"] for p in json.loads(proc.stdout)] == [pid]

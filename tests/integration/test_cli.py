@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -74,6 +75,33 @@ def test_serve_rejects_an_invalid_configuration():
     proc = run_module("kvstore.cli", "serve", "--tcp-address", "127.0.0.1:0")
     assert proc.returncode == 2
     assert "tcp_address" in proc.stderr and "TLS" in proc.stderr
+
+
+def test_health_finds_serve_on_its_default_socket(tmp_path):
+    """``kvstore serve & kvstore health`` with no flags: one default socket (ServerConfig's), relative to the directory."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KVSTORE_")}
+    env["PYTHONPATH"] = ROOT
+    ready = tmp_path / "ready"
+    cmd = [sys.executable, "-m", "kvstore.cli", "serve", "--ready-file", str(ready), "--min-free-bytes", "0", "--shm-arena-bytes", "4MiB"]
+    daemon = subprocess.Popen(cmd, cwd=tmp_path, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert daemon.poll() is None and time.monotonic() < deadline, daemon.stderr.read() if daemon.poll() is not None else ""
+            time.sleep(0.05)
+        health = subprocess.run(
+            [sys.executable, "-m", "kvstore.cli", "health"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+        )
+        assert health.returncode == 0 and health.stdout.strip() == "SERVING", health.stderr
+        assert (tmp_path / ".kvstore" / "run" / "kvstore.sock").exists()
+    finally:
+        daemon.terminate()
+        daemon.wait(60)
+        daemon.stderr.close()
+    gone = subprocess.run(
+        [sys.executable, "-m", "kvstore.cli", "health"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert gone.returncode == 1 and ".kvstore/run/kvstore.sock" in gone.stderr and len(gone.stderr.strip().splitlines()) == 1
 
 
 # ------------------------------------------------------------ kvstore-admin

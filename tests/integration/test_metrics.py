@@ -77,7 +77,7 @@ def test_metrics_move_with_stats_during_a_workload(daemon_factory):
 
 def test_read_queue_depth_counts_reads_in_flight_and_returns_to_zero(daemon_factory):
     # every disk read is held for 2 s at the start of its preadv: long enough to be scraped in flight
-    d = daemon_factory("--metrics-address", "127.0.0.1:0", env={"KVSTORE_PAUSE_AT": "read:io:2"})
+    d = daemon_factory("--metrics-address", "127.0.0.1:0", env={"KVSTORE_FAULTS": "1", "KVSTORE_PAUSE_AT": "read:io:2"})
     port = metrics_port(d)
     n = 200
     kv, tokens = make_kv(GEO, n, 7), make_tokens(n, 7)
@@ -136,7 +136,7 @@ def test_metrics_off_by_default_and_bad_address_is_one_line(daemon_factory, tmp_
     try:
         bad.start(timeout=20)
     except RuntimeError as exc:
-        assert "metrics_address: must be host:port" in str(exc)
+        assert "argument --metrics-address: expected host:port" in str(exc)
     else:
         raise AssertionError("a bad metrics address was accepted")
     assert bad.proc.returncode == 2
@@ -156,7 +156,7 @@ def test_json_logs_one_object_per_line_and_refusals_logged_once(daemon_factory):
         except KVStoreRpcError as exc:
             assert exc.code.name == "INVALID_ARGUMENT"
     d.stop()
-    events = [json.loads(line) for line in d.log().splitlines() if line.startswith("{")]
+    events = [json.loads(line) for line in d.log().splitlines()]  # every line of a start and a stop is an event
     assert events and all({"ts", "level", "logger", "msg"} <= set(e) for e in events)
     refused = [e for e in events if e["msg"].startswith("refused ")]
     assert len(refused) == 2, refused
@@ -178,3 +178,30 @@ def test_grafana_dashboard_queries_only_exported_metrics(daemon_factory):
     queried = {m for p in dashboard["panels"] for t in p["targets"] for m in re.findall(r"kvstore_[a-z_]+", t["expr"])}
     assert len(queried) >= 10
     assert queried <= names, sorted(queried - names)
+
+
+def test_process_series_and_token_hit_counters(daemon_factory):
+    d = daemon_factory("--metrics-address", "127.0.0.1:0")
+    port = metrics_port(d)
+    geo = GEOMETRIES[2]
+    n = 200  # 12 whole chunks of 16 tokens and 8 more
+    kv, tokens = make_kv(geo, n, 9), make_tokens(n, 9)
+    with KVStoreClient(d.target) as client:
+        keys, c, mo = [bytes([i + 1]) * 8 for i in range(3)], geo.chunk_tokens, geo.model
+        pages = make_kv(geo, 2 * c, 11).reshape(mo.num_layers, 2, mo.num_kv_heads, 2, c, mo.head_dim).transpose(3, 0, 1, 2, 4, 5)
+        client.put_prefix(tokens, kv, geo)
+        client.put_pages(keys[:2], np.ascontiguousarray(pages), geo)  # [pages, layers, 2, kv_heads, chunk_tokens, head_dim]
+        before = scrape(port)  # the client's puts ask Lookup and PagesExist first: count from here
+        assert client.lookup(tokens, geo).matched_tokens == n
+        assert client.lookup(make_tokens(64, 10), geo).matched_tokens == 0
+        assert client.pages_exist(keys, geo).num_leading == 2
+        m = scrape(port)
+    lookup = ("kvstore_lookup_requested_tokens_total", ()), ("kvstore_lookup_hit_tokens_total", ())
+    assert [m[k] - before[k] for k in lookup] == [n + 64, n]
+    pages = ("kvstore_pages_requested_tokens_total", ()), ("kvstore_pages_hit_tokens_total", ())
+    assert [m[k] - before[k] for k in pages] == [3 * geo.chunk_tokens, 2 * geo.chunk_tokens]
+    assert m[("process_resident_memory_bytes", ())] > 0 and m[("process_open_fds", ())] > 0
+    assert any(name == "python_info" for name, _ in m) and any(name.startswith("python_gc_") for name, _ in m)
+    names = {name for name, _ in m}
+    assert {"kvstore_tier_extents", "kvstore_pinned_extents", "kvstore_prefetch_speculative_cancelled_extents_total"} <= names
+    assert not [name for name in names if name.endswith(("_units", "_units_total"))]

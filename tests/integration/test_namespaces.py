@@ -1,4 +1,4 @@
-"""Namespaces as an access boundary for TCP tokens (auth_tokens_file), on a real daemon."""
+"""Namespaces as an access boundary for TCP tokens (auth_token_file with a [tokens] table), on a real daemon."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def code_of(call) -> grpc.StatusCode:
 def test_a_token_reaches_only_its_namespaces(daemon_factory, tmp_path):
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(f'[tokens]\n"{TENANT_A}" = ["a"]\n"{TENANT_B}" = ["b"]\n"{OPERATOR}" = ["*"]\n')
-    d = daemon_factory("--tcp-address", "127.0.0.1:0", "--auth-tokens-file", str(tokens))
+    d = daemon_factory("--tcp-address", "127.0.0.1:0", "--auth-token-file", str(tokens))  # a [tokens] table
     tcp = f"127.0.0.1:{d.tcp_port}"
     kv = make_kv(GEO, 12, 1)
     with KVStoreClient(tcp, token=TENANT_A) as a, KVStoreClient(tcp, token=TENANT_B) as b:
@@ -50,6 +50,6 @@ def test_a_token_reaches_only_its_namespaces(daemon_factory, tmp_path):
 def test_a_bad_tokens_file_is_refused_at_start(daemon_factory, tmp_path):
     tokens = tmp_path / "tokens.toml"
     tokens.write_text('[tokens]\n"tenant-a-token-0123456789" = "a"\n')
-    d = daemon_factory("--tcp-address", "127.0.0.1:0", "--auth-tokens-file", str(tokens), start=False)
-    with pytest.raises(RuntimeError, match="auth_tokens_file"):
+    d = daemon_factory("--tcp-address", "127.0.0.1:0", "--auth-tokens-file", str(tokens), start=False)  # its older name
+    with pytest.raises(RuntimeError, match="auth_token_file"):
         d.start()

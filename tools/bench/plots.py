@@ -7,7 +7,8 @@ redrawn from a saved report.  matplotlib runs on its Agg backend (no
 display) and is imported only when a figure is drawn.
 
 ``check_plot_path`` runs before a benchmark starts: a path that cannot be
-written is refused at once, not after a run of many minutes.
+written, or an install without matplotlib (the engine extra brings it), is
+refused at once, not after a run of many minutes.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import os
 
 import numpy as np
 
-from .io_jobs import UsageError
+from .io_jobs import BenchError, UsageError
+
+ENGINE_EXTRA = "pip install 'kvstore[engine]'"
 
 # The parts of a request's TTFT, bottom to top (fields of its record), and their colours.
 TTFT_PARTS = (("io_wait_s", "I/O wait", "#d62728"), ("select_s", "select", "#ff7f0e"), ("compute_s", "compute", "#1f77b4"))
@@ -42,6 +45,10 @@ def check_plot_path(path: str | None) -> None:
         raise UsageError(f"--plot {path}: directory {directory} is not writable")
     if ext not in ("png", "pdf", "svg"):
         raise UsageError(f"--plot {path}: the name must end in .png, .pdf or .svg")
+    try:
+        import matplotlib  # noqa: F401  (drawing imports it again, after the run)
+    except ImportError:
+        raise BenchError(f"--plot needs matplotlib, which this install lacks: {ENGINE_EXTRA}") from None
 
 
 def pyplot():
