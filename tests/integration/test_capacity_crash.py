@@ -62,7 +62,7 @@ CHILD = textwrap.dedent(
 def run_child(data: str, step: str, op: str, arg, max_disk_bytes: int = 0) -> None:
     tests = os.path.join(data_root(), "tests", "integration")
     script = CHILD.format(root=data_root(), tests=tests, data=data, max_disk_bytes=max_disk_bytes, op=op, arg=arg)
-    env = {**os.environ, "KVSTORE_CRASH_AT": step}
+    env = {**os.environ, "KVSTORE_FAULTS": "1", "KVSTORE_CRASH_AT": step}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == -signal.SIGKILL, f"the child did not reach {step}: {proc.stdout}{proc.stderr}"
 

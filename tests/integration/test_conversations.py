@@ -319,7 +319,7 @@ def test_a_change_killed_before_its_commit_is_not_kept_nor_brought_back_by_a_reb
         ("conversation:file-written", lambda c: c.append_turn("c", 2, puts[2].prefix_id)),  # record file written, index not
         ("conversation:deleted", lambda c: c.delete_conversation("gone")),  # index committed, record file not removed
     ):
-        dying = daemon_factory(data_dir=data, env={"KVSTORE_CRASH_AT": step})
+        dying = daemon_factory(data_dir=data, env={"KVSTORE_FAULTS": "1", "KVSTORE_CRASH_AT": step})
         with KVStoreClient(dying.target, deadline_s=5) as client:
             assert code_of(lambda: call(client)) in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
         assert dying.proc.wait(30) == -signal.SIGKILL

@@ -203,7 +203,7 @@ def _wait_until(cond, timeout=10.0):
 def test_put_cut_while_its_segment_opens_leaves_nothing(daemon_factory):
     """The client goes away while the daemon is still opening the put's segment:
     the opened put is aborted when it comes back, not dropped with its file and reservation."""
-    daemon = daemon_factory("--max-disk-bytes", str(64 << 20), env={"KVSTORE_PAUSE_AT": "put:opened:2"})
+    daemon = daemon_factory("--max-disk-bytes", str(64 << 20), env={"KVSTORE_FAULTS": "1", "KVSTORE_PAUSE_AT": "put:opened:2"})
     kv, tokens = make_kv(GEO, 160, 2), make_tokens(160, 2)
     header = pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=tokens.tolist())
     segments = os.path.join(daemon.data_dir, "segments")
@@ -225,7 +225,7 @@ def test_put_cut_while_its_segment_opens_leaves_nothing(daemon_factory):
 def test_put_cut_during_its_commit_is_whole_or_absent(daemon_factory):
     """The client goes away while the commit syncs: the commit runs to its end, and
     the prefix is either listed and reads back exactly or not listed with no file left."""
-    daemon = daemon_factory(env={"KVSTORE_PAUSE_AT": "put:synced:2"})
+    daemon = daemon_factory(env={"KVSTORE_FAULTS": "1", "KVSTORE_PAUSE_AT": "put:synced:2"})
     kv, tokens = make_kv(GEO, 160, 3), make_tokens(160, 3)
     header = pb.PutHeader(geometry=geometry_to_pb(GEO), tokens=tokens.tolist())
     manifests = os.path.join(daemon.data_dir, "manifests")
