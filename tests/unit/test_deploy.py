@@ -4,6 +4,7 @@ import dataclasses
 import os
 import tomllib
 
+import pytest
 from helpers import data_root
 
 from kvstore.config import StoreConfig, load_config
@@ -67,3 +68,52 @@ def test_image_has_no_torch_no_fio_and_a_user():
     assert "USER kvstore:kvstore" in steps
     ignored = read(".dockerignore").split()
     assert {".venv", ".kvstore"} <= set(ignored)
+
+
+def _daemonset() -> dict:
+    yaml = pytest.importorskip("yaml")
+    docs = list(yaml.safe_load_all(read("deploy", "daemonset.yaml")))
+    return next(d for d in docs if d["kind"] == "DaemonSet")
+
+
+def test_daemonset_runs_on_gpu_nodes_with_a_memory_limit():
+    pod = _daemonset()["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+    (container,) = pod["containers"]
+    limits, requests = container["resources"]["limits"], container["resources"]["requests"]
+    assert limits["memory"] == requests["memory"]  # the arena is a memfd: it counts against the limit
+    arena_mib = 256  # shm_arena_bytes of the ConfigMap
+    assert int(limits["memory"].removesuffix("Gi")) * 1024 >= arena_mib + 1024
+
+
+def test_service_monitor_scrapes_the_daemonset_metrics_port():
+    yaml = pytest.importorskip("yaml")
+    docs = {d["kind"]: d for d in yaml.safe_load_all(read("deploy", "monitoring.yaml"))}
+    container = _daemonset()["spec"]["template"]["spec"]["containers"][0]
+    port = next(p for p in container["ports"] if p["name"] == "metrics")
+    service, monitor = docs["Service"], docs["ServiceMonitor"]
+    assert service["spec"]["selector"] == _daemonset()["spec"]["selector"]["matchLabels"]
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": port["containerPort"], "targetPort": "metrics"}]
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics" and monitor["spec"]["endpoints"][0]["path"] == "/metrics"
+    with open(os.path.join(DEPLOY, "kvstore.toml"), "rb") as fh:
+        assert tomllib.load(fh)["server"]["metrics_address"].endswith(f":{port['containerPort']}")
+
+
+def test_systemd_unit_waits_for_readiness():
+    lines = [line.strip() for line in read("deploy", "kvstore.service").splitlines() if not line.startswith("#")]
+    assert "Type=notify" in lines and "NotifyAccess=main" in lines and "Type=simple" not in lines
+
+
+def test_image_checks_health_and_ships_only_what_runs_in_it():
+    text = "\n".join(line for line in read("deploy", "Containerfile").splitlines() if not line.startswith("#"))
+    assert "HEALTHCHECK" in text and '"kvstore", "health"' in text.replace("/opt/kvstore/.venv/bin/", "")
+    assert "rm /opt/kvstore/.venv/bin/kvstore-bench /opt/kvstore/.venv/bin/kvstore-demo" in text
+
+
+def test_renamed_keys_are_not_in_the_example_config():
+    text = read("deploy", "kvstore.toml") + read("deploy", "daemonset.yaml")
+    for old in ServerConfig.RENAMED_KEYS:
+        assert old not in text, old
