@@ -26,6 +26,10 @@ COUNTERS = (
     "spec_bytes_used",  # Prefetch: speculative disk reads a later period used
     "spec_bytes_wasted",  # Prefetch: speculative disk reads nobody used
     "spec_units_cancelled",  # Prefetch: speculative extents cancelled before their read started
+    "lookup_requested_tokens",  # Lookup: tokens asked about
+    "lookup_hit_tokens",  # Lookup: of those, tokens of the longest stored prefix (matched_tokens)
+    "pages_requested_tokens",  # PagesExist: pages asked about x chunk_tokens
+    "pages_hit_tokens",  # PagesExist: leading stored pages x chunk_tokens
 )
 
 

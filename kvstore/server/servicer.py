@@ -227,13 +227,15 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
     @unary
     async def Lookup(self, request, context):
         check_namespace(context, request.namespace)
+        tokens = tokens_from_pb(request.tokens)
         res = await self.svc.run(
             self.svc.store.lookup,
-            tokens_from_pb(request.tokens),
+            tokens,
             geometry_from_pb(request.geometry),
             namespace=request.namespace,
             model_fingerprint=request.model_fingerprint,
         )
+        self.metrics.add(lookup_requested_tokens=len(tokens), lookup_hit_tokens=res.matched_tokens)
         return pb.LookupResponse(
             matched_chunks=res.matched_chunks,
             matched_tokens=res.matched_tokens,
@@ -479,10 +481,12 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
         pages = self.svc.store.pages
         geo = geometry_from_pb(request.geometry)
         keys = list(request.keys)
+        self.metrics.add(pages_requested_tokens=len(keys) * geo.chunk_tokens)
         if not _may_read(context, request.namespace):  # as if none were stored: existence does not leak
             pages.hashes(keys, geo, request.namespace, request.model_fingerprint)
             return pb.PagesExistResponse(exists=[False] * len(keys), num_leading=0)
         res = await self.svc.run(pages.exists, keys, geo, namespace=request.namespace, model_fingerprint=request.model_fingerprint)
+        self.metrics.add(pages_hit_tokens=res.num_leading * geo.chunk_tokens)
         return pb.PagesExistResponse(exists=res.exists, num_leading=res.num_leading)
 
     @unary
