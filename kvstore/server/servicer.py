@@ -16,20 +16,17 @@ from contextlib import contextmanager
 from .. import __version__
 from .._proto import kvstore_pb2 as pb
 from .._proto import kvstore_pb2_grpc as pb_grpc
-from ..errors import FailedPrecondition, InvalidArgument, NotFound, PermissionDenied
-from ..reader import validate_chunks
+from ..errors import InvalidArgument, NotFound, PermissionDenied
 from ..store import ChunkStore
 from ..store.pages import READ_BATCH_BYTES, not_stored
 from ..wire import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
-from .admission import queue_wait_seconds
 from .arena import Arena
 from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
 from .conversations import ConversationRpcs
 from .metrics import Metrics
 from .prefetch import serve_prefetch
-from .read_exec import ReadExecutor, Source, read_flag
-from .read_plan import plan_group
+from .read_chunks import serve_read_chunks
 from .shm_sessions import ShmSessions
 from .status import Draining, PutStalled, streaming, unary
 from .tiers import TierManager
@@ -245,130 +242,8 @@ class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
 
     @streaming
     async def ReadChunks(self, request, context):
-        svc = self.svc
-        # resolve and describe are index lookups of microseconds (the manifest
-        # is cached): done inline, a thread hop would cost more than they do.
-        pid = svc.reach(request.prefix_id, context)
-        view = svc.store.describe(pid)
-        geo = view.geometry
-        groups = groups_for_layers(geo, request.layer_start, request.layer_end)
-        chunks = validate_chunks(list(request.chunks), view.num_chunks)
-        session = request.shm_session
-        conn = None
-        if request.data_channel:
-            if session:
-                raise InvalidArgument("data_channel", "a read goes to shared memory or to a data connection, not both")
-            if svc.data_channels is None:
-                raise FailedPrecondition(f"data_channel: this daemon offers no data connections ({svc.data_channel_reason})")
-            conn = svc.data_channels.claim(request.data_channel, request.data_secret)
-            sent = []  # let go before the last message: the client may reuse the connection at once
-            context.add_done_callback(lambda _ctx: None if sent else svc.data_channels.let_go(conn, complete=False))
-        if session:
-            if svc.sessions is None:
-                raise InvalidArgument("shm_session", "this daemon has no shared-memory arena (shm_arena_bytes = 0)")
-            svc.sessions.check(session)
-        hold = svc.store.holds.hold(pid)  # not evicted nor moved while the stream lasts
-        context.add_done_callback(lambda _ctx: hold.release())
-        counts = geo.chunk_token_counts(view.num_tokens)[chunks]
-        header = pb.ReadHeader(
-            geometry=geometry_to_pb(geo),
-            chunks=chunks.tolist(),
-            chunk_tokens=counts.tolist(),
-            groups=groups,
-            num_tokens=view.num_tokens,
-        )
-        # A one-period plan on the shared executor: no tier is consulted, one
-        # coalesced read per group, the next group loading while this one
-        # streams.  On shared memory the leases are the client's session's
-        # and are handed to it (it releases them); an abandoned call's go back.
-        ex = ReadExecutor(
-            svc,
-            pid,
-            geo,
-            arena=svc.arena if session else None,
-            lease_owner=session,
-            tiers=None,
-            coalesce=read_flag(request, "coalesce", "no_coalesce"),
-            copies=not session,
-            handover=True,
-        )
-        completed = []
-        # A cancelled call may never resume this generator: release from the
-        # call's own completion, not only from the generator's finally.
-        context.add_done_callback(lambda _ctx: ex.finish(handed_over=bool(completed)))
-        wanted = chunks.tolist()
-        plans = [plan_group(g, wanted, per_read=len(wanted)) for g in groups]
-        # On shared memory the client holds every group's buffers until it
-        # releases the read: the whole read is admitted at once (or refused
-        # at once when it can never fit), in arrival order.
-        grant = ex.admission.grant(0)
-        for g in groups:
-            ex.admission.need(grant, g, len(wanted))
-        if session:
-            svc.arena.check_fits(grant.nbytes, "read")
-        ex.admission.open(grant, queue_wait_seconds(context, svc.config))
-
-        def start(i: int) -> list:
-            return [ex.submit(plans[i].group, part, speculative=False, period=0, grant=grant) for part in plans[i].reads]
-
-        try:
-            jobs = start(0)
-            for i, gp in enumerate(plans):
-                by_chunk = {}
-                for job in jobs:
-                    if conn is None:  # a data connection takes each read's extents as that read completes
-                        await job.future
-                    by_chunk.update(dict.fromkeys(job.chunks.tolist(), job))
-                last_group = i + 1 == len(plans)
-                group_jobs, jobs = jobs, (None if last_group else start(i + 1))  # the next group loads while this one streams
-                sources = [Source(j, None, job=by_chunk[j]) for j in wanted]
-                if conn is not None:
-                    if header is not None:  # first: the client learns what the connection will carry
-                        yield pb.ReadChunksResponse(header=header)
-                        header = None
-                    for job in group_jobs:
-                        await job.future
-                        part = [s for s in sources if s.job is job]
-                        # no arena here: the buffers are this call's and outlive serve's bookkeeping
-                        datas = ex.serve(0, gp.group, part, [job], list, record=False)
-                        await svc.data_channels.send(conn, gp.group, [(s.chunk, d) for s, d in zip(part, datas)])
-                    if last_group:
-                        sent.append(True)
-                        svc.data_channels.let_go(conn, complete=True)
-                    msgs = [pb.ReadChunksResponse()] if last_group else []  # the stats go in the stream
-                elif session:
-                    msgs = ex.serve(
-                        0,
-                        gp.group,
-                        sources,
-                        group_jobs,
-                        lambda d, g=gp.group, s=sources: [pb.ReadChunksResponse(shm_group=ex.shm_group(g, s, d))],
-                        record=False,
-                    )
-                else:
-                    msgs = ex.serve(
-                        0,
-                        gp.group,
-                        sources,
-                        group_jobs,
-                        lambda d, g=gp.group, s=sources: [pb.ReadChunksResponse(extent=e) for e in ex.frames(g, s, d)],
-                        record=False,
-                    )
-                if header is not None:
-                    msgs[0].header.CopyFrom(header)
-                    header = None
-                if last_group:
-                    c = ex.counts
-                    msgs[-1].stats.CopyFrom(
-                        pb.ReadStats(bytes_read=c["bytes_disk"], bytes_useful=c["bytes_useful"], num_reads=c["num_reads"])
-                    )
-                for msg in msgs:
-                    yield msg
-            completed.append(True)
-            svc.store.scoring.record_access(pid, chunks, groups)
-        finally:
-            ex.finish(handed_over=bool(completed))
-            hold.release()
+        async for msg in serve_read_chunks(self.svc, request, context):
+            yield msg
 
     @streaming
     async def Prefetch(self, request_iterator, context):
