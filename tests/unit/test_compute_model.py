@@ -6,9 +6,6 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from engine_client.model.config import ModelConfig
-from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights, _gqa_attention
-from kvstore.errors import InvalidArgument
 from engine_client.compute_model import (
     PROFILES,
     AcceleratorProfile,
@@ -18,6 +15,9 @@ from engine_client.compute_model import (
     layer_seconds,
     parse_profile,
 )
+from engine_client.model.config import ModelConfig
+from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights, _gqa_attention
+from kvstore.errors import InvalidArgument
 
 
 def tiny_config(attention_bias: bool) -> ModelConfig:
