@@ -39,7 +39,8 @@ def standin_kv(loaded: torch.Tensor, loaded_pos: torch.Tensor, probe_keys: torch
     """The loaded rows, then one stand-in row per prefix position not loaded: ``[2, Hkv, n, d]``.
 
     ``loaded [2, Hkv, r, d]``: the rows the Re-Prefill loaded, at prefix
-    positions ``loaded_pos [r]`` (distinct).  ``probe_keys [Hkv, n, d]``: every
+    positions ``loaded_pos [r]`` (distinct; on the host, where checking them
+    waits on nothing).  ``probe_keys [Hkv, n, d]``: every
     prefix row's key (rotated, as stored; dequantized probe keys).
     ``values_sum [Hkv, d]``: the layer's value sum over all ``n`` rows.  A
     stand-in row has its own key and the mean value of the rows not loaded.
@@ -53,16 +54,18 @@ def standin_kv(loaded: torch.Tensor, loaded_pos: torch.Tensor, probe_keys: torch
     if tuple(values_sum.shape) != (hkv, d):
         raise ValueError(f"values_sum must be [{hkv}, {d}], got shape {tuple(values_sum.shape)}")
     n = probe_keys.shape[1]
-    if loaded_pos.shape != (r,) or (r and (int(loaded_pos.min()) < 0 or int(loaded_pos.max()) >= n)):
+    pos = loaded_pos.cpu()  # positions index; they are not computed on (the runner keeps them on the host)
+    if loaded_pos.shape != (r,) or (r and (int(pos.min()) < 0 or int(pos.max()) >= n)):
         raise ValueError(f"loaded_pos must be {r} positions in [0, {n})")
     left = torch.ones(n, dtype=torch.bool)
-    left[loaded_pos] = False
+    left[pos] = False
     num_left = int(left.sum())
     if num_left + r != n:
         raise ValueError("loaded_pos must not repeat a position")
     if num_left == 0:
         return loaded
     mean = (values_sum - loaded[1].float().sum(dim=1)) / num_left  # [Hkv, d]
-    keys = probe_keys[:, left].to(loaded.dtype)  # [Hkv, n - r, d]
+    rest = torch.nonzero(left).squeeze(1).to(probe_keys.device)  # [n - r] positions not loaded, ascending
+    keys = probe_keys.index_select(1, rest).to(loaded.dtype)  # [Hkv, n - r, d]
     values = mean.to(loaded.dtype)[:, None, :].expand(hkv, num_left, d)
     return torch.cat([loaded, torch.stack([keys, values])], dim=2)

@@ -199,13 +199,13 @@ def left_out_heads(heads) -> tuple[tuple[int, ...], ...]:
 
 
 def fill_tail(kv, geometry: StoreGeometry, group: int, row_pos, positions, rows, pair_index: dict):
-    """``kv [group layers, 2, Hkv, r, d]`` (torch, delivered rows at prefix positions ``row_pos``) with each
+    """``kv [group layers, 2, Hkv, r, d]`` (torch, delivered rows at prefix positions ``row_pos``, host) with each
     layer's left-out heads filled, in place, from a loaded tail (``positions``, ``rows [pairs, 2, t, d]``,
     ``pair_index[(layer, head)]`` its pair) where the tail holds the row.  ``kv`` is the reader's own copy:
     a streaming-layout extent is always read into a new zero-filled array (``StoreGeometry.extent_array``)."""
-    hit = torch.isin(row_pos, positions)
+    hit = torch.isin(row_pos, positions)  # both on the host: no wait on the device
     if bool(hit.any()):
-        at, idx = torch.searchsorted(positions, row_pos[hit]), torch.nonzero(hit).reshape(-1)
+        at, idx = torch.searchsorted(positions, row_pos[hit]).to(kv.device), torch.nonzero(hit).reshape(-1).to(kv.device)
         for i, layer in enumerate(geometry.group_layer_range(group)):
             for h in geometry.streaming_heads[layer]:
                 kv[i, :, h, idx] = rows[pair_index[(layer, h)], :, at]

@@ -14,9 +14,9 @@ from __future__ import annotations
 from kvstore.wire import InvalidArgument
 
 from ._common import summaries_for_layer
-from .base import PeriodInputs, Selector
+from .base import KEY_SUMMARIES, PROBE_KEYS, PeriodInputs, Selector
 from .baselines import FullSelector, RecencySelector
-from .budget import budget_count, select_chunks
+from .budget import Budget, budget_count, select_chunks
 from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
 from .heads import HEAD_AGGREGATIONS, aggregate_heads, check_aggregation, exact_head_chunk_scores, summary_head_chunk_scores
 from .schedule import PeriodPlan, plan_periods
@@ -51,6 +51,8 @@ def get_selector(name: str, head_aggregation: str = "sum") -> Selector:
 
 __all__ = [
     "HEAD_AGGREGATIONS",
+    "KEY_SUMMARIES",
+    "PROBE_KEYS",
     "PeriodPlan",
     "aggregate_heads",
     "exact_head_chunk_scores",
@@ -63,6 +65,7 @@ __all__ = [
     "RecencySelector",
     "Selector",
     "SummarySelector",
+    "Budget",
     "budget_count",
     "chunk_upper_bounds",
     "exact_chunk_scores",

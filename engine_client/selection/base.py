@@ -1,4 +1,12 @@
-"""The Selector interface and its per-Period inputs."""
+"""The Selector interface and its per-Period inputs.
+
+A selector declares what it scores from (``Selector.needs``: ``PROBE_KEYS``,
+the Period's first-layer keys; ``KEY_SUMMARIES``, the per-chunk min/max of
+those keys), so a runner gathers exactly those inputs without knowing the
+selector by name; ``loads_all`` says it takes every chunk whatever the scores,
+``per_head`` that it scores per query head too (``head_scores``: per-KV-head sets, streaming
+heads left out of the scores).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +21,9 @@ from kvstore.wire import InvalidArgument
 
 from ._common import num_chunks, summaries_for_layer
 from .budget import select_chunks
+
+PROBE_KEYS = "probe_keys"  # the Period's first-layer keys of every prefix token: PeriodInputs.probe_keys
+KEY_SUMMARIES = "key_summaries"  # each chunk's channel-wise key min/max: PeriodInputs.key_min / key_max
 
 
 @dataclass(frozen=True)
@@ -29,6 +40,7 @@ class PeriodInputs:
     probe_keys: torch.Tensor | None = None  # [Hkv, n, d], that layer's full prefix keys
     key_min: torch.Tensor | None = None  # [m, Hkv, d], channel-wise min of each chunk's keys
     key_max: torch.Tensor | None = None  # [m, Hkv, d], channel-wise max
+    chunk_count: int | None = None  # m, for selectors that score from neither (recency)
 
     @classmethod
     def from_store_summaries(cls, queries: torch.Tensor, summaries: torch.Tensor | np.ndarray, layer: int, **kwargs) -> PeriodInputs:
@@ -51,7 +63,9 @@ class PeriodInputs:
 
     @property
     def num_chunks(self) -> int:
-        """``m``: from the summaries when given, else ``ceil(n / chunk_tokens)``."""
+        """``m``: ``chunk_count`` when given, else from the summaries, else ``ceil(n / chunk_tokens)``."""
+        if self.chunk_count is not None:
+            return self.chunk_count
         if self.key_min is not None:
             return int(self.key_min.shape[0])
         if self.probe_keys is not None:
@@ -63,6 +77,9 @@ class Selector(ABC):
     """A chunk-selection policy for one Period: scores chunks, then keeps the budget's best."""
 
     name: ClassVar[str]
+    needs: ClassVar[frozenset[str]] = frozenset()  # the inputs it scores from: PROBE_KEYS, KEY_SUMMARIES
+    loads_all: ClassVar[bool] = False  # every chunk, whatever the budget
+    per_head: ClassVar[bool] = False  # has head_scores: [Hq, m] scores per query head
 
     @abstractmethod
     def score(self, inputs: PeriodInputs) -> torch.Tensor:

@@ -12,6 +12,7 @@ class FullSelector(Selector):
     """Loads every chunk, whatever the budget (the full-load baseline)."""
 
     name = "full"
+    loads_all = True
 
     def score(self, inputs: PeriodInputs) -> torch.Tensor:
         return torch.ones(inputs.num_chunks, dtype=torch.float32, device=inputs.queries.device)  # [m]

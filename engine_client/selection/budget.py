@@ -1,8 +1,12 @@
 """Budget: how many chunks a Period loads, and which.
 
-A budget is a fraction of the prefix's chunks in ``(0, 1]`` (count =
+A ``Budget`` is a fraction of the prefix's chunks in ``(0, 1]`` (count =
 ``floor(fraction * m)``, at least 1: ``rounding.fraction_count``, the one
-rule every budget is counted by) or an ``int`` count in ``[1, m]``.  The sink chunks
+rule every budget is counted by) or a count of chunks in ``[1, m]``, and
+says which (``Budget.fraction(0.05)``, ``Budget.chunks(6)``): 1.0 is every
+chunk, one chunk is ``Budget.chunks(1)``.  The functions below also take
+the plain amount (a ``float`` fraction or an ``int`` count), which is what
+a ``Budget`` hands them (``amount``).  The sink chunks
 (the first ``sink_chunks``, attention sinks) and the local chunks (the last
 ``local_chunks``, nearest the suffix) are always loaded and count towards the
 budget, which is raised to ``sink + local`` (capped at ``m``) when smaller.
@@ -11,7 +15,9 @@ Out-of-range budgets are errors, never silently clamped.
 
 from __future__ import annotations
 
+import math
 import numbers
+from dataclasses import dataclass
 
 import torch
 
@@ -26,7 +32,72 @@ def _check_count(name: str, value: object, minimum: int) -> int:
     return int(value)
 
 
-def budget_count(num_chunks: int, budget: float | int, sink_chunks: int = 1, local_chunks: int = 1) -> int:
+@dataclass(frozen=True)
+class Budget:
+    """How much of a prefix a Re-Prefill loads: ``value`` is a fraction of its chunks or a chunk count (``unit``)."""
+
+    value: float | int
+    unit: str = "fraction"  # "fraction" | "chunks"
+
+    def __post_init__(self):
+        v = self.value
+        if self.unit == "fraction":
+            if isinstance(v, bool) or not isinstance(v, numbers.Real) or math.isnan(v) or not 0 < v <= 1:
+                raise InvalidArgument("budget", f"a fraction must be in (0, 1], got {v!r}")
+            object.__setattr__(self, "value", float(v))
+        elif self.unit == "chunks":
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise InvalidArgument("budget", f"a chunk count must be an int >= 1, got {v!r}")
+            object.__setattr__(self, "value", int(v))
+        else:
+            raise InvalidArgument("budget", f"unit must be 'fraction' or 'chunks', got {self.unit!r}")
+
+    @classmethod
+    def fraction(cls, value: float) -> Budget:
+        return cls(value, "fraction")
+
+    @classmethod
+    def chunks(cls, count: int) -> Budget:
+        return cls(count, "chunks")
+
+    @classmethod
+    def parse(cls, text: str) -> Budget:
+        """``0.05`` or ``5%``: a fraction; ``12c``: 12 chunks."""
+        t = text.strip()
+        try:
+            if t.endswith("%"):
+                return cls.fraction(float(t[:-1]) / 100)
+            if t.endswith("c"):
+                return cls.chunks(int(t[:-1]))
+            return cls.fraction(float(t))
+        except ValueError:
+            raise InvalidArgument("budget", f"must be a fraction (0.05 or 5%) or a chunk count (12c), got {text!r}") from None
+
+    @property
+    def amount(self) -> float | int:
+        """What ``budget_count`` takes: the ``float`` fraction or the ``int`` count."""
+        return self.value
+
+    @property
+    def is_all(self) -> bool:
+        """A fraction of 1: every chunk, whatever the prefix."""
+        return self.unit == "fraction" and self.value >= 1
+
+    def scaled(self, factor: float) -> Budget:
+        """A fraction ``factor`` times this one, at most 1 (look-ahead guesses); a count scales and rounds down, at least 1."""
+        if self.unit == "fraction":
+            return Budget.fraction(min(1.0, self.value * factor))
+        return Budget.chunks(max(1, int(self.value * factor)))
+
+    def __str__(self) -> str:
+        return f"{self.value:g}" if self.unit == "fraction" else f"{self.value}c"
+
+
+def budget_amount(budget) -> object:
+    return budget.amount if isinstance(budget, Budget) else budget
+
+
+def budget_count(num_chunks: int, budget: Budget | float | int, sink_chunks: int = 1, local_chunks: int = 1) -> int:
     """Number of chunks to load out of ``num_chunks``; see the module docstring.
 
     A fraction counts by ``rounding.fraction_count`` (floor, at least 1).
@@ -34,6 +105,7 @@ def budget_count(num_chunks: int, budget: float | int, sink_chunks: int = 1, loc
     m = _check_count("num_chunks", num_chunks, 1)
     sink = _check_count("sink_chunks", sink_chunks, 0)
     local = _check_count("local_chunks", local_chunks, 0)
+    budget = budget_amount(budget)
     if isinstance(budget, bool):
         raise InvalidArgument("budget", f"must be a fraction in (0, 1] or an int count, got {budget!r}")
     if isinstance(budget, numbers.Integral):
@@ -50,9 +122,15 @@ def budget_count(num_chunks: int, budget: float | int, sink_chunks: int = 1, loc
 
 
 def select_chunks(
-    scores: torch.Tensor, budget: float | int, *, sink_chunks: int = 1, local_chunks: int = 1, follow: int = 0, page_chunks: int = 1
+    scores: torch.Tensor,
+    budget: Budget | float | int,
+    *,
+    sink_chunks: int = 1,
+    local_chunks: int = 1,
+    follow: int = 0,
+    page_chunks: int = 1,
 ) -> torch.Tensor:
-    """Chunk ids to load, ascending ``LongTensor`` of exactly ``budget_count`` ids.
+    """Chunk ids to load, ascending ``LongTensor`` of exactly ``budget_count`` ids, on the host.
 
     ``scores``: ``[m]``, higher is more important.  Sink and local chunks are
     kept whatever their score; the rest of the budget goes to the
@@ -73,33 +151,43 @@ def select_chunks(
     """
     if scores.dim() != 1:
         raise InvalidArgument("scores", f"expected [chunks], got shape {tuple(scores.shape)}")
-    if torch.isnan(scores).any():
-        raise InvalidArgument("scores", "contains NaN")
     follow = _check_count("follow", follow, 0)
     page_chunks = _check_count("page_chunks", page_chunks, 1)
     if follow and page_chunks > 1:
         raise InvalidArgument("page_chunks", f"selects whole pages; it does not combine with follow={follow}")
     m = scores.shape[0]
     count = budget_count(m, budget, sink_chunks, local_chunks)
-    forced = torch.zeros(m, dtype=torch.bool, device=scores.device)  # [m]
+    # Which chunks are forced is known without the scores: kept on the host, so that only the
+    # ranking comes back from the scores' device, in one transfer (``_ranking_on_host``).
+    forced = torch.zeros(m, dtype=torch.bool)  # [m]
     forced[:sink_chunks] = True
     forced[m - min(local_chunks, m) :] = True
-    candidates = torch.nonzero(~forced).squeeze(1)  # [m - num forced]
     num_rest = count - int(forced.sum())
     # A stable descending sort keeps equal scores in index order: ties -> lower index.
-    order = candidates[torch.sort(scores[candidates], descending=True, stable=True).indices]
     if page_chunks > 1:
-        pages = torch.sort(page_scores(scores, page_chunks), descending=True, stable=True).indices  # ties: lower page
-        fixed = forced.tolist()
-        chunks = [c for p in pages.tolist() for c in range(p * page_chunks, min(m, (p + 1) * page_chunks)) if not fixed[c]]
-        order = torch.tensor(chunks, dtype=torch.long)
-        taken = order[:num_rest]
-    elif follow == 0:
-        taken = order[:num_rest]
+        ranked = torch.sort(page_scores(scores, page_chunks), descending=True, stable=True).indices  # pages; ties: lower page
     else:
-        taken = _with_followers(order.tolist(), forced.tolist(), num_rest, follow)
-    chosen = torch.cat([torch.nonzero(forced).squeeze(1), taken.to(forced.device)])
-    return torch.sort(chosen).values
+        candidates = torch.nonzero(~forced).squeeze(1)  # [m - num forced]
+        ranked = torch.sort(scores[candidates.to(scores.device)], descending=True, stable=True).indices  # into candidates
+    ranked, has_nan = _ranking_on_host(ranked, scores)
+    if has_nan:
+        raise InvalidArgument("scores", "contains NaN")
+    if page_chunks > 1:
+        fixed = forced.tolist()
+        chunks = [c for p in ranked.tolist() for c in range(p * page_chunks, min(m, (p + 1) * page_chunks)) if not fixed[c]]
+        taken = torch.tensor(chunks, dtype=torch.long)[:num_rest]
+    elif follow == 0:
+        taken = candidates[ranked][:num_rest]
+    else:
+        taken = _with_followers(candidates[ranked].tolist(), forced.tolist(), num_rest, follow)
+    chosen = torch.cat([torch.nonzero(forced).squeeze(1), taken])
+    return torch.sort(chosen).values  # on the host: the ids go to the daemon
+
+
+def _ranking_on_host(ranked: torch.Tensor, scores: torch.Tensor) -> tuple[torch.Tensor, bool]:
+    """``ranked`` on the host and whether ``scores`` hold a NaN: one transfer from the scores' device."""
+    both = torch.cat([ranked, torch.isnan(scores).any().to(ranked.dtype).reshape(1)]).cpu()
+    return both[:-1], bool(both[-1])
 
 
 def page_scores(scores: torch.Tensor, page_chunks: int) -> torch.Tensor:

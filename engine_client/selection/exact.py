@@ -16,7 +16,7 @@ import torch
 from kvstore.wire import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, check_queries, group_queries, num_chunks, row_blocks
-from .base import PeriodInputs, Selector
+from .base import PROBE_KEYS, PeriodInputs, Selector
 from .heads import aggregate_heads, check_aggregation, exact_head_chunk_scores
 
 
@@ -33,9 +33,9 @@ def token_attention_mass(queries: torch.Tensor, probe_keys: torch.Tensor, *, max
     num_kv_heads, num_tokens, head_dim = probe_keys.shape
     check_queries(queries, num_kv_heads, head_dim)
     rows = group_queries(queries, num_kv_heads)  # [Hkv, g*s, d]
-    keys_t = probe_keys.float().transpose(1, 2)  # [Hkv, d, n]
+    keys_t = probe_keys.to(rows.device, torch.float32).transpose(1, 2)  # [Hkv, d, n], on the queries' device
     scale = 1.0 / math.sqrt(head_dim)
-    mass = torch.zeros(num_tokens, dtype=torch.float32, device=probe_keys.device)  # [n]
+    mass = torch.zeros(num_tokens, dtype=torch.float32, device=rows.device)  # [n]
     for block in row_blocks(rows.shape[1], num_kv_heads * num_tokens, max_block_elems):
         logits = torch.matmul(rows[:, block], keys_t).mul_(scale)  # [Hkv, rows in block, n]
         mass += torch.softmax(logits, dim=-1).sum(dim=(0, 1))
@@ -77,6 +77,8 @@ class ExactSelector(Selector):
     """
 
     name = "exact"
+    needs = frozenset({PROBE_KEYS})
+    per_head = True
 
     def __init__(self, head_aggregation: str = "sum"):
         self.head_aggregation = check_aggregation(head_aggregation)

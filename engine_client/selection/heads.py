@@ -53,7 +53,7 @@ def exact_head_chunk_scores(queries: torch.Tensor, probe_keys: torch.Tensor, chu
     group = check_queries(queries, num_kv_heads, d)
     hq, s, _ = queries.shape
     q = queries.float().reshape(num_kv_heads, group * s, d)  # [Hkv, g*s, d]
-    logits = torch.matmul(q, probe_keys.float().transpose(1, 2)) / math.sqrt(d)  # [Hkv, g*s, n]
+    logits = torch.matmul(q, probe_keys.to(q.device, torch.float32).transpose(1, 2)) / math.sqrt(d)  # [Hkv, g*s, n]
     mass = torch.softmax(logits, dim=-1).reshape(hq, s, n).sum(dim=1)  # [Hq, n]
     m = num_chunks(n, chunk_tokens)
     padded = mass.new_zeros(hq, m * chunk_tokens)  # [Hq, m*c]
@@ -72,9 +72,9 @@ def summary_head_chunk_scores(queries: torch.Tensor, key_min: torch.Tensor, key_
     group = check_queries(queries, num_kv_heads, d)
     hq, s, _ = queries.shape
     q = queries.float().reshape(num_kv_heads, group * s, d)  # [Hkv, g*s, d]
-    bound = torch.matmul(q.clamp(min=0), key_max.float().permute(1, 2, 0)) + torch.matmul(
-        q.clamp(max=0), key_min.float().permute(1, 2, 0)
-    )  # [Hkv, g*s, m]
+    kmax_t = key_max.to(q.device, torch.float32).permute(1, 2, 0)  # [Hkv, d, m], on the queries' device
+    kmin_t = key_min.to(q.device, torch.float32).permute(1, 2, 0)
+    bound = torch.matmul(q.clamp(min=0), kmax_t) + torch.matmul(q.clamp(max=0), kmin_t)  # [Hkv, g*s, m]
     return torch.softmax(bound / math.sqrt(d), dim=-1).reshape(hq, s, m).sum(dim=1)
 
 

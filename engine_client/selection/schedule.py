@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from kvstore.wire import InvalidArgument
 
 from ..rounding import fraction_count
-from .budget import _check_count, budget_count
+from .budget import Budget, _check_count, budget_amount, budget_count
 
 
 @dataclass(frozen=True)
@@ -48,7 +48,7 @@ class PeriodPlan:
 def plan_periods(
     num_layers: int,
     num_chunks: int,
-    budget: float | int,
+    budget: Budget | float | int,
     *,
     period_layers: int,
     full_layers: int = 0,
@@ -77,6 +77,7 @@ def plan_periods(
             f"must be distinct Period first layers (multiples of period_layers {period_layers}) in [0, {num_layers}), got {tuple(whole_layers)}",
         )
     m = _check_count("num_chunks", num_chunks, 1)
+    budget = budget_amount(budget)
     budget_count(m, budget, sink_chunks, local_chunks)  # validates the budget, sink and local
     if isinstance(budget, float):
         allowed = fraction_count(m * num_layers, budget)

@@ -25,7 +25,7 @@ import torch
 from kvstore.wire import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, check_queries, group_queries, row_blocks
-from .base import PeriodInputs, Selector
+from .base import KEY_SUMMARIES, PeriodInputs, Selector
 from .heads import aggregate_heads, check_aggregation, summary_head_chunk_scores
 
 
@@ -40,8 +40,8 @@ def _bound_blocks(queries: torch.Tensor, key_min: torch.Tensor, key_max: torch.T
     """Yield bound blocks ``[Hkv, rows in block, m]`` float32 (inputs already checked)."""
     m, num_kv_heads, _ = key_min.shape
     rows = group_queries(queries, num_kv_heads)  # [Hkv, g*s, d]
-    kmin_t = key_min.float().permute(1, 2, 0)  # [Hkv, d, m]
-    kmax_t = key_max.float().permute(1, 2, 0)  # [Hkv, d, m]
+    kmin_t = key_min.to(rows.device, torch.float32).permute(1, 2, 0)  # [Hkv, d, m], on the queries' device
+    kmax_t = key_max.to(rows.device, torch.float32).permute(1, 2, 0)  # [Hkv, d, m]
     for block in row_blocks(rows.shape[1], num_kv_heads * m, max_block_elems):
         q = rows[:, block]  # [Hkv, rows in block, d]
         bound = torch.matmul(q.clamp(min=0), kmax_t) + torch.matmul(q.clamp(max=0), kmin_t)
@@ -67,7 +67,7 @@ def summary_chunk_scores(
     """Chunk scores ``[m]`` float32: softmax over chunks of the scaled bound, summed (module docstring)."""
     _check_inputs(queries, key_min, key_max)
     scale = 1.0 / math.sqrt(key_min.shape[-1])
-    scores = torch.zeros(key_min.shape[0], dtype=torch.float32, device=key_min.device)  # [m]
+    scores = torch.zeros(key_min.shape[0], dtype=torch.float32, device=queries.device)  # [m]
     for bound in _bound_blocks(queries, key_min, key_max, max_block_elems):
         scores += torch.softmax(bound.mul_(scale), dim=-1).sum(dim=(0, 1))
     return scores
@@ -77,6 +77,8 @@ class SummarySelector(Selector):
     """Scores chunks from the DRAM-resident key summaries (no probe keys needed); ``head_aggregation`` as in ``ExactSelector``."""
 
     name = "summary"
+    needs = frozenset({KEY_SUMMARIES})
+    per_head = True
 
     def __init__(self, head_aggregation: str = "sum"):
         self.head_aggregation = check_aggregation(head_aggregation)
