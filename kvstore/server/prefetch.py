@@ -43,9 +43,10 @@ from ..reader import validate_chunks
 from ..wire import geometry_to_pb
 from .admission import queue_wait_seconds
 from .arena import new_owner
+from .prefetch_order import PeriodOrder
 from .read_exec import ReadExecutor, ReadJob, Source, StreamFinished, read_flag
 from .read_plan import plan_group, plan_speculation
-from .status import ArenaExhausted, Backpressure
+from .status import ArenaExhausted
 
 log = logging.getLogger(__name__)
 
@@ -63,10 +64,11 @@ class _Push:
 class PrefetchHandler:
     """One Prefetch call: checks its messages and drives the executor period by period."""
 
-    def __init__(self, svc, open_msg: pb.PrefetchOpen, queue_wait=None):
+    def __init__(self, svc, open_msg: pb.PrefetchOpen, queue_wait=None, max_ahead: int | None = None):
         """``queue_wait()``: how long a period may wait for its turn in the arena (default ``lease_wait_seconds``)."""
         self.svc = svc
         self.queue_wait = queue_wait or (lambda: svc.config.lease_wait_seconds)
+        max_ahead = svc.config.max_periods_ahead if max_ahead is None else max_ahead
         self.store = svc.store
         self.tiers = svc.tiers
         self.arena = svc.arena
@@ -95,11 +97,7 @@ class PrefetchHandler:
         self.push = open_msg.push_speculation
         if self.push and not self.session:
             raise InvalidArgument("open.push_speculation", "needs a shared-memory session (open.shm_session)")
-        self.next_period = 0
-        self.delivered = -1  # last period whose groups were all sent
-        # periods whose every group the client computes on from pushes: it reads nothing for
-        # them, so it may send the next set before the daemon has accounted them (check_period)
-        self._all_covered: set[int] = set()
+        self.order = PeriodOrder(self.num_periods, self.groups_per_period, geo.num_groups, max_ahead=max_ahead, hinted=bool(open_msg.hints))
         # What a period's descriptors point at (buffers, tier pins) stays
         # valid until the period is delivered AND the client has sent the next
         # period's set (it computed on them before it could choose that set),
@@ -115,14 +113,12 @@ class PrefetchHandler:
             copies=not self.session,
             ref_id=self.id,
         )
-        self._retired = -1
         self._daemon_wait_s = 0.0
         self._groups_pushed = 0
         self._groups_covered = 0
         self._spec: dict[int, list[ReadJob]] = {}  # group -> speculative reads
         self._spec_hits: dict[int, dict[int, tuple]] = {}  # group -> chunk -> (unit, Resident) pinned for a push
         self._pushed: dict[int, _Push] = {}  # group -> what the client was sent
-        self._hints: set[int] = set()  # periods hinted
         self._tasks: list[asyncio.Future] = []  # pushes in flight
         self._hold = self.store.holds.hold(self.prefix_id)  # not evicted nor moved while the stream lasts
         self._needed: list[ReadJob] = []  # the latest period's needed reads
@@ -145,65 +141,29 @@ class PrefetchHandler:
         )
 
     def period_groups(self, period: int) -> list[int]:
-        first = period * self.groups_per_period
-        return list(range(first, min(first + self.groups_per_period, self.geometry.num_groups)))
+        return self.order.period_groups(period)
 
-    def check_period(self, msg: pb.PeriodSet, max_ahead: int) -> np.ndarray:
-        p = msg.period
-        if p >= self.num_periods:
-            raise InvalidArgument("period.period", f"period {p} out of range [0, {self.num_periods})")
-        if p < self.next_period:
-            raise InvalidArgument("period.period", f"period {p} already passed; the next is {self.next_period}")
-        if p > self.next_period:
-            raise InvalidArgument("period.period", f"periods are sent in order: expected {self.next_period}, got {p}")
-        delivered = self.delivered  # as the client sees it: a period computed from pushes needs no delivery
-        while delivered + 1 in self._all_covered:
-            delivered += 1
-        if p - delivered > max_ahead:
-            raise Backpressure(
-                f"period.period: period {p} is {p - delivered} ahead of the last delivered one "
-                f"({delivered}); at most {max_ahead} may be outstanding"
-            )
-        try:
-            chunks = validate_chunks(list(msg.chunks), self.view.num_chunks)
-        except InvalidArgument as exc:
-            raise InvalidArgument("period.chunks", str(exc).split(": ", 1)[1]) from None
-        self._check_covered(p, chunks, list(msg.covered_groups))
-        if set(msg.covered_groups) == set(self.period_groups(p)):
-            self._all_covered.add(p)
-        self.next_period = p + 1
+    def check_period(self, msg: pb.PeriodSet) -> np.ndarray:
+        p, covered = msg.period, list(msg.covered_groups)
+        self.order.check_set(p)
+        chunks = self._chunks(msg.chunks, "period.chunks")
+        pushed = {g: (push.period, set(push.extents)) for g, push in self._pushed.items()}
+        self.order.check_covered(p, set(chunks.tolist()), covered, pushed)
+        self.order.accept_set(p, covered)
         self.retire()
         return chunks
 
-    def _check_covered(self, period: int, chunks: np.ndarray, covered: list[int]) -> None:
-        groups = self.period_groups(period)
-        wanted = set(chunks.tolist())
-        if len(set(covered)) != len(covered):
-            raise InvalidArgument("period.covered_groups", f"repeated group in {covered}")
-        for g in covered:
-            if g not in groups:
-                raise InvalidArgument("period.covered_groups", f"group {g} is not one of period {period}'s ({groups})")
-            push = self._pushed.get(g)
-            if push is None or push.period != period:
-                raise InvalidArgument("period.covered_groups", f"group {g} was not pushed")
-            extra = sorted(wanted - set(push.extents))
-            if extra:
-                raise InvalidArgument("period.covered_groups", f"group {g}: chunks {extra[:8]} were not pushed")
-
     def check_hint(self, msg: pb.PeriodHint) -> np.ndarray:
-        if not self.hinted:
-            raise InvalidArgument("hint", "the stream was not opened with open.hints")
-        p = msg.period
-        if p != self.next_period or p >= self.num_periods:
-            raise InvalidArgument("hint.period", f"a hint is for the next period not yet sent ({self.next_period}), got {p}")
-        if p in self._hints:
-            raise InvalidArgument("hint.period", f"period {p} was already hinted")
-        try:
-            chunks = validate_chunks(list(msg.chunks), self.view.num_chunks)
-        except InvalidArgument as exc:
-            raise InvalidArgument("hint.chunks", str(exc).split(": ", 1)[1]) from None
-        self._hints.add(p)
+        self.order.check_hint(msg.period)
+        chunks = self._chunks(msg.chunks, "hint.chunks")
+        self.order.accept_hint(msg.period)
         return chunks
+
+    def _chunks(self, chunks, field: str) -> np.ndarray:
+        try:
+            return validate_chunks(list(chunks), self.view.num_chunks)
+        except InvalidArgument as exc:
+            raise InvalidArgument(field, str(exc).split(": ", 1)[1]) from None
 
     # ------------------------------------------------------------ planning
     def plan(self, period: int, chunks: np.ndarray, covered=()) -> list[tuple]:
@@ -345,7 +305,7 @@ class PrefetchHandler:
         for g in self.period_groups(period):
             jobs = list(self._spec.get(g, []))
             await asyncio.gather(*(job.future for job in jobs), return_exceptions=True)
-            if self.exec.finished or period < self.next_period:
+            if self.exec.finished or period < self.order.next_period:
                 return  # the real set came first: the normal path serves it
             if g in self._pushed or any(job.result is None for job in jobs):
                 continue  # a read was dropped or cancelled: no push for this group
@@ -364,7 +324,7 @@ class PrefetchHandler:
                 continue  # not all of the guess is in memory (the tiers changed under it)
             sources.sort(key=lambda s: s.chunk)
             msg, datas = await self.svc.deliver(self._push_message, period, g, sources)
-            if self.exec.finished or period < self.next_period:
+            if self.exec.finished or period < self.order.next_period:
                 return
             self._pushed[g] = _Push(period, {s.chunk: (s, d) for s, d in zip(sources, datas)})
             self._groups_pushed += 1
@@ -402,7 +362,7 @@ class PrefetchHandler:
             self._daemon_wait_s += await self.exec.settle(period, g, sources, jobs)
             yield await self.svc.deliver(self.exec.serve, period, g, sources, jobs, self._describer(period, g, sources))
         self.exec.admission.close(period, period)  # every read of the period has its buffer: the rest of its space goes back
-        self.delivered = period
+        self.order.mark_delivered(period)
         self.retire()
 
     def _describer(self, period: int, group: int, sources: list[Source]):
@@ -438,10 +398,9 @@ class PrefetchHandler:
     # ------------------------------------------------------------ end
     def retire(self) -> None:
         """Give back the periods the client is done with (delivered, and a later set sent)."""
-        last = min(self.delivered, self.next_period - 2)
-        if last > self._retired:
-            self.exec.retire(self._retired + 1, last)
-            self._retired = last
+        span = self.order.to_retire()
+        if span is not None:
+            self.exec.retire(*span)
 
     def finish(self) -> None:
         """End of the stream, however it ended: every pin and buffer goes back."""
@@ -455,7 +414,7 @@ async def serve_prefetch(svc, request_iterator, context, max_ahead: int):
     first = await _next(frames, svc.config.stream_idle_seconds)
     if first is None or first.WhichOneof("kind") != "open":
         raise InvalidArgument("open", "the first message of Prefetch must be a PrefetchOpen")
-    stream = PrefetchHandler(svc, first.open, lambda: queue_wait_seconds(context, svc.config))
+    stream = PrefetchHandler(svc, first.open, lambda: queue_wait_seconds(context, svc.config), max_ahead)
     # A cancelled call may never resume this generator: release from the
     # call's own completion too, not only from the generator's finally.
     context.add_done_callback(lambda _ctx: stream.finish())
@@ -477,7 +436,7 @@ async def serve_prefetch(svc, request_iterator, context, max_ahead: int):
                         continue
                     if kind != "period":
                         raise InvalidArgument("open", "only the first message may be a PrefetchOpen")
-                    chunks = stream.check_period(msg.period, max_ahead)
+                    chunks = stream.check_period(msg.period)
                     plan = stream.plan(msg.period.period, chunks, set(msg.period.covered_groups))
                     chain = asyncio.ensure_future(_deliver_after(chain, stream, msg.period.period, plan, out))
                     tasks.append(chain)
