@@ -19,6 +19,7 @@ from .. import index as ix
 from ..config import StoreConfig
 from ..conversation_files import DIRECTORY as CONVERSATIONS_DIR
 from ..conversation_files import ConversationFiles
+from ..errors import NotFound
 from ..file_modes import make_dirs
 from ..geometry import StoreGeometry
 from ..hashing import chunk_hashes, validate_tokens
@@ -29,6 +30,9 @@ from ..io.inflight import InFlight
 from ..manifest_files import ManifestFiles
 from ..reader import ReadResult
 from ..records import PrefixView
+from ..remote.base import RemoteTier
+from ..remote.config import RemoteConfig
+from ..remote.records import is_hash_hex
 from ..scores import ScoreTable
 from ..segment_files import SegmentFiles
 from ..wire.results import LookupResult
@@ -43,7 +47,10 @@ from .pages import PageStore
 from .pending_put import PendingPut, PutPath, PutResult, put_with_retries
 from .puts import Writer
 from .reads import Reader
+from .remote_fill import RemoteFill
+from .remote_link import RemoteLink
 from .removal import Removal
+from .replication import Replicator
 from .scoring import Scoring
 from .state import StoreState
 from .usage import DiskUsage
@@ -52,7 +59,15 @@ __all__ = ["ChunkStore", "LookupResult", "PendingPut", "PutResult", "put_with_re
 
 
 class ChunkStore:
-    def __init__(self, config: StoreConfig | None = None, *, backend: IOBackend | None = None):
+    def __init__(
+        self,
+        config: StoreConfig | None = None,
+        *,
+        backend: IOBackend | None = None,
+        remote: RemoteTier | None = None,
+        remote_config: RemoteConfig | None = None,
+    ):
+        """``remote``: a remote tier below this one (docs/cluster.md), with its ``remote_config`` (default: its defaults)."""
         self.config = config = config or StoreConfig()
         self.data_dir = os.path.abspath(config.data_dir)
         self.segment_dir = os.path.join(self.data_dir, "segments")
@@ -85,6 +100,7 @@ class ChunkStore:
             self._build_parts(conversation_files, used_bytes=sum(rec["total_bytes"] for rec in records.values()))
             if not self.state.read_only:
                 self.conversations.reconcile_files()
+            self._build_remote(remote, remote_config or RemoteConfig())
         except BaseException:
             self.index.close()
             os.close(self._lock_fd)
@@ -123,8 +139,9 @@ class ChunkStore:
             maintenance=maintenance,
         )
         self._removal = removal
+        self._put_path = PutPath(sink, self.manifest_files, catalogue, usage, state)
         self.writer = Writer(
-            PutPath(sink, self.manifest_files, catalogue, usage, state),
+            self._put_path,
             holds,
             self.capacity,
             max_prefix_tokens=config.max_prefix_tokens,
@@ -143,8 +160,41 @@ class ChunkStore:
         self.pages = PageStore(catalogue, self.writer, self.reader, self.scoring, holds, state, max_prefix_tokens=config.max_prefix_tokens)
         self._admin = Admin(catalogue, state, self.files, self.backend)
 
+    def _build_remote(self, tier: RemoteTier | None, cfg: RemoteConfig) -> None:
+        """The remote tier's parts: fills of local misses, write-back replication and the prefix directory."""
+        self.remote_link = self.remote_fill = self.replicator = None
+        if tier is None:
+            return
+        self.remote_link = link = RemoteLink(tier)
+        self.remote_fill = RemoteFill(link, self.catalogue, self.writer, batch_bytes=cfg.remote_batch_bytes, ttl_s=cfg.remote_ttl_seconds)
+        self.pages.remote = self.remote_fill
+        self.replicator = Replicator(
+            link,
+            self.catalogue,
+            self.reader,
+            self.holds,
+            self.scores,
+            node_id=cfg.node_id or self.identity.store_id,
+            directory=cfg.remote_directory,
+            queue_prefixes=cfg.remote_queue_prefixes,
+            batch_bytes=cfg.remote_batch_bytes,
+            max_attempts=cfg.remote_max_attempts,
+            ttl_s=cfg.remote_ttl_seconds,
+        )
+        self._put_path.on_commit.append(self.replicator.on_commit)
+        self._removal.on_removed.append(self.replicator.on_removed)
+        self.replicator.start(backfill=not self.state.read_only)
+
+    def remote_stats(self) -> dict:
+        """The remote tier's state and counters (``remote_link.COUNTERS``); empty without one."""
+        if self.remote_link is None:
+            return {}
+        return {**self.remote_link.stats(), "pending_prefixes": self.replicator.pending, "remote_node_id": self.replicator.node_id}
+
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:
+        if self.replicator is not None:
+            self.replicator.stop()
         if not self.state.read_only:
             self.flush_scores()
         self.files.close_all()
@@ -169,14 +219,31 @@ class ChunkStore:
         return self.catalogue.describe(prefix_id)
 
     def resolve(self, prefix: str) -> str:
-        """Full prefix id from a unique leading part of it (at least 8 hex digits)."""
-        return self.catalogue.resolve(prefix)
+        """Full prefix id from a unique leading part of it (at least 8 hex digits).
+
+        With a remote tier, a full id this node does not hold is filled from
+        there first (``RemoteFill.fill_prefix``), so every call that names a
+        prefix serves it locally afterwards.
+        """
+        pid = self.catalogue.resolve(prefix)
+        if self.remote_fill is not None and is_hash_hex(pid) and not self._listed(pid):
+            self.remote_fill.fill_prefix(pid)
+        return pid
+
+    def _listed(self, prefix_id: str) -> bool:
+        try:
+            self.catalogue.describe(prefix_id)
+            return True
+        except NotFound:
+            return False
 
     def lookup(self, tokens, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> LookupResult:
         """Longest stored prefix of ``tokens``, at chunk granularity."""
         arr = validate_tokens(tokens, self.config.max_prefix_tokens)
         hashes = chunk_hashes(arr, geometry, namespace, model_fingerprint)
         k, holder = self.catalogue.match(hashes)
+        if self.remote_fill is not None and k < len(hashes) and self.remote_fill.extend(hashes, k):
+            k, holder = self.catalogue.match(hashes)  # the remote tier's leading chunks are local now
         tokens_matched = min(k * geometry.chunk_tokens, arr.size)
         return LookupResult(k, tokens_matched, len(hashes), holder.prefix_id if holder else "")
 

@@ -153,6 +153,8 @@ class PageStore:
         self._holds = holds
         self._state = state
         self._max_prefix_tokens = max_prefix_tokens
+        # the remote tier's fill (store/remote_fill.RemoteFill: present, fill_pages), or None
+        self.remote = None
 
     def max_pages(self, geometry: StoreGeometry) -> int:
         """Pages per call: as many as a prefix has chunks at most."""
@@ -175,6 +177,10 @@ class PageStore:
     def exists(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "") -> PagesPresent:
         _, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
         present = [loc is not None for loc in self.locate(hashes)]
+        if self.remote is not None and not all(present):  # pages the remote tier has count: GetPages fills them
+            missing = [i for i, p in enumerate(present) if not p]
+            for i, there in zip(missing, self.remote.present([hashes[i] for i in missing])):
+                present[i] = there
         return PagesPresent(np.array(present, dtype=bool), present.index(False) if False in present else len(present))
 
     # ------------------------------------------------------------ put
@@ -223,9 +229,13 @@ class PageStore:
         NotFound (``not_stored``) for the first page that is not stored.
         """
         _, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
-        for _ in range(_LOCATE_ATTEMPTS):
+        for attempt in range(_LOCATE_ATTEMPTS):
             locations = self.locate(hashes)
             missing = [i for i, loc in enumerate(locations) if loc is None]
+            if missing and attempt == 0 and self.remote is not None:  # fill from the remote tier, then read locally
+                if self.remote.fill_pages([hashes[i] for i in missing], geometry, namespace, model_fingerprint):
+                    locations = self.locate(hashes)
+                    missing = [i for i, loc in enumerate(locations) if loc is None]
             if missing:
                 raise not_stored(missing[0])
             ids = sorted({loc.view.prefix_id for loc in locations})

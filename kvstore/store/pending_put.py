@@ -11,7 +11,8 @@ is never retried: the store turns read-only.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -37,6 +38,8 @@ class PutPath:
     catalogue: Catalogue
     usage: DiskUsage
     state: StoreState
+    # called with each PendingPut that listed a new prefix, after its commit (the remote tier's replication)
+    on_commit: list[Callable[[PendingPut], None]] = field(default_factory=list)
 
 
 class PendingPut:
@@ -84,6 +87,7 @@ class PendingPut:
         self._state_lock = threading.Lock()
         self._hold = hold  # this prefix and the one it reuses chunks of
         self.reserved = 0  # bytes of max_disk_bytes reserved for the new segment
+        self.origin = "put"  # "remote": filled from the remote tier (store/remote_fill.py), not a client's put
 
     @property
     def num_chunks(self) -> int:
@@ -160,6 +164,9 @@ class PendingPut:
             path.sink.remove(self.segment_id)  # a concurrent put stored it first
             written = 0
         path.state.count(puts=1, bytes_written=written)
+        if stored:
+            for hook in path.on_commit:
+                hook(self)
         return PutResult(self.prefix_id, int(self.tokens.size), self.num_chunks, self.reused_chunks, written, not stored)
 
     def _write_and_commit(self, record: dict | None) -> tuple[bool, int]:

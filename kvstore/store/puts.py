@@ -76,6 +76,24 @@ class Writer:
         )
         return self._open(pending)
 
+    def begin_fill(
+        self, prefix_id: str, hashes: list[bytes], num_tokens: int, geometry: StoreGeometry, *, namespace: str, model_fingerprint: str
+    ) -> PendingPut:
+        """A put of a prefix known by its chunk hashes (``remote_fill.py``: a prefix fetched from the remote tier).
+
+        As ``begin_put`` without the tokens: the stored leading chunks are
+        reused, the rest written, synced, indexed and acknowledged the same
+        way; the put's ``origin`` is ``remote``.
+        """
+        self._path.state.check_writable()
+        k, holder = self._path.catalogue.match(hashes)
+        reused = holder.pieces_upto(k) if holder and k else []
+        hold = self._holds.hold(prefix_id, holder.prefix_id if reused else None)
+        tokens = np.zeros(num_tokens, dtype=np.int64)  # sizes only: the store keeps no tokens
+        pending = PendingPut(self._path, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, k, reused, hold=hold)
+        pending.origin = "remote"
+        return self._open(pending)
+
     def _open(self, pending: PendingPut) -> PendingPut:
         """Reserve space for and open the segment of the chunks ``pending`` writes (none: nothing to open)."""
         k, geometry = pending.reused_chunks, pending.geometry

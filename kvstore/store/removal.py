@@ -11,9 +11,13 @@ back).  Compaction of what the delete left mostly dead is the caller's
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .. import index as ix
+from ..errors import NotFound
 from ..faults import crash_point
 from ..manifest_files import ManifestFiles
+from ..records import PrefixView
 from ..scores import ScoreTable
 from ..segment_files import SegmentFiles
 from .catalogue import Catalogue
@@ -37,11 +41,14 @@ class Removal:
         self._files = files
         self._scores = scores
         self._usage = usage
+        # called with the view of each deleted prefix, after the delete (the remote tier's prefix directory)
+        self.on_removed: list[Callable[[PrefixView], None]] = []
 
     def delete(self, prefix_id: str) -> list[int]:
         """Unlist the prefix, then free the segments no other prefix references; returns those."""
         self._state.check_writable()
         ix.prefix_key(prefix_id)  # InvalidArgument before the prefix's manifest lock is taken
+        view = self._view(prefix_id) if self.on_removed else None
         with self._manifest_files.locked(prefix_id):
             freed, freed_bytes = self._catalogue.unlist(prefix_id)
             crash_point("delete:committed")
@@ -52,7 +59,16 @@ class Removal:
             self._state.forget(seg_id)
         self._state.count(deletes=1)
         self._usage.segments_freed(freed, freed_bytes)
+        if view is not None:
+            for hook in self.on_removed:
+                hook(view)
         return freed
+
+    def _view(self, prefix_id: str) -> PrefixView | None:
+        try:
+            return self._catalogue.describe(prefix_id)
+        except NotFound:
+            return None
 
     def _remove_manifest_file(self, prefix_id: str) -> None:
         try:

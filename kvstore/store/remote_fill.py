@@ -1,0 +1,279 @@
+"""Local misses served from the remote tier: fetch, verify, write a local segment through the normal put path.
+
+The read path does not change.  A look-up whose longest local match is
+shorter than what the remote tier holds, a prefix id this node has never
+seen (``ChunkStore.resolve``: ReadChunks, Prefetch, Describe, ...), or
+pages it does not have (``PageStore.hold``: GetPages) first *fill* the local
+tier: the remote manifest gives the chunk hashes and every extent's
+checksum; each extent is fetched, checked (``records.decode_extent``) and
+handed to a ``PendingPut`` opened by ``Writer.begin_fill`` (leading chunks
+stored locally already are reused, the space is reserved under the local
+capacity policy, which may evict); the commit makes it durable and listed
+like any put.  Then the caller goes on exactly as for a local hit, so the
+client sees the same API and the same bytes, and the next read is local.
+
+A prefix filled for a look-up is the leading part that matched: its id is
+the chain hash of its last chunk (any chunk hash names the prefix ending
+there), so a 3-chunk match in a 100-chunk remote prefix moves 3 chunks.
+
+Misses and damage.  A value the engine evicted is a remote miss: a look-up
+keeps the leading chunks it could fetch (or none), a read by id is
+NOT_FOUND.  A value that fails its checks is never served: the look-up
+stops before that chunk, a read by id is DATA_LOSS naming it.  While the
+link is degraded nothing here touches the remote tier.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from ..errors import DataLoss, KVStoreError
+from ..geometry import StoreGeometry
+from ..policy.remote import ttl_seconds
+from ..records import PAGES, PREFIX
+from ..remote.base import RemoteUnavailable
+from ..remote.records import RemoteChecksumError, RemoteManifest, decode_extent, decode_manifest, is_hash_hex
+from .catalogue import Catalogue
+from .pages import batch_id
+from .pending_put import PendingPut
+from .puts import Writer
+from .remote_link import RemoteLink
+
+log = logging.getLogger("kvstore.remote")
+
+_ATTEMPTS = 3  # a look-up's fill shortened by evicted values at most this often
+
+
+@dataclass(frozen=True)
+class _Stop:
+    """Where a fetch stopped: the first chunk not fetched, and why (``missing`` or a checksum failure)."""
+
+    chunk: int
+    reason: str
+    damaged: bool
+
+
+class RemoteFill:
+    def __init__(self, link: RemoteLink, catalogue: Catalogue, writer: Writer, *, batch_bytes: int, ttl_s: int):
+        self._link = link
+        self._catalogue = catalogue
+        self._writer = writer
+        self._batch_bytes = batch_bytes
+        self._ttl_s = ttl_s
+
+    # ------------------------------------------------------------ look-up
+    def extend(self, hashes: list[bytes], local_chunks: int) -> bool:
+        """Fill the leading chunks of ``hashes`` beyond ``local_chunks`` that the remote tier holds; whether any were."""
+        if not self._link.usable or local_chunks >= len(hashes):
+            return False
+        names = [h.hex() for h in hashes]
+        try:
+            found = self._longest(names, local_chunks)
+            if found is None:
+                self._link.count(remote_misses=1)
+                return False
+            last, holder = found
+            manifest = self._manifest(holder)
+            if manifest is None or manifest.kind != PREFIX or last >= manifest.num_chunks or manifest.chunk_hashes[last] != names[last]:
+                self._link.count(remote_misses=1)
+                return False
+            return self._fill(manifest, last + 1, shorter_ok=True) > local_chunks
+        except RemoteUnavailable:
+            return False  # degraded now: the local answer stands
+        except KVStoreError as exc:  # the local tier cannot take it (full, read-only)
+            self._link.count(fill_failures=1)
+            log.warning("remote hit not filled locally: %s", exc)
+            return False
+
+    def _longest(self, names: list[str], lo: int) -> tuple[int, str] | None:
+        """``(index of the last chunk, a manifest holding it)`` of the longest run the chunk index knows beyond ``lo``.
+
+        A manifest holding chunk ``j`` holds every chunk before it, so the
+        search is a bisection over the chunk index, as ``Catalogue.match``.
+        """
+        hi, best = len(names), None
+        while lo < hi:
+            mid = (lo + hi) // 2
+            holder = self._link.call(self._link.tier.holders, [names[mid]])[0]
+            if holder is not None and is_hash_hex(holder):
+                lo, best = mid + 1, (mid, holder)
+            else:
+                hi = mid
+        return best
+
+    # ------------------------------------------------------------ by id
+    def fill_prefix(self, prefix_id: str) -> bool:
+        """Fill the prefix ``prefix_id`` (a manifest's id, or any chunk hash of one); False on a remote miss.
+
+        DataLoss when the remote copy is damaged.
+        """
+        if not self._link.usable:
+            return False
+        try:
+            manifest = self._manifest(prefix_id)
+            upto = manifest.num_chunks if manifest is not None else 0
+            if manifest is None:
+                holder = self._link.call(self._link.tier.holders, [prefix_id])[0]
+                manifest = self._manifest(holder) if holder and is_hash_hex(holder) else None
+                if manifest is None or prefix_id not in manifest.chunk_hashes:
+                    self._link.count(remote_misses=1)
+                    return False
+                upto = manifest.chunk_hashes.index(prefix_id) + 1
+            if manifest.kind != PREFIX:
+                return False
+            return self._fill(manifest, upto, shorter_ok=False) == upto
+        except RemoteUnavailable:
+            return False
+
+    # ------------------------------------------------------------ pages
+    def present(self, hashes: list[bytes]) -> list[bool]:
+        """Whether the chunk index names a holder of each page hash (nothing is fetched)."""
+        if not self._link.usable or not hashes:
+            return [False] * len(hashes)
+        try:
+            return [h is not None for h in self._link.call(self._link.tier.holders, [h.hex() for h in hashes])]
+        except RemoteUnavailable:
+            return [False] * len(hashes)
+
+    def fill_pages(self, hashes: list[bytes], geometry: StoreGeometry, namespace: str, model_fingerprint: str) -> int:
+        """Fill the pages ``hashes`` the remote tier has into one new local batch; how many were filled."""
+        if not self._link.usable or not hashes:
+            return 0
+        try:
+            return self._fill_pages(hashes, geometry, namespace, model_fingerprint)
+        except RemoteUnavailable:
+            return 0
+        except KVStoreError as exc:
+            self._link.count(fill_failures=1)
+            log.warning("remote pages not filled locally: %s", exc)
+            return 0
+
+    def _fill_pages(self, hashes, geometry, namespace, model_fingerprint) -> int:
+        names = [h.hex() for h in hashes]
+        holders = self._link.call(self._link.tier.holders, names)
+        manifests: dict[str, RemoteManifest | None] = {}
+        for holder in {h for h in holders if h is not None and is_hash_hex(h)}:
+            manifests[holder] = self._manifest(holder)
+        located = []  # (page hash, its manifest, its chunk there)
+        for h, name, holder in zip(hashes, names, holders):
+            m = manifests.get(holder) if holder else None
+            if m is not None and m.kind == PAGES and m.geometry == geometry and name in m.chunk_hashes:
+                located.append((h, m, m.chunk_hashes.index(name)))
+        groups = range(geometry.num_groups)
+        keys = [m.extent_key(j, g) for _, m, j in located for g in groups]
+        values = self._link.call(self._link.tier.get_extents, keys) if keys else []
+        good, payloads = [], {}
+        for i, (h, m, j) in enumerate(located):
+            try:
+                parts = []
+                for g in groups:
+                    value = values[i * geometry.num_groups + g]
+                    if value is None:
+                        raise LookupError
+                    parts.append(decode_extent(value, length=m.extent_length(j, g), xxh3=int(m.extent_xxh3[j, g])))
+            except LookupError:
+                self._link.count(remote_misses=1)
+                continue
+            except RemoteChecksumError as exc:
+                self._link.count(checksum_failures=1)
+                log.error("remote page %s is damaged and not served: %s", h.hex(), exc)
+                continue
+            payloads[len(good)] = parts
+            good.append(h)
+        if not good:
+            return 0
+        pending = self._writer.begin_chunks(
+            batch_id(good), good, geometry, namespace=namespace, model_fingerprint=model_fingerprint, kind=PAGES
+        )
+        pending.origin = "remote"
+        try:
+            for j, parts in payloads.items():
+                for g, payload in zip(groups, parts):
+                    pending.put_extent(g, j, payload)
+            pending.commit()
+        finally:
+            pending.abort()  # a no-op after the commit
+        nbytes = sum(p.nbytes for parts in payloads.values() for p in parts)
+        self._link.count(fill_pages=len(good), fill_bytes=nbytes)
+        self._touch(keys)
+        return len(good)
+
+    # ------------------------------------------------------------ the fill
+    def _manifest(self, manifest_id: str) -> RemoteManifest | None:
+        blob = self._link.call(self._link.tier.get_manifest, manifest_id)
+        if blob is None:
+            return None
+        try:
+            return decode_manifest(blob, manifest_id)
+        except RemoteChecksumError as exc:
+            self._link.count(checksum_failures=1)
+            log.error("remote manifest is damaged and not used: %s", exc)
+            return None
+
+    def _fill(self, manifest: RemoteManifest, upto: int, *, shorter_ok: bool) -> int:
+        """Store chunks ``[0, upto)`` of ``manifest`` locally as the prefix ending at chunk ``upto - 1``; the chunks now local.
+
+        ``shorter_ok``: an evicted or damaged chunk shortens the fill to the
+        chunks before it; otherwise it is a miss (0) or DataLoss.
+        """
+        for _ in range(_ATTEMPTS):
+            pending = self._writer.begin_fill(
+                manifest.chunk_hashes[upto - 1],
+                [bytes.fromhex(h) for h in manifest.chunk_hashes[:upto]],
+                manifest.tokens_upto(upto),
+                manifest.geometry,
+                namespace=manifest.namespace,
+                model_fingerprint=manifest.model_fingerprint,
+            )
+            try:
+                stop, nbytes = self._fetch_into(pending, manifest)
+                if stop is None:
+                    pending.commit()
+                    self._link.count(fill_prefixes=1, fill_chunks=upto - pending.reused_chunks, fill_bytes=nbytes)
+                    return upto
+            finally:
+                pending.abort()  # a no-op after the commit
+            if stop.damaged and not shorter_ok:
+                raise DataLoss(f"prefix {manifest.chunk_hashes[upto - 1]}: remote chunk {stop.chunk} {stop.reason}; not served")
+            if not shorter_ok or stop.chunk <= pending.reused_chunks:
+                return 0
+            upto = stop.chunk
+        return 0
+
+    def _fetch_into(self, pending: PendingPut, manifest: RemoteManifest) -> tuple[_Stop | None, int]:
+        """Fetch and check every needed extent into ``pending``, in batches; where it stopped (None: all), and the bytes."""
+        geo = manifest.geometry
+        groups = range(geo.num_groups)
+        per_chunk = sum(geo.extent_bytes(g, geo.chunk_tokens) for g in groups)
+        step = max(1, self._batch_bytes // per_chunk)
+        needed = list(pending.needed_chunks)
+        nbytes = 0
+        for start in range(0, len(needed), step):
+            chunks = needed[start : start + step]
+            keys = [manifest.extent_key(j, g) for j in chunks for g in groups]
+            values = self._link.call(self._link.tier.get_extents, keys)
+            for i, j in enumerate(chunks):
+                for g in groups:
+                    value = values[i * geo.num_groups + g]
+                    if value is None:
+                        self._link.count(remote_misses=1)
+                        return _Stop(j, "is not stored (evicted)", False), nbytes
+                    try:
+                        payload = decode_extent(value, length=manifest.extent_length(j, g), xxh3=int(manifest.extent_xxh3[j, g]))
+                    except RemoteChecksumError as exc:
+                        self._link.count(checksum_failures=1)
+                        log.error("remote chunk %d group %d of prefix %s is damaged and not served: %s", j, g, manifest.prefix_id, exc)
+                        return _Stop(j, f"failed its checksum ({exc})", True), nbytes
+                    pending.put_extent(g, j, payload)
+                    nbytes += payload.nbytes
+            self._touch(keys)
+        return None, nbytes
+
+    def _touch(self, keys: list[str]) -> None:
+        """A remote hit keeps its values longer (``remote_ttl_seconds``)."""
+        if self._ttl_s:
+            try:
+                self._link.call(self._link.tier.touch, keys, ttl_seconds(self._ttl_s, 1))
+            except RemoteUnavailable:
+                pass
