@@ -1,10 +1,14 @@
 """Model configuration parsed from a Hugging Face ``config.json``.
 
 Only the decoder families the worker implements are accepted:
-``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (RMSNorm, RoPE, GQA, SwiGLU).
-Anything the decoder would compute differently (rope scaling, sliding
-windows, MLP bias, another activation) is refused here rather than silently
-producing different KV.
+``LlamaForCausalLM`` and ``Qwen2ForCausalLM`` (RMSNorm, RoPE, GQA, SwiGLU),
+and ``Gemma3ForCausalLM`` (text-only Gemma 3: q/k RMSNorm, sandwich norms
+with Gemma's ``(1 + weight)`` scale, GeGLU, embeddings scaled by
+``sqrt(hidden)``, and per-layer attention kinds: sliding-window layers with
+their own RoPE base between full-attention ones).  Anything the decoder
+would compute differently (rope scaling, a sliding window on Llama/Qwen2,
+MLP bias, another activation, logit soft-capping) is refused here rather
+than silently producing different KV.
 """
 
 from __future__ import annotations
@@ -14,10 +18,20 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM")
-_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
+GEMMA3 = "Gemma3ForCausalLM"
+SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "Qwen2ForCausalLM", GEMMA3)
+_MODEL_TYPES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3_text": GEMMA3}
 # HF defaults differ per family where a field is absent from config.json.
-_DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768}
+_DEFAULT_MAX_POSITIONS = {"LlamaForCausalLM": 2048, "Qwen2ForCausalLM": 32768, GEMMA3: 131072}
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
+ACTIVATIONS = ("silu", "gelu_pytorch_tanh")
+# Gemma 3's defaults (transformers' Gemma3TextConfig) where config.json leaves a field out.
+_GEMMA3_SLIDING_PATTERN = 6  # every 6th layer is full attention, the 5 before it sliding
+_GEMMA3_LOCAL_THETA = 10000.0
+# Fields added after the first fingerprint version, with the values that mean "a Llama/Qwen2 layer".
+# canonical_json leaves a field out while it holds this value, so those models' fingerprints do not change.
+_LATER_FIELDS = {"hidden_act": "silu", "layer_types": None, "sliding_window": None, "rope_local_theta": None, "query_pre_attn_scalar": None}
 
 
 class UnsupportedModel(ValueError):
@@ -34,9 +48,9 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and numerics of a Llama/Qwen2-style decoder."""
+    """Shape and numerics of a Llama/Qwen2/Gemma 3 decoder."""
 
-    architecture: str  # "LlamaForCausalLM" | "Qwen2ForCausalLM"
+    architecture: str  # "LlamaForCausalLM" | "Qwen2ForCausalLM" | "Gemma3ForCausalLM"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -49,8 +63,16 @@ class ModelConfig:
     max_position_embeddings: int
     tie_word_embeddings: bool
     attention_bias: bool  # q/k/v projections carry a bias (always for Qwen2)
+    hidden_act: str = "silu"  # MLP gate activation: "silu" (SwiGLU) or "gelu_pytorch_tanh" (GeGLU, Gemma)
+    # per layer FULL_ATTENTION or SLIDING_ATTENTION; None: every layer full
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None  # positions a sliding layer's query sees, its own included
+    rope_local_theta: float | None = None  # RoPE base of the sliding layers (Gemma 3: 10000)
+    query_pre_attn_scalar: float | None = None  # softmax scale is this ** -0.5; None: head_dim ** -0.5
 
     def __post_init__(self) -> None:
+        if isinstance(self.layer_types, list):  # from JSON
+            object.__setattr__(self, "layer_types", tuple(self.layer_types))
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise UnsupportedModel(f"architecture {self.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
         for name in (
@@ -78,11 +100,81 @@ class ModelConfig:
                 "num_key_value_heads",
                 f"{self.num_key_value_heads} does not divide num_attention_heads={self.num_attention_heads}",
             )
+        self._check_gemma3_fields()
+
+    def _check_gemma3_fields(self) -> None:
+        if self.hidden_act not in ACTIVATIONS:
+            raise UnsupportedModel(f"hidden_act={self.hidden_act!r} is not supported (supported: {', '.join(ACTIVATIONS)})")
+        if not self.gemma3:
+            for name, default in _LATER_FIELDS.items():
+                if getattr(self, name) != default:
+                    raise UnsupportedModel(f"{self.architecture} with {name}={getattr(self, name)!r} is not supported")
+            return
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.num_hidden_layers:
+                raise ConfigError("layer_types", f"has {len(self.layer_types)} entries for num_hidden_layers={self.num_hidden_layers}")
+            bad = sorted(set(self.layer_types) - {FULL_ATTENTION, SLIDING_ATTENTION})
+            if bad:
+                raise UnsupportedModel(f"layer type {bad[0]!r} is not supported (supported: {FULL_ATTENTION}, {SLIDING_ATTENTION})")
+        if self.sliding_layers:
+            w = self.sliding_window
+            if isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise ConfigError("sliding_window", f"must be a positive integer when a layer slides, got {w!r}")
+        for name in ("rope_local_theta", "query_pre_attn_scalar"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0):
+                raise ConfigError(name, f"must be a positive number, got {value!r}")
 
     @property
     def num_query_groups(self) -> int:
         """Query heads per KV head (the GQA ratio)."""
         return self.num_attention_heads // self.num_key_value_heads
+
+    @property
+    def gemma3(self) -> bool:
+        """Gemma 3 numerics: q/k norms, sandwich norms scaled by ``1 + weight``, GeGLU, embeddings times ``sqrt(hidden)``."""
+        return self.architecture == GEMMA3
+
+    @property
+    def sliding_layers(self) -> tuple[int, ...]:
+        """Indices of the sliding-window layers (empty for Llama/Qwen2)."""
+        return tuple(i for i, kind in enumerate(self.layer_types or ()) if kind == SLIDING_ATTENTION)
+
+    def window_of(self, layer: int) -> int | None:
+        """Positions ``layer``'s queries see (their own included), or None for full attention."""
+        return self.sliding_window if self.layer_types is not None and self.layer_types[layer] == SLIDING_ATTENTION else None
+
+    def rope_theta_of(self, layer: int) -> float:
+        """RoPE base of ``layer``: ``rope_local_theta`` on a sliding layer, else ``rope_theta``."""
+        if self.rope_local_theta is not None and self.window_of(layer) is not None:
+            return self.rope_local_theta
+        return self.rope_theta
+
+    @property
+    def attention_scale(self) -> float | None:
+        """Softmax scale ``query_pre_attn_scalar ** -0.5``; None means the kernels' default ``head_dim ** -0.5``."""
+        return None if self.query_pre_attn_scalar is None else float(self.query_pre_attn_scalar) ** -0.5
+
+    def unsupported_features(self) -> list[str]:
+        """What this model needs beyond a Llama/Qwen2 decoder, in words (empty for Llama/Qwen2).
+
+        A component that only implements full attention on every layer (one RoPE base, keys visible
+        for ever) refuses a model with ``require_full_attention``, which names these.
+        """
+        out = []
+        if self.sliding_layers:
+            out.append(
+                f"sliding-window attention ({len(self.sliding_layers)} of {self.num_hidden_layers} layers, window {self.sliding_window})"
+            )
+        if self.rope_local_theta is not None and self.rope_local_theta != self.rope_theta and self.sliding_layers:
+            out.append(f"a second RoPE base on those layers ({self.rope_local_theta:g})")
+        return out
+
+    def require_full_attention(self, what: str) -> None:
+        """Raise ``UnsupportedModel`` (one line naming ``what`` and the features) if any layer is not full attention."""
+        features = self.unsupported_features()
+        if features:
+            raise UnsupportedModel(f"{what} does not support {self.architecture}: {'; '.join(features)}")
 
     @classmethod
     def from_dict(cls, raw: dict) -> ModelConfig:
@@ -90,7 +182,11 @@ class ModelConfig:
         if not isinstance(raw, dict):
             raise ConfigError("<root>", f"must be a JSON object, got {type(raw).__name__}")
         arch = _architecture(raw)
-        _refuse_variants(raw, arch)
+        if arch == GEMMA3:
+            extra = _gemma3_fields(raw)
+        else:
+            _refuse_variants(raw, arch)
+            extra = {}
 
         def need(name):
             if name not in raw:
@@ -106,6 +202,8 @@ class ModelConfig:
             head_dim = hidden // heads
         rope = raw.get("rope_parameters") or {}  # transformers v5 moves rope_theta here
         theta = raw.get("rope_theta", rope.get("rope_theta", 10000.0))
+        if arch == GEMMA3:
+            theta = extra.pop("rope_theta")
         if arch == "Qwen2ForCausalLM":
             bias = True
         else:
@@ -123,8 +221,9 @@ class ModelConfig:
             rope_theta=float(theta) if isinstance(theta, int) and not isinstance(theta, bool) else theta,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
             max_position_embeddings=raw.get("max_position_embeddings", _DEFAULT_MAX_POSITIONS[arch]),
-            tie_word_embeddings=raw.get("tie_word_embeddings", False),
+            tie_word_embeddings=raw.get("tie_word_embeddings", arch == GEMMA3),
             attention_bias=bias,
+            **extra,
         )
 
     @classmethod
@@ -137,8 +236,17 @@ class ModelConfig:
         return cls.from_dict(raw)
 
     def canonical_json(self) -> str:
-        """Sorted, whitespace-free JSON of every field: the config part of the fingerprint."""
-        return json.dumps(dataclasses.asdict(self), sort_keys=True, separators=(",", ":"))
+        """Sorted, whitespace-free JSON of every field: the config part of the fingerprint.
+
+        Fields added after the first version are left out while they hold their Llama/Qwen2 value
+        (``_LATER_FIELDS``), so a Llama or Qwen2 model keeps the fingerprint it always had.
+        ``ModelConfig(**json.loads(canonical_json()))`` gives the config back.
+        """
+        fields = dataclasses.asdict(self)
+        for name, default in _LATER_FIELDS.items():
+            if fields[name] == default:
+                del fields[name]
+        return json.dumps(fields, sort_keys=True, separators=(",", ":"))
 
 
 def model_fingerprint(config: ModelConfig, weights_digest: bytes) -> str:
@@ -182,3 +290,41 @@ def _refuse_variants(raw: dict, arch: str) -> None:
         raise UnsupportedModel(f"{arch} with rope scaling {scaling or rope_type!r} is not supported")
     if raw.get("use_sliding_window", False):
         raise UnsupportedModel(f"{arch} with use_sliding_window=true is not supported")
+
+
+def _gemma3_fields(raw: dict) -> dict:
+    """The Gemma 3 fields of a ``gemma3_text`` config.json (transformers' defaults where absent); refuses variants.
+
+    Returns the ``ModelConfig`` keywords beyond the Llama ones, plus ``rope_theta`` (the global base).
+    """
+    act = raw.get("hidden_activation", raw.get("hidden_act", "gelu_pytorch_tanh"))
+    if act != "gelu_pytorch_tanh":
+        raise UnsupportedModel(f"{GEMMA3} with hidden_activation={act!r} is not supported (only 'gelu_pytorch_tanh')")
+    for name in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if raw.get(name) is not None:
+            raise UnsupportedModel(f"{GEMMA3} with {name}={raw[name]!r} is not supported")
+    if raw.get("use_bidirectional_attention"):
+        raise UnsupportedModel(f"{GEMMA3} with use_bidirectional_attention=true is not supported")
+    if raw.get("mlp_bias", False) or raw.get("attention_bias", False):
+        raise UnsupportedModel(f"{GEMMA3} with biases is not supported")
+    rope = raw.get("rope_parameters") or {}
+    full, local = rope.get(FULL_ATTENTION) or {}, rope.get(SLIDING_ATTENTION) or {}
+    for params in (raw.get("rope_scaling"), full, local):
+        kind = (params or {}).get("rope_type", (params or {}).get("type", "default"))
+        if params and kind != "default":
+            raise UnsupportedModel(f"{GEMMA3} with rope scaling {kind!r} is not supported")
+    layers = raw.get("num_hidden_layers")
+    types = raw.get("layer_types")
+    if types is None and isinstance(layers, int):
+        pattern = raw.get("sliding_window_pattern", _GEMMA3_SLIDING_PATTERN)
+        types = [SLIDING_ATTENTION if (i + 1) % pattern else FULL_ATTENTION for i in range(layers)]
+    theta = raw.get("rope_theta", full.get("rope_theta", 1_000_000.0))
+    local_theta = raw.get("rope_local_base_freq", local.get("rope_theta", _GEMMA3_LOCAL_THETA))
+    return {
+        "rope_theta": float(theta) if isinstance(theta, int) and not isinstance(theta, bool) else theta,
+        "hidden_act": act,
+        "layer_types": None if types is None else tuple(types),
+        "sliding_window": raw.get("sliding_window", 4096),
+        "rope_local_theta": float(local_theta) if isinstance(local_theta, int) and not isinstance(local_theta, bool) else local_theta,
+        "query_pre_attn_scalar": raw.get("query_pre_attn_scalar", 256),
+    }

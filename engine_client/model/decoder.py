@@ -1,4 +1,4 @@
-"""Plain-torch Llama/Qwen2 decoder, driven layer by layer by a Re-Prefill runner.
+"""Plain-torch Llama/Qwen2/Gemma 3 decoder, driven layer by layer by a Re-Prefill runner.
 
 Notation: ``n`` prefix tokens, ``r`` selected prefix rows (any subset of the
 ``n`` prefix positions), ``s`` suffix tokens, ``L`` layers, ``Hq`` query heads,
@@ -13,6 +13,18 @@ in the dense forward.
 Numerics follow Hugging Face transformers: RMSNorm in float32, RoPE with the
 ``rotate_half`` convention and float32 cos/sin tables cast to the compute
 dtype, softmax scale ``1/sqrt(d)``.  Logits are returned as float32.
+
+Gemma 3 (``config.gemma3``) follows transformers' ``Gemma3ForCausalLM``:
+embeddings times ``sqrt(hidden)`` (rounded to the compute dtype), every
+RMSNorm scaled by ``1 + weight`` in float32 (``_scaled_rms_norm``; the
+weights hold ``1 + weight`` already), q and k normed per head before RoPE,
+the attention and MLP outputs normed again before their residual adds
+(sandwich norms), GeGLU (tanh GELU), softmax scale
+``query_pre_attn_scalar ** -0.5``, and a RoPE table per base (sliding layers
+use ``rope_local_theta``).  A sliding layer's query at position ``p`` sees
+keys at positions ``> p - window`` only; ``layer_forward`` needs the
+positions of the prefix rows for that (``prefix_positions``; by default
+the ``r`` rows are the ones right before the suffix).
 
 Why one file of ~460 lines: the public steps (``prefill``, ``layer_queries``,
 ``layer_keys``, ``layer_forward`` with its row and pattern masks,
@@ -44,15 +56,23 @@ _MASS_BLOCK_ELEMENTS = 1 << 25
 
 @dataclass
 class LayerWeights:
-    """One decoder layer, with q/k/v and gate/up fused for one matmul each."""
+    """One decoder layer, with q/k/v and gate/up fused for one matmul each.
+
+    Gemma 3 norms (all float32 ``1 + weight`` scales) fill the optional fields;
+    ``input_norm`` is then the pre-attention and ``post_norm`` the pre-MLP norm.
+    """
 
     input_norm: torch.Tensor  # [hidden]
     qkv_weight: torch.Tensor  # [(Hq + 2*Hkv) * d, hidden]: rows q | k | v
     qkv_bias: torch.Tensor | None  # [(Hq + 2*Hkv) * d]
     o_weight: torch.Tensor  # [hidden, Hq * d]
-    post_norm: torch.Tensor  # [hidden]
+    post_norm: torch.Tensor  # [hidden]: the norm before the MLP
     gate_up_weight: torch.Tensor  # [2 * intermediate, hidden]: rows gate | up
     down_weight: torch.Tensor  # [hidden, intermediate]
+    q_norm: torch.Tensor | None = None  # [d] (Gemma 3)
+    k_norm: torch.Tensor | None = None  # [d] (Gemma 3)
+    attn_out_norm: torch.Tensor | None = None  # [hidden]: on the attention output before the residual add (Gemma 3)
+    mlp_out_norm: torch.Tensor | None = None  # [hidden]: on the MLP output before the residual add (Gemma 3)
 
 
 @dataclass
@@ -61,6 +81,28 @@ class DecoderWeights:
     layers: list[LayerWeights]
     norm: torch.Tensor  # [hidden]
     lm_head: torch.Tensor  # [vocab, hidden]; the embed tensor itself when tied
+
+
+class _RopeTable:
+    """cos/sin ``[P, d]`` float32 of one RoPE base, grown on demand."""
+
+    def __init__(self, theta: float, head_dim: int, num_positions: int, device):
+        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))  # [d/2]
+        self.cos = self.sin = torch.empty(0, head_dim, device=device)
+        self.grow(num_positions)
+
+    def grow(self, num_positions: int) -> None:
+        t = torch.arange(num_positions, device=self.inv_freq.device, dtype=torch.float32)
+        freqs = torch.outer(t, self.inv_freq)  # [P, d/2]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [P, d]
+        self.cos, self.sin = emb.cos(), emb.sin()
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.numel():
+            top = int(positions.max())
+            if top >= self.cos.shape[0]:
+                self.grow(max(top + 1, 2 * self.cos.shape[0]))
+        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
 class Decoder:
@@ -81,10 +123,18 @@ class Decoder:
         self.device = weights.embed.device
         c = config
         self._split = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.num_key_value_heads * c.head_dim)
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64, device=self.device).float() / c.head_dim))
-        self._inv_freq = inv_freq  # [d/2] float32
-        self._rope_cos = self._rope_sin = torch.empty(0, c.head_dim, device=self.device)
-        self._grow_rope(min(c.max_position_embeddings, _ROPE_PREALLOC_POSITIONS))
+        prealloc = min(c.max_position_embeddings, _ROPE_PREALLOC_POSITIONS)
+        tables = {
+            theta: _RopeTable(theta, c.head_dim, prealloc, self.device)
+            for theta in {c.rope_theta_of(i) for i in range(c.num_hidden_layers)}
+        }
+        self._ropes = [tables[c.rope_theta_of(i)] for i in range(c.num_hidden_layers)]  # one table per base, shared
+        self._windows = [c.window_of(i) for i in range(c.num_hidden_layers)]  # None: full attention
+        self._scale = c.attention_scale  # None: the kernels' default 1/sqrt(d)
+        self._norm = _scaled_rms_norm if c.gemma3 else _rms_norm
+        self._act = _gelu_tanh if c.hidden_act == "gelu_pytorch_tanh" else F.silu
+        # Gemma: sqrt(hidden) as a float32 scalar, then rounded to the compute dtype (transformers' embed_scale)
+        self._embed_scale = torch.tensor(c.hidden_size**0.5).to(self.dtype) if c.gemma3 else None
         # a float: every layer adds the seconds its attention kernel took (benchmarks set it to 0.0); None: not timed
         self.attention_s: float | None = None
 
@@ -138,12 +188,14 @@ class Decoder:
         """
         w = self._layer_weights(layer)
         hidden, positions = self._check_hidden(hidden, positions)
-        x = _rms_norm(hidden, w.input_norm, self.config.rms_norm_eps)
+        x = self._norm(hidden, w.input_norm, self.config.rms_norm_eps)
         q_rows = self._split[0]
         bias = None if w.qkv_bias is None else w.qkv_bias[:q_rows]
         q = _linear(x, w.qkv_weight[:q_rows], bias)  # [s, Hq*d]
         q = q.view(-1, self.config.num_attention_heads, self.config.head_dim).transpose(0, 1)  # [Hq, s, d]
-        cos, sin = self._rope(positions)
+        if w.q_norm is not None:
+            q = _scaled_rms_norm(q, w.q_norm, self.config.rms_norm_eps)
+        cos, sin = self._rope(positions, layer)
         return _apply_rope(q, cos, sin)
 
     @torch.inference_mode()
@@ -151,12 +203,14 @@ class Decoder:
         """Post-RoPE keys ``[Hkv, s, d]`` of ``layer`` for its input ``hidden [s, hidden]`` (as ``layer_forward`` makes them)."""
         w = self._layer_weights(layer)
         hidden, positions = self._check_hidden(hidden, positions)
-        x = _rms_norm(hidden, w.input_norm, self.config.rms_norm_eps)
+        x = self._norm(hidden, w.input_norm, self.config.rms_norm_eps)
         q_rows, k_rows = self._split[0], self._split[1]
         bias = None if w.qkv_bias is None else w.qkv_bias[q_rows : q_rows + k_rows]
         k = _linear(x, w.qkv_weight[q_rows : q_rows + k_rows], bias)
         k = k.view(-1, self.config.num_key_value_heads, self.config.head_dim).transpose(0, 1)
-        cos, sin = self._rope(positions)
+        if w.k_norm is not None:
+            k = _scaled_rms_norm(k, w.k_norm, self.config.rms_norm_eps)
+        cos, sin = self._rope(positions, layer)
         return _apply_rope(k, cos, sin)
 
     @torch.inference_mode()
@@ -168,6 +222,7 @@ class Decoder:
         prefix_kv: torch.Tensor | None,
         row_mask: torch.Tensor | None = None,
         attn_mask: torch.Tensor | None = None,
+        prefix_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run ``layer`` on the suffix.
 
@@ -183,6 +238,13 @@ class Decoder:
         ``attn_mask [Hq, s, r+s]`` (bool, optional) is a per-query-head pattern
         over the prefix rows then the suffix, applied on top of causality
         (a sparse prefill, ``sparse_prefill``).
+
+        ``prefix_positions [r]`` (integers, optional) are the positions the
+        prefix rows were computed at; only a sliding-window layer reads them
+        (it hides rows at ``<= position - window`` from each query).  By
+        default the rows are the ``r`` positions right before the suffix (the
+        dense prefix, or its last ``r`` rows): a caller passing any other
+        subset of rows to a sliding layer must pass their positions.
 
         Returns ``(hidden_out [s, hidden], suffix_kv [2, Hkv, s, d])``.
         """
@@ -201,7 +263,13 @@ class Decoder:
             want = (self.config.num_attention_heads, hidden.shape[0], r + hidden.shape[0])
             if attn_mask.dtype != torch.bool or tuple(attn_mask.shape) != want:
                 raise ValueError(f"attn_mask must be bool {list(want)}, got {attn_mask.dtype} {list(attn_mask.shape)}")
-        return self._layer(layer, hidden, positions, prefix_kv, row_mask, attn_mask)
+        if prefix_positions is not None:
+            r = 0 if prefix_kv is None else prefix_kv.shape[2]
+            prefix_positions = torch.as_tensor(prefix_positions, device=self.device)
+            if prefix_positions.shape != (r,) or prefix_positions.is_floating_point():
+                raise ValueError(f"prefix_positions must be [{r}] integers, got {list(prefix_positions.shape)} {prefix_positions.dtype}")
+            prefix_positions = prefix_positions.long()
+        return self._layer(layer, hidden, positions, prefix_kv, row_mask, attn_mask, prefix_positions)
 
     @torch.inference_mode()
     def final_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -215,7 +283,7 @@ class Decoder:
         return self._logits(self._check_hidden(hidden, None)[0])
 
     @torch.inference_mode()
-    def attention_mass(self, q: torch.Tensor, prefix_k: torch.Tensor, suffix_k: torch.Tensor) -> torch.Tensor:
+    def attention_mass(self, q: torch.Tensor, prefix_k: torch.Tensor, suffix_k: torch.Tensor, layer: int | None = None) -> torch.Tensor:
         """Attention the suffix queries pay to each prefix row: ``[r]`` float32.
 
         ``q [Hq, s, d]`` (from ``layer_queries``), ``prefix_k [Hkv, r, d]`` and
@@ -224,8 +292,13 @@ class Decoder:
         suffix keys (causal), as in ``layer_forward`` (without a row mask); the probabilities on the
         prefix rows are summed over heads and queries, so ``result.sum()`` is at
         most ``Hq * s``.  Per-chunk mass is a segment sum of this over the rows.
+
+        ``layer`` is needed only on a model with sliding-window layers (Gemma 3), and there it is
+        refused for a sliding layer: the mass over a window needs the rows' positions (not done yet).
         """
         c = self.config
+        if c.sliding_layers and (layer is None or self._windows[self._check_layer(layer)] is not None):
+            c.require_full_attention("attention_mass on a sliding-window layer (or without layer=)")
         hq, hkv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         s = q.shape[1] if q.dim() == 3 else -1
         if q.shape != (hq, s, d) or prefix_k.dim() != 3 or prefix_k.shape[::2] != (hkv, d) or suffix_k.shape != (hkv, s, d):
@@ -245,23 +318,27 @@ class Decoder:
         block = max(1, _MASS_BLOCK_ELEMENTS // max(1, hq * (r + s)))
         for start in range(0, s, block):  # bounds memory; not a per-token loop
             qb = q[:, :, start : start + block]  # [Hkv, g, b, d]
-            scores = torch.einsum("hgbd,htd->hgbt", qb, keys) / math.sqrt(d)  # [Hkv, g, b, r+s]
+            scores = torch.einsum("hgbd,htd->hgbt", qb, keys)  # [Hkv, g, b, r+s]
+            scores = scores / math.sqrt(d) if self._scale is None else scores * self._scale
             scores.masked_fill_(~mask[start : start + block], float("-inf"))
             mass += scores.softmax(dim=-1)[..., :r].sum(dim=(0, 1, 2))
         return mass
 
     # ------------------------------------------------------------------ internals
 
-    def _layer(self, layer, hidden, positions, prefix_kv, row_mask=None, attn_mask=None):
+    def _layer(self, layer, hidden, positions, prefix_kv, row_mask=None, attn_mask=None, prefix_positions=None):
         c = self.config
         w = self.weights.layers[layer]
         s = hidden.shape[0]
-        x = _rms_norm(hidden, w.input_norm, c.rms_norm_eps)
+        x = self._norm(hidden, w.input_norm, c.rms_norm_eps)
         q, k, v = _linear(x, w.qkv_weight, w.qkv_bias).split(self._split, dim=-1)
         q = q.view(s, c.num_attention_heads, c.head_dim).transpose(0, 1)  # [Hq, s, d]
         k = k.view(s, c.num_key_value_heads, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
         v = v.view(s, c.num_key_value_heads, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
-        cos, sin = self._rope(positions)
+        if w.q_norm is not None:
+            q = _scaled_rms_norm(q, w.q_norm, c.rms_norm_eps)
+            k = _scaled_rms_norm(k, w.k_norm, c.rms_norm_eps)
+        cos, sin = self._rope(positions, layer)
         q = _apply_rope(q, cos, sin)
         k = _apply_rope(k, cos, sin)
         suffix_kv = torch.stack([k, v])  # [2, Hkv, s, d]
@@ -271,43 +348,51 @@ class Decoder:
             r = prefix_kv.shape[2]
             keys = torch.cat([prefix_kv[0], k], dim=1)  # [Hkv, r+s, d]
             values = torch.cat([prefix_kv[1], v], dim=1)  # [Hkv, r+s, d]
+        window = self._windows[layer]
+        window_mask = None if window is None else _window_mask(positions, r, prefix_positions, window)  # [s, r+s] or None
         if self.attention_s is None:
-            attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask)  # [Hq, s, d]
+            attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask, window_mask, self._scale)  # [Hq, s, d]
         else:
             t0 = time.perf_counter()
-            attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask)
+            attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask, window_mask, self._scale)
             self.attention_s += time.perf_counter() - t0
-        hidden = hidden + _linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight)
-        x = _rms_norm(hidden, w.post_norm, c.rms_norm_eps)
+        if w.attn_out_norm is None:
+            hidden = hidden + _linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight)
+        else:
+            hidden = hidden + _scaled_rms_norm(_linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight), w.attn_out_norm, c.rms_norm_eps)
+        x = self._norm(hidden, w.post_norm, c.rms_norm_eps)
         gate, up = _linear(x, w.gate_up_weight).chunk(2, dim=-1)  # [s, intermediate] each
-        hidden = hidden + _linear(F.silu(gate) * up, w.down_weight)
+        if w.mlp_out_norm is None:
+            hidden = hidden + _linear(self._act(gate) * up, w.down_weight)
+        else:
+            hidden = hidden + _scaled_rms_norm(_linear(self._act(gate) * up, w.down_weight), w.mlp_out_norm, c.rms_norm_eps)
         return hidden, suffix_kv
 
     def _embed(self, tokens):
-        return F.embedding(tokens, self.weights.embed)  # [s, hidden]
+        if self._embed_scale is None:
+            return F.embedding(tokens, self.weights.embed)  # [s, hidden]
+        return F.embedding(tokens, self.weights.embed) * self._embed_scale
 
     def _logits(self, hidden):
-        x = _rms_norm(hidden, self.weights.norm, self.config.rms_norm_eps)
+        x = self._norm(hidden, self.weights.norm, self.config.rms_norm_eps)
         return _linear(x, self.weights.lm_head).float()  # [s, vocab]
 
-    def _rope(self, positions):
-        """cos, sin ``[s, d]`` in the compute dtype for ``positions [s]``."""
-        if positions.numel():
-            top = int(positions.max())
-            if top >= self._rope_cos.shape[0]:
-                self._grow_rope(max(top + 1, 2 * self._rope_cos.shape[0]))
-        return self._rope_cos[positions].to(self.dtype), self._rope_sin[positions].to(self.dtype)
+    def _rope(self, positions, layer: int = 0):
+        """cos, sin ``[s, d]`` in the compute dtype for ``positions [s]`` in ``layer`` (its RoPE base)."""
+        return self._ropes[layer].lookup(positions, self.dtype)
 
-    def _grow_rope(self, num_positions: int) -> None:
-        t = torch.arange(num_positions, device=self.device, dtype=torch.float32)
-        freqs = torch.outer(t, self._inv_freq)  # [P, d/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [P, d]
-        self._rope_cos, self._rope_sin = emb.cos(), emb.sin()
+    @property
+    def _rope_cos(self) -> torch.Tensor:
+        """The cos table ``[P, d]`` of layer 0's base (its size shows how far the tables have grown)."""
+        return self._ropes[0].cos
 
-    def _layer_weights(self, layer: int) -> LayerWeights:
+    def _check_layer(self, layer) -> int:
         if isinstance(layer, bool) or not isinstance(layer, int) or not 0 <= layer < self.config.num_hidden_layers:
             raise ValueError(f"layer must be in [0, {self.config.num_hidden_layers}), got {layer!r}")
-        return self.weights.layers[layer]
+        return layer
+
+    def _layer_weights(self, layer: int) -> LayerWeights:
+        return self.weights.layers[self._check_layer(layer)]
 
     def _check_tokens(self, tokens) -> torch.Tensor:
         tokens = torch.as_tensor(tokens, device=self.device)
@@ -365,6 +450,17 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * xf.to(x.dtype)
 
 
+def _scaled_rms_norm(x: torch.Tensor, scale: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: normalized and scaled in float32 (``scale`` = ``1 + weight``, float32), then cast."""
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (xf * scale).to(x.dtype)
+
+
+def _gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Rotate ``x [H, s, d]`` by ``cos, sin [s, d]`` (HF ``rotate_half`` convention)."""
     half = x.shape[-1] // 2
@@ -379,6 +475,21 @@ def _attention_mask(r: int, s: int, device) -> torch.Tensor:
     return mask
 
 
+def _window_mask(positions: torch.Tensor, r: int, prefix_positions: torch.Tensor | None, window: int) -> torch.Tensor | None:
+    """Boolean ``[s, r+s]``, True where key position ``> query position - window``; None when no key falls out.
+
+    ``positions [s]`` are the queries' (and suffix keys') positions; the ``r`` prefix rows sit at
+    ``prefix_positions [r]``, by default the ``r`` positions right before ``positions[0]``.
+    """
+    if prefix_positions is None:
+        first = int(positions[0]) if positions.numel() else 0
+        prefix_positions = torch.arange(first - r, first, device=positions.device)
+    keys = torch.cat([prefix_positions, positions])  # [r+s]
+    if not keys.numel() or int(keys.min()) > int(positions.max()) - window:
+        return None  # every key is inside every query's window: the plain masks suffice
+    return keys[None, :] > positions[:, None] - window
+
+
 def _gqa_attention(
     q: torch.Tensor,
     keys: torch.Tensor,
@@ -386,6 +497,8 @@ def _gqa_attention(
     num_prefix_rows: int,
     row_mask: torch.Tensor | None = None,
     attn_mask: torch.Tensor | None = None,
+    window_mask: torch.Tensor | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Attention of ``q [Hq, s, d]`` over ``keys``/``values [Hkv, r+s, d]`` -> ``[Hq, s, d]``.
 
@@ -406,7 +519,9 @@ def _gqa_attention(
 
     ``row_mask [Hkv, r]`` hides prefix rows per KV head: the mask becomes
     ``[Hq, s, r+s]`` (query head ``h`` takes KV head ``h // g``'s row);
-    ``attn_mask [Hq, s, r+s]`` is and-ed with it.
+    ``attn_mask [Hq, s, r+s]`` is and-ed with it.  ``window_mask [s, r+s]``
+    (a sliding-window layer, ``_window_mask``) is and-ed with the plain mask.
+    ``scale``: the softmax scale, None for ``1/sqrt(d)``.
     """
     s = q.shape[1]
     q4, k4, v4 = q.unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0)  # [1, H, t, d]
@@ -417,16 +532,21 @@ def _gqa_attention(
             mask[:, :, :num_prefix_rows] &= row_mask.to(q.device).repeat_interleave(g, dim=0)[:, None, :]
         if attn_mask is not None:
             mask &= attn_mask.to(q.device)
-        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask.unsqueeze(0), enable_gqa=True)
+        if window_mask is not None:
+            mask &= window_mask.to(q.device)
+        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask.unsqueeze(0), enable_gqa=True, scale=scale)
+    elif window_mask is not None:
+        mask = _attention_mask(num_prefix_rows, s, q.device) & window_mask.to(q.device)  # [s, r+s]
+        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True, scale=scale)
     elif num_prefix_rows == 0:
-        out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q4, k4, v4, is_causal=True, enable_gqa=True, scale=scale)
     elif s == 1:
-        out = F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True, scale=scale)
     elif q.device.type == "cpu" and _FLASH_CPU is not None:
-        out = _prefix_then_causal(q4, k4, v4, num_prefix_rows)
+        out = _prefix_then_causal(q4, k4, v4, num_prefix_rows, scale)
     else:
         mask = _attention_mask(num_prefix_rows, s, q.device)  # [s, r+s]
-        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True)
+        out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True, scale=scale)
     return out[0]
 
 
@@ -441,7 +561,7 @@ def _flash_cpu():
 _FLASH_CPU = _flash_cpu()
 
 
-def _prefix_then_causal(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, r: int) -> torch.Tensor:
+def _prefix_then_causal(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, r: int, scale: float | None = None) -> torch.Tensor:
     """``[1, Hq, s, d]`` queries over ``r`` prefix rows and causally over the last ``s`` rows, with no mask.
 
     The fused CPU kernel takes no bottom-right causal mask, and with a boolean
@@ -450,8 +570,8 @@ def _prefix_then_causal(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, r:
     run unmasked (the prefix rows) and ``is_causal`` (the block itself), and
     their outputs are joined by their log-sum-exps: the softmax over both.
     """
-    o1, lse1 = _FLASH_CPU(q4, k4[:, :, :r], v4[:, :, :r])[:2]  # lse [1, Hq, s], float32
-    o2, lse2 = _FLASH_CPU(q4, k4[:, :, r:], v4[:, :, r:], is_causal=True)[:2]
+    o1, lse1 = _FLASH_CPU(q4, k4[:, :, :r], v4[:, :, :r], scale=scale)[:2]  # lse [1, Hq, s], float32
+    o2, lse2 = _FLASH_CPU(q4, k4[:, :, r:], v4[:, :, r:], is_causal=True, scale=scale)[:2]
     top = torch.maximum(lse1, lse2)
     w1, w2 = (lse1 - top).exp().unsqueeze(-1), (lse2 - top).exp().unsqueeze(-1)
     return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(q4.dtype)

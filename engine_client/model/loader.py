@@ -56,6 +56,11 @@ def expected_tensors(config: ModelConfig) -> dict[str, tuple[int, ...]]:
         shapes[p + "mlp.gate_proj.weight"] = (c.intermediate_size, hidden)
         shapes[p + "mlp.up_proj.weight"] = (c.intermediate_size, hidden)
         shapes[p + "mlp.down_proj.weight"] = (hidden, c.intermediate_size)
+        if c.gemma3:
+            shapes[p + "self_attn.q_norm.weight"] = (d,)
+            shapes[p + "self_attn.k_norm.weight"] = (d,)
+            shapes[p + "pre_feedforward_layernorm.weight"] = (hidden,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (hidden,)
     return shapes
 
 
@@ -129,22 +134,33 @@ def _tensor_files(root: Path) -> dict[str, Path]:
 
 def _assemble(config: ModelConfig, t: dict[str, torch.Tensor]) -> DecoderWeights:
     """Fuse HF tensors into the decoder's layout, releasing the originals as it goes."""
+    # Gemma's norms scale by 1 + w in float32 (transformers' Gemma3RMSNorm): the decoder keeps that sum.
+    norm = (lambda name: 1.0 + t.pop(name).float()) if config.gemma3 else t.pop
     layers = []
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}."
         attn = [t.pop(p + f"self_attn.{x}_proj.weight") for x in "qkv"]
         bias = torch.cat([t.pop(p + f"self_attn.{x}_proj.bias") for x in "qkv"]) if config.attention_bias else None
+        gemma = {}
+        if config.gemma3:  # HF Gemma's post_attention_layernorm is the sandwich norm; the MLP's input norm is pre_feedforward
+            gemma = dict(
+                q_norm=norm(p + "self_attn.q_norm.weight"),
+                k_norm=norm(p + "self_attn.k_norm.weight"),
+                attn_out_norm=norm(p + "post_attention_layernorm.weight"),
+                mlp_out_norm=norm(p + "post_feedforward_layernorm.weight"),
+            )
         layers.append(
             LayerWeights(
-                input_norm=t.pop(p + "input_layernorm.weight"),
+                input_norm=norm(p + "input_layernorm.weight"),
                 qkv_weight=torch.cat(attn),
                 qkv_bias=bias,
                 o_weight=t.pop(p + "self_attn.o_proj.weight"),
-                post_norm=t.pop(p + "post_attention_layernorm.weight"),
+                post_norm=norm(p + ("pre_feedforward_layernorm.weight" if config.gemma3 else "post_attention_layernorm.weight")),
                 gate_up_weight=torch.cat([t.pop(p + "mlp.gate_proj.weight"), t.pop(p + "mlp.up_proj.weight")]),
                 down_weight=t.pop(p + "mlp.down_proj.weight"),
+                **gemma,
             )
         )
     embed = t.pop("model.embed_tokens.weight")
     lm_head = embed if config.tie_word_embeddings else t.pop("lm_head.weight")
-    return DecoderWeights(embed=embed, layers=layers, norm=t.pop("model.norm.weight"), lm_head=lm_head)
+    return DecoderWeights(embed=embed, layers=layers, norm=norm("model.norm.weight"), lm_head=lm_head)

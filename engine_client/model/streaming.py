@@ -158,6 +158,7 @@ def local_mass(model, prefix_kv: torch.Tensor, suffix: torch.Tensor, *, sink_tok
     full-KV request is.
     """
     c = model.config
+    c.require_full_attention("streaming-heads calibration")  # its scores assume every key visible at scale 1/sqrt(d)
     n = prefix_kv.shape[3]
     s = suffix.numel()
     hkv, g, d = c.num_key_value_heads, c.num_query_groups, c.head_dim
