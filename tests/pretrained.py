@@ -20,3 +20,5 @@ def installed(name: str) -> bool:
 
 
 needs_smollm2 = pytest.mark.skipif(not installed("smollm2-135m"), reason=f"needs {zoo.MODELS['smollm2-135m'].install_command}")
+# zoo.installed: checks the chunk packages without assembling the file at collection time
+needs_gemma3 = pytest.mark.skipif(not zoo.installed("gemma3-270m"), reason=f"needs {zoo.MODELS['gemma3-270m'].install_command}")
