@@ -112,6 +112,9 @@ class RemoteTier(abc.ABC):
         """Nodes that announced themselves and have not expired: ``{node_id: info}``."""
 
     # ------------------------------------------------------------ state
+    def connect(self) -> None:
+        """Reach the engine now: RemoteRefused for a configuration error, RemoteUnavailable when nobody answers."""
+
     @abc.abstractmethod
     def health(self) -> str | None:
         """None when every part of the engine answers; otherwise why not, in a few words."""

@@ -122,7 +122,10 @@ class RedisClusterTier(RemoteTier):
         self._cluster()
 
     def _probe(self, host: str, port: int) -> None:
-        r = self._redis.Redis(host=host, port=port, **self._conn_kwargs)
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+
+        r = self._redis.Redis(host=host, port=port, retry=Retry(NoBackoff(), 0), **self._conn_kwargs)  # one try: a start must not hang
         try:
             info = r.execute_command("CLUSTER", "INFO")
         except self._redis.AuthenticationError as exc:
@@ -329,6 +332,6 @@ def _classify(host: str, port: int, exc: Exception, tls: bool) -> Exception:
         return RemoteRefused(
             f"{host}:{port}: TLS handshake failed ({text}); is the cluster serving TLS{'' if tls else ' (use redis-cluster+tls://)'}?"
         )
-    if tls and isinstance(exc, (TimeoutError, ConnectionResetError)) or (tls and "Connection reset" in text):
-        return RemoteRefused(f"{host}:{port}: TLS handshake failed ({text}); is the cluster serving TLS?")
+    if tls and ("Timeout connecting" in text or "Connection reset" in text):  # TCP accepted, no TLS answer
+        return RemoteRefused(f"{host}:{port}: TLS handshake did not complete ({text}); is the cluster serving TLS?")
     return RemoteUnavailable(f"{type(exc).__name__}: {text}")
