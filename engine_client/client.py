@@ -5,8 +5,11 @@ returned); bfloat16 travels as raw uint16.  On a unix socket the client
 opens a shared-memory session by default (``shm.ShmSession``): extents then
 arrive as zero-copy views into the daemon's arena, valid until the read is
 released.  Every call has a deadline (``deadline_s``; a put's grows with
-its payload, ``put_floor_bytes_s``); errors and retries are ``rpc``'s
-(``KVStoreRpcError``, ``RETRY_POLICY``, ``PUT_ATTEMPTS``).
+its payload, ``put_floor_bytes_s``); errors, retries and reconnecting are
+``rpc``'s (``KVStoreRpcError``, ``call``, ``RetriedStream``,
+``PUT_ATTEMPTS``, ``CHANNEL_OPTIONS``).  A read naming a shared-memory
+session the daemon no longer knows (it restarted) opens a new session and
+is sent again, once.
 
 Every call answers with a value of ``kvstore.wire`` (``LookupResult``,
 ``PutResult``, ``PrefixDescription``, ``StoreStats``, ``ReadResult``,
@@ -14,16 +17,17 @@ Every call answers with a value of ``kvstore.wire`` (``LookupResult``,
 or a numpy array, never a protobuf message; the messages themselves are
 built and read only here, in ``reads``, ``prefetch`` and ``pages``.
 
-Why one file of ~420 lines: it is one method per RPC of ``KVStoreClient``,
+Why one file of ~460 lines: it is one method per RPC of ``KVStoreClient``,
 each a few lines of request building, deadline and decoding; the readers,
 the Prefetch stream, the pages and the conversation calls already live in
-their own modules.
+their own modules (and what a stale shm session looks like, in ``shm``).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import threading
 import time
 
 import grpc
@@ -66,8 +70,9 @@ from .conversations import ConversationCalls
 from .data_channel import DataPool, read_groups_data
 from .prefetch import PrefetchStream
 from .reads import read_groups
-from .rpc import PUT_ATTEMPTS, SERVICE_CONFIG, KVStoreRpcError, backoff, call, retryable, stream
-from .shm import ShmSession
+from .routing import RouteCalls
+from .rpc import CHANNEL_OPTIONS, PUT_ATTEMPTS, KVStoreRpcError, RetriedStream, backoff, call, retryable, stream
+from .shm import ShmSession, names_stale_session
 
 __all__ = ["KVStoreClient", "KVStoreRpcError", "as_numpy_kv", "to_torch"]
 
@@ -75,7 +80,7 @@ FRAME_BYTES = 2 * 1024 * 1024
 PUT_FLOOR_BYTES_S = 8 * 1024 * 1024
 
 
-class KVStoreClient(ConversationCalls):
+class KVStoreClient(ConversationCalls, RouteCalls):
     def __init__(
         self,
         target: str,
@@ -112,8 +117,7 @@ class KVStoreClient(ConversationCalls):
         opts = [
             ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
             ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.enable_retries", 1),
-            ("grpc.service_config", SERVICE_CONFIG),
+            *CHANNEL_OPTIONS,
         ]
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
         if root_certificates is not None or client_cert is not None:
@@ -125,6 +129,7 @@ class KVStoreClient(ConversationCalls):
         self.stub = KVStoreStub(self.channel)
         self.admin = KVStoreAdminStub(self.channel)
         self.session: ShmSession | None = None
+        self._session_lock = threading.Lock()
         local = target.startswith("unix:")
         if data_channel and local:
             raise ValueError("data connections are for TCP targets; a unix socket has the shared-memory path")
@@ -133,7 +138,8 @@ class KVStoreClient(ConversationCalls):
         if shm or (shm is None and local):
             if not local:
                 raise ValueError("the shared-memory path needs a unix-socket target")
-            self.session = ShmSession.open(shm_socket or target[len("unix:") :] + ".shm", required=bool(shm))
+            self._shm_path = shm_socket or target[len("unix:") :] + ".shm"
+            self.session = ShmSession.open(self._shm_path, required=bool(shm), timeout_s=self.deadline_s)
 
     @property
     def shm(self) -> bool:
@@ -229,17 +235,63 @@ class KVStoreClient(ConversationCalls):
             chunks=_ints(chunks),
             layer_start=layer_start,
             layer_end=layer_end,
-            shm_session=self.session_id if use_shm else 0,
             coalesce=coalesce,
             no_coalesce=not coalesce,  # the older spelling, for a daemon that predates `coalesce`
         )
-        pool = None if use_shm else self._data()
+        if use_shm:
+            yield from self._shm_groups(req, prefix_id, timeout)
+            return
+        pool = self._data()
         if pool is None:
-            yield from read_groups(call(self.stub.ReadChunks, req, **self._kw(timeout)), prefix_id, self.session if use_shm else None)
+            yield from read_groups(RetriedStream(self.stub.ReadChunks, req, **self._kw(timeout)), prefix_id, None)
             return
         conn = pool.take()
         req.data_channel, req.data_secret = conn.conn_id, conn.secret
-        yield from read_groups_data(call(self.stub.ReadChunks, req, **self._kw(timeout)), prefix_id, conn, pool)
+        yield from read_groups_data(RetriedStream(self.stub.ReadChunks, req, **self._kw(timeout)), prefix_id, conn, pool)
+
+    def _shm_groups(self, req: pb.ReadChunksRequest, prefix_id: str, timeout):
+        """``read_groups`` over the shm session; a session the daemon no longer knows is reopened, and the read sent again,
+        once, all within the read's deadline."""
+        deadline = time.monotonic() + (self.deadline_s if timeout is None else timeout)
+        for last_try in (False, True):
+            session = self.session
+            req.shm_session = session.session_id
+            responses = RetriedStream(self.stub.ReadChunks, req, **self._kw(max(deadline - time.monotonic(), 0.001)))
+            groups = read_groups(responses, prefix_id, session)
+            try:
+                try:
+                    first = next(groups)
+                except StopIteration:
+                    return
+                except KVStoreRpcError as exc:
+                    if last_try or not names_stale_session(exc.code.name, exc.message):
+                        raise
+                    self._reopen_session(session, deadline)
+                    continue
+                yield first
+                yield from groups
+                return
+            finally:
+                groups.close()
+
+    def _reopen_session(self, stale: ShmSession, deadline: float) -> None:
+        """A new shm session in place of ``stale`` (unless another thread did it already), by ``deadline``.
+
+        Views of reads on ``stale`` stay valid: its arena stays mapped while they live."""
+        with self._session_lock:
+            if self.session is not stale:
+                return
+            try:
+                self.session = ShmSession.open(self._shm_path, required=True, timeout_s=max(deadline - time.monotonic(), 0.001))
+            except TimeoutError:
+                raise KVStoreRpcError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, "reopening the shared-memory session took past the deadline"
+                ) from None
+            except OSError as exc:
+                raise KVStoreRpcError(
+                    grpc.StatusCode.UNAVAILABLE, f"the shared-memory session was lost and could not be reopened: {exc}"
+                ) from None
+        stale.close()
 
     def data_channel_port(self, *, timeout=None) -> tuple[int, str]:
         """The daemon's data port (0 when it offers none) and why not."""

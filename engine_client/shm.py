@@ -12,10 +12,20 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import re
 import socket
 import struct
 
 import numpy as np
+
+# the daemon's words for a session it does not know (it restarted) or has closed, naming its id
+_STALE = re.compile(r"shm_session: .*\bsession \d+")
+
+
+def names_stale_session(code: str, message: str) -> bool:
+    """Whether a call failed (``code``, a status name) because the daemon no longer knows its session:
+    a new session is then to be opened (``KVStoreClient`` does, once per read)."""
+    return code in ("FAILED_PRECONDITION", "INVALID_ARGUMENT") and _STALE.match(message) is not None
 
 
 class ShmSession:
@@ -27,12 +37,16 @@ class ShmSession:
         self.session_id = session_id
 
     @classmethod
-    def open(cls, path: str, *, required: bool) -> ShmSession | None:
-        """The session on ``path``; None when there is none to have and ``required`` is off."""
+    def open(cls, path: str, *, required: bool, timeout_s: float | None = None) -> ShmSession | None:
+        """The session on ``path``; None when there is none to have and ``required`` is off.
+
+        ``timeout_s`` bounds the connect and the daemon's hello (``TimeoutError``)."""
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
+            sock.settimeout(timeout_s)
             sock.connect(path)
             msg, fds, _, _ = socket.recv_fds(sock, 4096, 1)
+            sock.settimeout(None)
         except OSError:
             sock.close()
             if required:

@@ -71,18 +71,82 @@ class _Flaky(pb_grpc.KVStoreServicer):
         return pb.StatsResponse(num_prefixes=7)
 
 
-def test_unavailable_is_retried_with_backoff_by_the_channel(tmp_path):
-    flaky = _Flaky()
-    server = grpc.server(futures.ThreadPoolExecutor(2))
-    pb_grpc.add_KVStoreServicer_to_server(flaky, server)
-    server.add_insecure_port(f"unix:{tmp_path}/s.sock")
-    server.start()
-    try:
-        with KVStoreClient(f"unix:{tmp_path}/s.sock", shm=False) as client:
-            assert client.stats(timeout=10).num_prefixes == 7
-        assert flaky.attempts == 3
-    finally:
+@pytest.fixture
+def serve(tmp_path):
+    """``serve(servicer)``: an in-process KVStore server on a unix socket; its target."""
+    servers = []
+
+    def start(servicer) -> str:
+        server = grpc.server(futures.ThreadPoolExecutor(4))
+        pb_grpc.add_KVStoreServicer_to_server(servicer, server)
+        target = f"unix:{tmp_path}/s{len(servers)}.sock"
+        server.add_insecure_port(target)
+        server.start()
+        servers.append(server)
+        return target
+
+    yield start
+    for server in servers:
         server.stop(0)
+
+
+def test_unavailable_is_retried_with_backoff_by_the_client(serve):
+    flaky = _Flaky()
+    with KVStoreClient(serve(flaky), shm=False) as client:
+        assert client.stats(timeout=10).num_prefixes == 7
+    assert flaky.attempts == 3
+
+
+class _FlakyStream(pb_grpc.KVStoreServicer):
+    """GetSummaries: UNAVAILABLE ``failures`` times, then one frame, then UNAVAILABLE if ``fail_after_frame``."""
+
+    def __init__(self, failures: int, fail_after_frame: bool):
+        self.failures, self.fail_after_frame = failures, fail_after_frame
+        self.attempts = 0
+
+    def GetSummaries(self, request, context):
+        self.attempts += 1
+        if self.attempts <= self.failures:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
+        yield pb.ArrayFrame(shape=[2], dtype="float32", offset=0, data=np.arange(2, dtype=np.float32).tobytes())
+        if self.fail_after_frame:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
+
+    def Stats(self, request, context):
+        self.attempts += 1
+        context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
+
+
+def test_a_stream_is_retried_until_its_first_message(serve):
+    flaky = _FlakyStream(failures=2, fail_after_frame=False)
+    with KVStoreClient(serve(flaky), shm=False) as client:
+        assert client.get_summaries(UNKNOWN, timeout=10).tolist() == [0.0, 1.0]
+    assert flaky.attempts == 3
+
+
+def test_a_stream_that_failed_after_a_message_is_not_retried(serve):
+    flaky = _FlakyStream(failures=0, fail_after_frame=True)
+    with KVStoreClient(serve(flaky), shm=False) as client:
+        with pytest.raises(KVStoreRpcError) as err:
+            client.get_summaries(UNKNOWN, timeout=10)
+    assert err.value.code == grpc.StatusCode.UNAVAILABLE
+    assert flaky.attempts == 1
+
+
+@pytest.mark.timeout(30)
+def test_retries_stop_at_the_deadline(serve):
+    flaky = _FlakyStream(failures=10**6, fail_after_frame=False)
+    with KVStoreClient(serve(flaky), shm=False) as client:
+        for fn in (lambda: client.stats(timeout=0.05), lambda: client.get_summaries(UNKNOWN, timeout=0.05)):
+            t0 = time.monotonic()
+            with pytest.raises(KVStoreRpcError) as err:
+                fn()
+            assert time.monotonic() - t0 < 0.05 + 0.5
+            assert err.value.code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        flaky.attempts = 0
+        with pytest.raises(KVStoreRpcError) as err:
+            client.stats(timeout=30)  # time for every attempt: five, then the last failure
+        assert err.value.code == grpc.StatusCode.UNAVAILABLE and flaky.attempts == 5
 
 
 class _SlowReader(pb_grpc.KVStoreServicer):
