@@ -355,6 +355,12 @@ def main(argv: list[str] | None = None) -> int:
     except (BenchError, KVStoreError, OSError) as exc:  # could not run: say why, no traceback
         print(f"kvstore-bench: error: {exc}", file=sys.stderr)
         return 1
+    except ValueError as exc:  # a model this command does not take (engine_client.model.UnsupportedModel): one line
+        config = sys.modules.get("engine_client.model.config")  # loaded by whatever loaded the model
+        if config is None or not isinstance(exc, config.UnsupportedModel):
+            raise
+        print(f"kvstore-bench: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
