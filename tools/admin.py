@@ -33,6 +33,8 @@ from kvstore.errors import InvalidArgument, KVStoreError
 from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.rebuild import rebuild_index
 from tools.admin_conversations import cmd_conversation, cmd_conversations
+from tools.admin_remote import add_parsers as add_remote_parsers
+from tools.admin_remote import cmd_remote, cmd_route, cmd_route_direct, is_direct
 from tools.admin_targets import connect
 from tools.fmt import format_table, human_bytes
 from tools.fmt import when as _when
@@ -220,6 +222,8 @@ COMMANDS = {
     "compact": cmd_compact,
     "conversations": cmd_conversations,
     "conversation": cmd_conversation,
+    "remote": cmd_remote,
+    "route": cmd_route,
 }
 
 
@@ -290,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("conversation", parents=[common], help="show one conversation: its turns, compressed form and strategy")
     p.add_argument("conversation_id")
     p.add_argument("--namespace", default="", help="the conversation's namespace (default: the empty one)")
+    add_remote_parsers(sub, common)
     return parser
 
 
@@ -313,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "rebuild-index":
             data, text, status = cmd_rebuild_index(args)
+        elif is_direct(args):
+            data, text, status = cmd_route_direct(args)
         else:
             admin = connect(args)
             try:

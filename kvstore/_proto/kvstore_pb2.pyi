@@ -591,7 +591,7 @@ class LatencySummary(_message.Message):
     def __init__(self, rpc: _Optional[str] = ..., count: _Optional[int] = ..., p50_ms: _Optional[float] = ..., p90_ms: _Optional[float] = ..., p99_ms: _Optional[float] = ...) -> None: ...
 
 class StatsResponse(_message.Message):
-    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version", "cache_policy", "cpu_tier_bytes", "cpu_tier_used_bytes", "gpu_tier_bytes", "gpu_tier_used_bytes", "prefetch_reserve_bytes", "tier_hit_units", "tier_miss_units", "tier_units", "pinned_units", "max_disk_bytes", "disk_used_bytes", "disk_reserved_bytes", "evictions", "evicted_bytes", "compactions", "compaction_reclaimed_bytes", "bytes_read_gpu", "bytes_read_cpu", "spec_bytes_used", "spec_bytes_wasted", "spec_units_cancelled", "pinned_bytes", "read_queue_depth", "data_connections", "num_conversations")
+    __slots__ = ("backend", "num_prefixes", "num_segments", "bytes_stored", "bytes_free", "bytes_read", "bytes_written", "requests", "read_only", "quarantined_segments", "shm_arena_bytes", "shm_leased_bytes", "shm_sessions", "latency", "index_map_bytes", "version", "cache_policy", "cpu_tier_bytes", "cpu_tier_used_bytes", "gpu_tier_bytes", "gpu_tier_used_bytes", "prefetch_reserve_bytes", "tier_hit_units", "tier_miss_units", "tier_units", "pinned_units", "max_disk_bytes", "disk_used_bytes", "disk_reserved_bytes", "evictions", "evicted_bytes", "compactions", "compaction_reclaimed_bytes", "bytes_read_gpu", "bytes_read_cpu", "spec_bytes_used", "spec_bytes_wasted", "spec_units_cancelled", "pinned_bytes", "read_queue_depth", "data_connections", "num_conversations", "remote_state", "remote_node_id", "pending_prefixes", "replicated_prefixes", "failed_prefixes", "replicated_extents", "replicated_bytes", "replication_skipped_extents", "replication_retries", "fill_prefixes", "fill_chunks", "fill_bytes", "fill_pages", "remote_misses", "remote_checksum_failures", "fill_failures", "remote_degraded_events")
     BACKEND_FIELD_NUMBER: _ClassVar[int]
     NUM_PREFIXES_FIELD_NUMBER: _ClassVar[int]
     NUM_SEGMENTS_FIELD_NUMBER: _ClassVar[int]
@@ -634,6 +634,23 @@ class StatsResponse(_message.Message):
     READ_QUEUE_DEPTH_FIELD_NUMBER: _ClassVar[int]
     DATA_CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_CONVERSATIONS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_STATE_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    PENDING_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_SKIPPED_EXTENTS_FIELD_NUMBER: _ClassVar[int]
+    REPLICATION_RETRIES_FIELD_NUMBER: _ClassVar[int]
+    FILL_PREFIXES_FIELD_NUMBER: _ClassVar[int]
+    FILL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    FILL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILL_PAGES_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_MISSES_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CHECKSUM_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    FILL_FAILURES_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_DEGRADED_EVENTS_FIELD_NUMBER: _ClassVar[int]
     backend: str
     num_prefixes: int
     num_segments: int
@@ -676,7 +693,78 @@ class StatsResponse(_message.Message):
     read_queue_depth: int
     data_connections: int
     num_conversations: int
-    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ..., cache_policy: _Optional[str] = ..., cpu_tier_bytes: _Optional[int] = ..., cpu_tier_used_bytes: _Optional[int] = ..., gpu_tier_bytes: _Optional[int] = ..., gpu_tier_used_bytes: _Optional[int] = ..., prefetch_reserve_bytes: _Optional[int] = ..., tier_hit_units: _Optional[int] = ..., tier_miss_units: _Optional[int] = ..., tier_units: _Optional[int] = ..., pinned_units: _Optional[int] = ..., max_disk_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_reserved_bytes: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., compactions: _Optional[int] = ..., compaction_reclaimed_bytes: _Optional[int] = ..., bytes_read_gpu: _Optional[int] = ..., bytes_read_cpu: _Optional[int] = ..., spec_bytes_used: _Optional[int] = ..., spec_bytes_wasted: _Optional[int] = ..., spec_units_cancelled: _Optional[int] = ..., pinned_bytes: _Optional[int] = ..., read_queue_depth: _Optional[int] = ..., data_connections: _Optional[int] = ..., num_conversations: _Optional[int] = ...) -> None: ...
+    remote_state: str
+    remote_node_id: str
+    pending_prefixes: int
+    replicated_prefixes: int
+    failed_prefixes: int
+    replicated_extents: int
+    replicated_bytes: int
+    replication_skipped_extents: int
+    replication_retries: int
+    fill_prefixes: int
+    fill_chunks: int
+    fill_bytes: int
+    fill_pages: int
+    remote_misses: int
+    remote_checksum_failures: int
+    fill_failures: int
+    remote_degraded_events: int
+    def __init__(self, backend: _Optional[str] = ..., num_prefixes: _Optional[int] = ..., num_segments: _Optional[int] = ..., bytes_stored: _Optional[int] = ..., bytes_free: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., requests: _Optional[int] = ..., read_only: _Optional[str] = ..., quarantined_segments: _Optional[int] = ..., shm_arena_bytes: _Optional[int] = ..., shm_leased_bytes: _Optional[int] = ..., shm_sessions: _Optional[int] = ..., latency: _Optional[_Iterable[_Union[LatencySummary, _Mapping]]] = ..., index_map_bytes: _Optional[int] = ..., version: _Optional[str] = ..., cache_policy: _Optional[str] = ..., cpu_tier_bytes: _Optional[int] = ..., cpu_tier_used_bytes: _Optional[int] = ..., gpu_tier_bytes: _Optional[int] = ..., gpu_tier_used_bytes: _Optional[int] = ..., prefetch_reserve_bytes: _Optional[int] = ..., tier_hit_units: _Optional[int] = ..., tier_miss_units: _Optional[int] = ..., tier_units: _Optional[int] = ..., pinned_units: _Optional[int] = ..., max_disk_bytes: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., disk_reserved_bytes: _Optional[int] = ..., evictions: _Optional[int] = ..., evicted_bytes: _Optional[int] = ..., compactions: _Optional[int] = ..., compaction_reclaimed_bytes: _Optional[int] = ..., bytes_read_gpu: _Optional[int] = ..., bytes_read_cpu: _Optional[int] = ..., spec_bytes_used: _Optional[int] = ..., spec_bytes_wasted: _Optional[int] = ..., spec_units_cancelled: _Optional[int] = ..., pinned_bytes: _Optional[int] = ..., read_queue_depth: _Optional[int] = ..., data_connections: _Optional[int] = ..., num_conversations: _Optional[int] = ..., remote_state: _Optional[str] = ..., remote_node_id: _Optional[str] = ..., pending_prefixes: _Optional[int] = ..., replicated_prefixes: _Optional[int] = ..., failed_prefixes: _Optional[int] = ..., replicated_extents: _Optional[int] = ..., replicated_bytes: _Optional[int] = ..., replication_skipped_extents: _Optional[int] = ..., replication_retries: _Optional[int] = ..., fill_prefixes: _Optional[int] = ..., fill_chunks: _Optional[int] = ..., fill_bytes: _Optional[int] = ..., fill_pages: _Optional[int] = ..., remote_misses: _Optional[int] = ..., remote_checksum_failures: _Optional[int] = ..., fill_failures: _Optional[int] = ..., remote_degraded_events: _Optional[int] = ...) -> None: ...
+
+class NodeLoad(_message.Message):
+    __slots__ = ("node_id", "load")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    load: float
+    def __init__(self, node_id: _Optional[str] = ..., load: _Optional[float] = ...) -> None: ...
+
+class RouteRequest(_message.Message):
+    __slots__ = ("namespace", "model_fingerprint", "geometry", "tokens", "loads", "max_load_gap")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    GEOMETRY_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    LOADS_FIELD_NUMBER: _ClassVar[int]
+    MAX_LOAD_GAP_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    model_fingerprint: str
+    geometry: Geometry
+    tokens: _containers.RepeatedScalarFieldContainer[int]
+    loads: _containers.RepeatedCompositeFieldContainer[NodeLoad]
+    max_load_gap: float
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., tokens: _Optional[_Iterable[int]] = ..., loads: _Optional[_Iterable[_Union[NodeLoad, _Mapping]]] = ..., max_load_gap: _Optional[float] = ...) -> None: ...
+
+class NodeMatch(_message.Message):
+    __slots__ = ("node_id", "local_chunks", "load", "address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    local_chunks: int
+    load: float
+    address: str
+    def __init__(self, node_id: _Optional[str] = ..., local_chunks: _Optional[int] = ..., load: _Optional[float] = ..., address: _Optional[str] = ...) -> None: ...
+
+class RouteResponse(_message.Message):
+    __slots__ = ("node_id", "reason", "local_chunks", "remote_chunks", "num_chunks", "nodes", "address")
+    NODE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    REMOTE_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node_id: str
+    reason: str
+    local_chunks: int
+    remote_chunks: int
+    num_chunks: int
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeMatch]
+    address: str
+    def __init__(self, node_id: _Optional[str] = ..., reason: _Optional[str] = ..., local_chunks: _Optional[int] = ..., remote_chunks: _Optional[int] = ..., num_chunks: _Optional[int] = ..., nodes: _Optional[_Iterable[_Union[NodeMatch, _Mapping]]] = ..., address: _Optional[str] = ...) -> None: ...
 
 class InspectResponse(_message.Message):
     __slots__ = ("json",)

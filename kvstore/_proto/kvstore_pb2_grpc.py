@@ -144,6 +144,11 @@ class KVStoreStub:
                 request_serializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.SerializeToString,
                 response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.FromString,
                 _registered_method=True)
+        self.Route = channel.unary_unary(
+                '/kvstore.v1.KVStore/Route',
+                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.RouteRequest.SerializeToString,
+                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.RouteResponse.FromString,
+                _registered_method=True)
 
 
 class KVStoreServicer:
@@ -282,6 +287,12 @@ class KVStoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Route(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -394,6 +405,11 @@ def add_KVStoreServicer_to_server(servicer, server):
                     servicer.DeleteConversation,
                     request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.FromString,
                     response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.SerializeToString,
+            ),
+            'Route': grpc.unary_unary_rpc_method_handler(
+                    servicer.Route,
+                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.RouteRequest.FromString,
+                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.RouteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -990,6 +1006,33 @@ class KVStore:
             '/kvstore.v1.KVStore/DeleteConversation',
             kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.SerializeToString,
             kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Route(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/kvstore.v1.KVStore/Route',
+            kvstore_dot___proto_dot_kvstore__pb2.RouteRequest.SerializeToString,
+            kvstore_dot___proto_dot_kvstore__pb2.RouteResponse.FromString,
             options,
             channel_credentials,
             insecure,

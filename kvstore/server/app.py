@@ -21,6 +21,8 @@ from .._proto import kvstore_pb2, kvstore_pb2_grpc
 from ..config import StoreConfig
 from ..errors import BackendUnavailable, InvalidArgument, KVStoreError, StartupError
 from ..file_modes import FILE_MODE
+from ..remote import RemoteConfig
+from ..remote.router import Router
 from ..store import ChunkStore
 from ..wire import MAX_MESSAGE_BYTES
 from . import sockets
@@ -29,6 +31,7 @@ from .auth import BearerTokenInterceptor, read_auth_token_file
 from .config import ServerConfig
 from .data_channel import DataChannels
 from .notify import notify
+from .remote import REMOTE_SERVICE, RemoteWatch, connect_tier
 from .servicer import AdminServicer, KVStoreServicer, Service
 from .shm_sessions import PeerPolicy, ShmSessions
 from .status import add_service
@@ -42,9 +45,11 @@ UNWIND_SECONDS = 5.0  # after the grace, how long cancelled calls get to release
 
 
 class Daemon:
-    def __init__(self, store_config: StoreConfig, config: ServerConfig):
+    def __init__(self, store_config: StoreConfig, config: ServerConfig, remote_config: RemoteConfig | None = None):
         self.store_config = store_config
         self.config = config
+        self.remote_config = remote_config or RemoteConfig()
+        self.remote_tier = self.remote_watch = None
         self.servers: list[grpc.aio.Server] = []
         self.health = health.aio.HealthServicer() if hasattr(health, "aio") else health.HealthServicer()
         self.stopped = asyncio.Event()
@@ -81,8 +86,16 @@ class Daemon:
             sockets.claim(cfg.socket_path, "socket_path")
         if with_arena:
             sockets.claim(cfg.shm_socket, "shm_socket_path")
-        with startup_step("data_dir", self.store_config.data_dir):
-            self.store = ChunkStore(self.store_config)
+        self.remote_tier, unreachable = connect_tier(self.remote_config)  # a refusal stops here, in one line
+        try:
+            with startup_step("data_dir", self.store_config.data_dir):
+                self.store = ChunkStore(self.store_config, remote=self.remote_tier, remote_config=self.remote_config)
+        except BaseException:
+            if self.remote_tier is not None:
+                self.remote_tier.close()
+            raise
+        if unreachable:
+            self.store.remote_link.mark_degraded(unreachable)
         with startup_step("shm_arena_bytes", cfg.shm_arena_bytes):
             self.arena = Arena(cfg.shm_arena_bytes, cfg.shm_slot_bytes, tier_bytes=cfg.cpu_tier_bytes) if with_arena else None
         self.tiers = TierManager(
@@ -111,6 +124,10 @@ class Daemon:
         self.store.capacity.on_segments_freed.append(self.tiers.drop_segment)
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
         self.service.data_channels, self.service.data_channel_reason = self.data_channels, data_reason
+        if self.remote_tier is not None:
+            self.service.router = Router(self.remote_tier, max_tokens=self.store_config.max_prefix_tokens)
+            where = cfg.tcp_address or f"unix:{cfg.socket_path}"
+            self.remote_watch = RemoteWatch(self.store, self.remote_config, self._set_serving, where)
         if self.metrics_server is not None:
             self.metrics_server.serve(self.service)
         if cfg.socket_path:
@@ -138,6 +155,8 @@ class Daemon:
         status = health_pb2.HealthCheckResponse.SERVING if not self.store.read_only else health_pb2.HealthCheckResponse.NOT_SERVING
         for name in ("", *SERVICES):
             await self._set_health(name, status)
+        if self.remote_tier is not None:
+            await self._set_serving(REMOTE_SERVICE, not unreachable)
 
     def _bind_tcp(self) -> grpc.aio.Server:
         """A TCP server bound (not started) on tcp_address, its tokens and TLS files read."""
@@ -206,6 +225,14 @@ class Daemon:
         if asyncio.iscoroutine(res):
             await res
 
+    async def _set_serving(self, name: str, serving: bool) -> None:
+        await self._set_health(name, health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    async def watch_remote(self) -> None:
+        """Check the remote tier's health every remote_health_seconds (``remote.RemoteWatch``); nothing without one."""
+        if self.remote_watch is not None:
+            await self.remote_watch.run(self.stopped)
+
     async def watch_read_only(self) -> None:
         """Report NOT_SERVING on health once the store turned read-only."""
         while not self.stopped.is_set():
@@ -256,6 +283,8 @@ class Daemon:
         self.service.pool.shutdown(wait=True)
         self.service.delivery_pool.shutdown(wait=True)
         self.store.close()
+        if self.remote_tier is not None:
+            self.remote_tier.close()
         if self.arena is not None:
             self.arena.close()
         if self.config.socket_path:
@@ -301,12 +330,14 @@ def _tls_credentials(cfg: ServerConfig) -> grpc.ServerCredentials:
     )
 
 
-async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str | None = None) -> None:
+async def run(
+    store_config: StoreConfig, config: ServerConfig, ready_file: str | None = None, remote_config: RemoteConfig | None = None
+) -> None:
     if faults.IGNORED:
         log.warning("ignoring %s: fault injection needs %s=1 (tests only)", " and ".join(faults.IGNORED), faults.SWITCH)
     if faults.ENABLED:
         log.warning("fault injection is on (%s=1): a test build, not for production", faults.SWITCH)
-    daemon = Daemon(store_config, config)
+    daemon = Daemon(store_config, config, remote_config)
     await daemon.start()
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
@@ -314,6 +345,7 @@ async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str |
         loop.add_signal_handler(sig, stop.set)
     watcher = asyncio.ensure_future(daemon.watch_read_only())
     flusher = asyncio.ensure_future(daemon.flush_scores())
+    remote_watch = asyncio.ensure_future(daemon.watch_remote())
     if ready_file:  # written whole, then renamed: a reader never sees it half done
         fd = os.open(ready_file + ".tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
         with open(fd, "w") as fh:
@@ -323,4 +355,4 @@ async def run(store_config: StoreConfig, config: ServerConfig, ready_file: str |
     notify("READY=1")
     await stop.wait()
     await daemon.stop()
-    await asyncio.gather(watcher, flusher)
+    await asyncio.gather(watcher, flusher, remote_watch)

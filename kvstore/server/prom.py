@@ -20,6 +20,7 @@ from prometheus_client.registry import CollectorRegistry
 from ..config import parse_host_port
 from ..errors import InvalidArgument
 from .metrics import LATENCY_BUCKETS_SECONDS
+from .remote import metric_families as remote_metric_families
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +112,7 @@ class DaemonCollector:
         info.add_metric([snap["version"], snap["backend"], snap.get("cache_policy", "")], 1)
         yield info
         yield _latency(svc.metrics.histograms())
+        yield from remote_metric_families(snap)
 
 
 def _hit_tokens(counters: dict):

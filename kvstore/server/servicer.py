@@ -27,6 +27,7 @@ from .conversations import ConversationRpcs
 from .metrics import Metrics
 from .prefetch import serve_prefetch
 from .read_chunks import serve_read_chunks
+from .routing import RouteRpcs
 from .shm_sessions import ShmSessions
 from .status import Draining, PutStalled, streaming, unary
 from .tiers import TierManager
@@ -68,6 +69,7 @@ class Service:
         self.tiers = tiers
         self.data_channels = None  # DataChannels: raw data connections for TCP clients (app.py)
         self.data_channel_reason = "not offered"
+        self.router = None  # kvstore.remote.router.Router: Route's answers, with a remote tier (app.py)
         self.metrics = Metrics()
         self.pool = ThreadPoolExecutor(max_workers=config.io_threads, thread_name_prefix="kvstore-svc")
         # Prefetch deliveries (tier placement, descriptors) free buffers that
@@ -130,6 +132,7 @@ class Service:
             "bytes_read_cpu": counters["read_bytes_cpu"],
             **{k: counters[k] for k in ("spec_bytes_used", "spec_bytes_wasted", "spec_units_cancelled")},
             **_tier_stats(self),
+            **self.store.remote_stats(),
         }
 
     async def run(self, fn, *args, **kwargs):
@@ -153,7 +156,7 @@ class Service:
         return await asyncio.get_running_loop().run_in_executor(self.delivery_pool, functools.partial(fn, *args))
 
 
-class KVStoreServicer(ConversationRpcs, pb_grpc.KVStoreServicer):
+class KVStoreServicer(ConversationRpcs, RouteRpcs, pb_grpc.KVStoreServicer):
     """The KVStore service; its conversation calls are in ``conversations.py``."""
 
     def __init__(self, service: Service):

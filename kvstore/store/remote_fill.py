@@ -176,7 +176,7 @@ class RemoteFill:
                 self._link.count(remote_misses=1)
                 continue
             except RemoteChecksumError as exc:
-                self._link.count(checksum_failures=1)
+                self._link.count(remote_checksum_failures=1)
                 log.error("remote page %s is damaged and not served: %s", h.hex(), exc)
                 continue
             payloads[len(good)] = parts
@@ -207,7 +207,7 @@ class RemoteFill:
         try:
             return decode_manifest(blob, manifest_id)
         except RemoteChecksumError as exc:
-            self._link.count(checksum_failures=1)
+            self._link.count(remote_checksum_failures=1)
             log.error("remote manifest is damaged and not used: %s", exc)
             return None
 
@@ -262,7 +262,7 @@ class RemoteFill:
                     try:
                         payload = decode_extent(value, length=manifest.extent_length(j, g), xxh3=int(manifest.extent_xxh3[j, g]))
                     except RemoteChecksumError as exc:
-                        self._link.count(checksum_failures=1)
+                        self._link.count(remote_checksum_failures=1)
                         log.error("remote chunk %d group %d of prefix %s is damaged and not served: %s", j, g, manifest.prefix_id, exc)
                         return _Stop(j, f"failed its checksum ({exc})", True), nbytes
                     pending.put_extent(g, j, payload)

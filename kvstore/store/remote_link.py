@@ -32,9 +32,9 @@ COUNTERS = (
     "fill_bytes",  # extent bytes fetched from the remote tier by fills
     "fill_pages",  # pages filled from the remote tier
     "remote_misses",  # look-ups and reads the remote tier could not extend (absent or evicted)
-    "checksum_failures",  # remote values that failed their checks (never served)
+    "remote_checksum_failures",  # remote values that failed their checks (never served)
     "fill_failures",  # fills that found the remote data but could not store it locally (full, read-only)
-    "degraded_events",  # times the link turned degraded
+    "remote_degraded_events",  # times the link turned degraded
 )
 
 
@@ -62,7 +62,7 @@ class RemoteLink:
         with self._lock:
             if self._degraded is None:
                 self._degraded, self._degraded_since = reason, time.monotonic()
-                self._counters["degraded_events"] += 1
+                self._counters["remote_degraded_events"] += 1
                 log.warning("remote tier degraded (serving the local tier alone): %s", reason)
 
     def mark_healthy(self) -> None:

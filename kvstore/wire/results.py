@@ -147,6 +147,24 @@ class StoreStats:
     read_queue_depth: int
     data_connections: int
     num_conversations: int
+    # the remote tier (docs/cluster.md); "" and 0 without one
+    remote_state: str = ""
+    remote_node_id: str = ""
+    pending_prefixes: int = 0
+    replicated_prefixes: int = 0
+    failed_prefixes: int = 0
+    replicated_extents: int = 0
+    replicated_bytes: int = 0
+    replication_skipped_extents: int = 0
+    replication_retries: int = 0
+    fill_prefixes: int = 0
+    fill_chunks: int = 0
+    fill_bytes: int = 0
+    fill_pages: int = 0
+    remote_misses: int = 0
+    remote_checksum_failures: int = 0
+    fill_failures: int = 0
+    remote_degraded_events: int = 0
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,7 @@ def test_a_damaged_remote_value_is_never_served(nodes):
     tier.values[victim] = tier.values[victim][:-1] + bytes([tier.values[victim][-1] ^ 1])  # one bit flipped
     with pytest.raises(DataLoss, match="chunk 3"):
         b.resolve(res.prefix_id)
-    assert b.remote_stats()["checksum_failures"] == 1
+    assert b.remote_stats()["remote_checksum_failures"] == 1
     hit = b.lookup(tokens, GEO)  # a look-up keeps the chunks before the damaged one
     assert hit.matched_chunks == 3
     assert np.array_equal(b.read(hit.prefix_id, range(3)).to_kv(), kv[:, :, :, :48])
@@ -118,7 +118,7 @@ def test_truncated_or_overwritten_values_are_detected(nodes):
     tier.values[first] = tier.values[second]  # another extent's well-formed value under this key
     with pytest.raises(DataLoss):
         b.resolve(res.prefix_id)
-    assert b.remote_stats()["checksum_failures"] == 2
+    assert b.remote_stats()["remote_checksum_failures"] == 2
     with pytest.raises(NotFound):
         b.describe(res.prefix_id)
 
@@ -131,7 +131,7 @@ def test_an_evicted_remote_value_is_a_miss_not_an_error(nodes):
     for k in [k for k in tier.values if k.startswith(f"kvx:{{{hashes[2].hex()}}}")]:
         del tier.values[k]  # as maxmemory would
     assert b.lookup(tokens, GEO).matched_chunks == 2
-    assert b.remote_stats()["checksum_failures"] == 0
+    assert b.remote_stats()["remote_checksum_failures"] == 0
     for k in [k for k in tier.values if k.startswith("kvx:")]:
         del tier.values[k]
     c_tokens = np.concatenate([tokens[:16], make_tokens(16, 70)])
