@@ -380,11 +380,11 @@ class PrefetchHandler:
         for job in [j for jobs in self._spec.values() for j in jobs]:  # speculation nobody asked for
             await asyncio.gather(job.future, return_exceptions=True)
             if job.result is not None:
-                c["spec_bytes_wasted"] += sum(job.result.extent_bytes(job.group, j).size for j in job.chunks.tolist())
+                c.spec_bytes_wasted += sum(job.result.extent_bytes(job.group, j).size for j in job.chunks.tolist())
             elif not job.started:
-                c["spec_units_cancelled"] += int(job.chunks.size)
+                c.spec_units_cancelled += int(job.chunks.size)
         st = pb.PrefetchStats(
-            **c, daemon_wait_s=self._daemon_wait_s, groups_pushed=self._groups_pushed, groups_covered=self._groups_covered
+            **c.as_dict(), daemon_wait_s=self._daemon_wait_s, groups_pushed=self._groups_pushed, groups_covered=self._groups_covered
         )
         self.svc.metrics.add(  # daemon-wide totals (Stats, /metrics); disk bytes are the store's own counter
             read_bytes_gpu=st.bytes_gpu,

@@ -165,7 +165,7 @@ async def serve_read_chunks(svc, request, context):
                 header = None
             if last:
                 c = ex.counts
-                msgs[-1].stats.CopyFrom(pb.ReadStats(bytes_read=c["bytes_disk"], bytes_useful=c["bytes_useful"], num_reads=c["num_reads"]))
+                msgs[-1].stats.CopyFrom(pb.ReadStats(bytes_read=c.bytes_disk, bytes_useful=c.bytes_useful, num_reads=c.num_reads))
             for msg in msgs:
                 yield msg
         completed.append(True)

@@ -28,7 +28,7 @@ import asyncio
 import itertools
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
@@ -37,21 +37,35 @@ from .admission import Admissions, Grant
 from .read_plan import InFlight
 from .status import ArenaExhausted
 
-# Counters of one call, named as in PrefetchStats.
-COUNTERS = (
-    "bytes_gpu",
-    "bytes_cpu",
-    "bytes_disk",
-    "bytes_useful",
-    "spec_bytes_used",
-    "spec_bytes_wasted",
-    "units_gpu",
-    "units_cpu",
-    "units_disk",
-    "units_admitted",
-    "spec_units_cancelled",
-    "num_reads",
-)
+
+@dataclass
+class ReadCounts:
+    """What one call read and served, by source; named as in PrefetchStats."""
+
+    bytes_gpu: int = 0
+    bytes_cpu: int = 0
+    bytes_disk: int = 0
+    bytes_useful: int = 0
+    spec_bytes_used: int = 0
+    spec_bytes_wasted: int = 0
+    units_gpu: int = 0
+    units_cpu: int = 0
+    units_disk: int = 0
+    units_admitted: int = 0
+    spec_units_cancelled: int = 0
+    num_reads: int = 0
+
+    def hit(self, tier: str, nbytes: int) -> None:
+        """An extent served from a memory tier (``gpu`` or ``cpu``)."""
+        setattr(self, f"bytes_{tier}", getattr(self, f"bytes_{tier}") + nbytes)
+        setattr(self, f"units_{tier}", getattr(self, f"units_{tier}") + 1)
+
+    def add(self, other: ReadCounts) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    def as_dict(self) -> dict:
+        return asdict(self)
 
 
 def read_flag(msg, name: str, negated: str) -> bool:
@@ -126,7 +140,7 @@ class ReadExecutor:
         self.copies = copies
         self.handover = handover
         self.ref_id = ref_id
-        self.counts = dict.fromkeys(COUNTERS, 0)
+        self.counts = ReadCounts()
         self.lock = threading.Lock()
         self.finished = False
         self.jobs: list[ReadJob] = []
@@ -162,7 +176,7 @@ class ReadExecutor:
         for job in jobs:
             if not job.started and not job.cancelled:
                 job.cancelled = True
-                self.counts["spec_units_cancelled"] += int(job.chunks.size)
+                self.counts.spec_units_cancelled += int(job.chunks.size)
 
     def _load(self, job: ReadJob):
         """Thread: read one job's extents into a leased buffer."""
@@ -191,7 +205,7 @@ class ReadExecutor:
                 raise
             with self.lock:
                 job.cancelled = True
-                self.counts["spec_units_cancelled"] += int(job.chunks.size)
+                self.counts.spec_units_cancelled += int(job.chunks.size)
             return None
         except BaseException:
             if holder:
@@ -205,8 +219,8 @@ class ReadExecutor:
                 job.lease_id = holder[0].lease_id
                 self._leases.setdefault(job.period, []).append(job.lease_id)
             job.result = res
-            self.counts["bytes_disk"] += res.bytes_read
-            self.counts["num_reads"] += res.num_reads
+            self.counts.bytes_disk += res.bytes_read
+            self.counts.num_reads += res.num_reads
         return res
 
     async def settle(self, period: int, group: int, sources: list[Source], jobs: list[ReadJob]) -> float:
@@ -232,7 +246,7 @@ class ReadExecutor:
         (chunk -> data) already; their buffers stay until the period retires.
         """
         datas = []
-        c = dict.fromkeys(COUNTERS, 0)
+        c = ReadCounts()
         staged: set[int] = set()  # jobs whose buffer still backs an extent handed out
         for s in sources:
             if s.resident is not None:
@@ -244,17 +258,16 @@ class ReadExecutor:
                     self.tiers.read_gpu(res, data)
                 else:
                     data = self.tiers.cpu_view(res)
-                c[f"bytes_{res.tier}"] += res.length
-                c[f"units_{res.tier}"] += 1
+                c.hit(res.tier, res.length)
             else:
                 data = s.job.result.extent_bytes(group, s.chunk)
                 if s.job.speculative:
-                    c["spec_bytes_used"] += data.size
-                c["units_disk"] += 1
+                    c.spec_bytes_used += data.size
+                c.units_disk += 1
                 placed = self.tiers.admit(s.unit, data) if self.tiers is not None else None
                 if placed is not None:
                     self.hold_pins(period, [s.unit])
-                    c["units_admitted"] += 1
+                    c.units_admitted += 1
                 if pushed is not None:
                     data = pushed[s.chunk]
                     staged.add(id(s.job))
@@ -262,18 +275,17 @@ class ReadExecutor:
                     data = self.tiers.cpu_view(placed)
                 else:
                     staged.add(id(s.job))
-            c["bytes_useful"] += data.size
+            c.bytes_useful += data.size
             datas.append(data)
         for job in jobs:
             if job.speculative and job.result is not None:
-                c["spec_bytes_wasted"] += sum(job.result.extent_bytes(group, j).size for j in job.chunks.tolist() if j not in job.used)
+                c.spec_bytes_wasted += sum(job.result.extent_bytes(group, j).size for j in job.chunks.tolist() if j not in job.used)
         if record:
             self.store.scoring.record_access(self.prefix_id, np.asarray([s.chunk for s in sources], np.int64), [group])
         out = describe(datas)
         done = [] if self.handover else [job.lease_id for job in jobs if id(job) not in staged and job.lease_id is not None]
         with self.lock:
-            for k, v in c.items():
-                self.counts[k] += v
+            self.counts.add(c)
             held = self._leases.get(period, [])
             if self.copies:  # framed bytes are copies: every buffer may go
                 done = [job.lease_id for job in jobs if job.lease_id is not None]
