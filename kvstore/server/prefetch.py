@@ -332,17 +332,7 @@ class PrefetchHandler:
 
     def _push_message(self, period: int, group: int, sources: list[Source]):
         """Thread: the descriptors of a speculative group (GPU hits staged in host memory)."""
-        datas = []
-        for s in sources:
-            if s.resident is not None:
-                if s.resident.tier == "gpu":
-                    data = self.exec.stage(period, s.resident.length)
-                    self.tiers.read_gpu(s.resident, data)
-                else:
-                    data = self.tiers.cpu_view(s.resident)
-            else:
-                data = s.job.result.extent_bytes(group, s.chunk)
-            datas.append(data)
+        datas = [self.exec.extent(period, group, s) for s in sources]
         return pb.PrefetchResponse(speculative=self.exec.shm_group(group, sources, datas), period=period), datas
 
     # ------------------------------------------------------------ delivery

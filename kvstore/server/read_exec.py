@@ -250,17 +250,10 @@ class ReadExecutor:
         staged: set[int] = set()  # jobs whose buffer still backs an extent handed out
         for s in sources:
             if s.resident is not None:
-                res = s.resident
-                if pushed is not None:
-                    data = pushed[s.chunk]
-                elif res.tier == "gpu":
-                    data = self.stage(period, res.length)
-                    self.tiers.read_gpu(res, data)
-                else:
-                    data = self.tiers.cpu_view(res)
-                c.hit(res.tier, res.length)
+                data = pushed[s.chunk] if pushed is not None else self.extent(period, group, s)
+                c.hit(s.resident.tier, s.resident.length)
             else:
-                data = s.job.result.extent_bytes(group, s.chunk)
+                data = self.extent(period, group, s)
                 if s.job.speculative:
                     c.spec_bytes_used += data.size
                 c.units_disk += 1
@@ -295,6 +288,18 @@ class ReadExecutor:
         if done:
             self.arena.release(self.owner, done)
         return out
+
+    def extent(self, period: int, group: int, s: Source) -> np.ndarray:
+        """Thread: a source's bytes in host memory, wherever it lives: the CPU tier in place, a GPU-tier hit
+        staged through a leased buffer (held for ``period``), a disk read's buffer."""
+        res = s.resident
+        if res is None:
+            return s.job.result.extent_bytes(group, s.chunk)
+        if res.tier == "gpu":
+            data = self.stage(period, res.length)
+            self.tiers.read_gpu(res, data)
+            return data
+        return self.tiers.cpu_view(res)
 
     def shm_group(self, group: int, sources: list[Source], datas: list[np.ndarray]) -> pb.ShmGroup:
         """Descriptors of a group's extents in the arena."""
