@@ -180,6 +180,11 @@ LAZY_COMMANDS = {
         "add_contention_parser",
         "concurrent readers on the shared-memory arena: requests/s, p50/p99, failures",
     ),
+    "cluster": (
+        "tools.bench.cluster",
+        "add_cluster_parser",
+        "N daemons sharing a Redis Cluster: local/remote/miss hit rates, bytes moved, cross-node vs local vs recompute",
+    ),
     "replay": (
         "tools.bench.replay_cli",
         "add_replay_parser",
