@@ -105,3 +105,12 @@ def calibrated_layers(runner, layers: tuple):
         yield
     finally:
         runner.standin_profile = None
+
+
+def flat_config(**fields):
+    """A ``ReprefillConfig`` spelled in flat fields (``budget=0.25, selector="exact", ...``) over the paper's
+    selection, ``summary`` (8-layer Periods, scores summed over heads, nothing else): a field not named keeps
+    that system's value, not ``ReprefillConfig()``'s."""
+    from engine_client.reprefill import parse_system
+
+    return parse_system("summary").replace(**fields)

@@ -40,8 +40,8 @@ def tiny_model(tmp_path_factory):
 
 @pytest.fixture
 def tiny_runner(daemon, tiny_model):
-    """A ModelRunner of ``tiny_model`` on a fresh daemon, one-layer stored groups."""
-    from engine_client.runner import ModelRunner
+    """A ModelRunner of ``tiny_model`` on a fresh daemon, one-layer stored groups, full-precision probe keys."""
+    from engine_client.reprefill import ModelRunner
 
     with KVStoreClient(daemon.target) as client:
-        yield ModelRunner(tiny_model, client, group_layers=1)
+        yield ModelRunner(tiny_model, client, group_layers=1, probe_bits=0)  # probe keys stored in the KV dtype

@@ -5,11 +5,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
-from helpers import make_kv, make_tokens
+from helpers import flat_config, make_kv, make_tokens
 
 from engine_client.client import KVStoreClient
-from engine_client.runner import ModelRunner, ReprefillConfig
-from engine_client.selection.systems import system_fields
+from engine_client.reprefill import ModelRunner, parse_system
 from kvstore.errors import InvalidArgument
 from kvstore.geometry import ModelSpec, StoreGeometry, keys_as_float32
 from kvstore.wire.probes import dequantize_probe_rows, quantize_probe_rows, unpack_probe_rows
@@ -61,11 +60,11 @@ def test_a_prefix_extending_a_stored_one_reads_its_packed_rows_across_both_segme
 def test_reprefill_on_stored_4bit_probes_selects_and_answers_as_client_quantization_does(daemon, tiny_model):
     gen = torch.Generator().manual_seed(3)
     prefix, suffix = torch.randint(0, 500, (301,), generator=gen), torch.randint(0, 500, (9,), generator=gen)
-    cfg = ReprefillConfig(budget=0.25, **system_fields("perlayer-follow-int4"), report_attention=False)
+    cfg = parse_system("ckv+int4-probes").replace(budget=0.25, report_attention=False)
     n = prefix.numel()
     with KVStoreClient(daemon.target) as client:
         stored = ModelRunner(tiny_model, client, group_layers=1, probe_bits=4)  # the daemon quantizes
-        plain = ModelRunner(tiny_model, client, group_layers=1)  # full-precision region; the client quantizes
+        plain = ModelRunner(tiny_model, client, group_layers=1, probe_bits=0)  # full-precision region; the client quantizes
         pid_q, pid_f = stored.store_prefix(prefix).prefix_id, plain.store_prefix(prefix).prefix_id
         assert pid_q != pid_f  # another layout, another id
         geo = stored.geometry
@@ -79,7 +78,7 @@ def test_reprefill_on_stored_4bit_probes_selects_and_answers_as_client_quantizat
         assert stored.resident_bytes() == plain.resident_bytes() == res_q.probe_bytes
         assert stored.reprefill(pid_q, suffix[:5], cfg).probe_bytes == 0  # resident since
         # decoding that re-selects scores with the same resident keys, the prefix named by a leading part
-        again = replace(cfg, reselect_every=2)
+        again = cfg.replace(reselect_every=2)
         gen_q, gen_f = stored.generate(pid_q[:16], suffix, again, 4), plain.generate(pid_f, suffix, again, 4)
         assert gen_q.tokens == gen_f.tokens and gen_q.reselect.reselections == gen_f.reselect.reselections > 0
         # a runner storing full precision reads a 4-bit prefix as it is stored
@@ -92,15 +91,15 @@ def test_a_request_for_another_probe_width_is_refused_and_changes_nothing(daemon
         runner = ModelRunner(tiny_model, client, group_layers=1, probe_bits=4)
         pid = runner.store_prefix(prefix).prefix_id
         before = client.stats().bytes_read, runner.resident_bytes(), client.get_scores(pid, 0).importance
-        base = ReprefillConfig(budget=0.25, period_layers=1, selector="exact", head_aggregation="max")
+        base = flat_config(budget=0.25, period_layers=1, selector="exact", head_aggregation="max")
         for bits, asked in ((0, "full-precision"), (8, "8-bit")):
             with pytest.raises(InvalidArgument) as err:
-                runner.reprefill(pid, [1, 2, 3], replace(base, probe_bits=bits))
+                runner.reprefill(pid, [1, 2, 3], base.replace(probe_bits=bits))
             msg = str(err.value)
             assert err.value.field == "probe_bits" and "\n" not in msg
             assert "stores its probe keys quantized to 4 bits" in msg and asked in msg and "probe_bits=4" in msg
         assert client.stats().bytes_read == before[0] and runner.resident_bytes() == before[1]
         np.testing.assert_array_equal(client.get_scores(pid, 0).importance, before[2])
         # selectors that need no probe keys, and the stored width, still serve the prefix
-        assert runner.reprefill(pid, [1, 2, 3], replace(base, selector="summary")).probe_bytes == 0
-        assert runner.reprefill(pid, [1, 2, 3], replace(base, probe_bits=4)).probe_bytes > 0
+        assert runner.reprefill(pid, [1, 2, 3], base.replace(selector="summary")).probe_bytes == 0
+        assert runner.reprefill(pid, [1, 2, 3], base.replace(probe_bits=4)).probe_bytes > 0

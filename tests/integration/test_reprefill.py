@@ -1,17 +1,16 @@
 """Re-Prefill through a real daemon process with a real (tiny) checkpoint."""
 
-from dataclasses import replace
-
 import grpc
 import numpy as np
 import pytest
 import torch
+from helpers import flat_config
 
 from engine_client.client import KVStoreRpcError
 from engine_client.fidelity import chunk_recall, compare_logits, fidelity
 from engine_client.generation import suffix_over_prefix
 from engine_client.prefill import chunked_prefill
-from engine_client.runner import ModelRunner, ReprefillConfig
+from engine_client.reprefill import ModelRunner, ReprefillConfig
 from engine_client.selection import exact_chunk_scores
 from kvstore.errors import InvalidArgument, NotFound
 
@@ -30,13 +29,13 @@ def test_full_budget_reproduces_full_prefill_and_sparse_reports_scores(runner):
     assert runner.store_prefix(prefix).cache_hit  # the second call is a Lookup hit
     full, _ = runner.full_recompute(prefix, suffix)
     for selector in ("exact", "summary", "full"):
-        res = runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(budget=1.0, period_layers=2, selector=selector))
+        res = runner.reprefill(handle.prefix_id, suffix, flat_config(budget=1.0, period_layers=2, selector=selector))
         # float32 on CPU: the same sums in another order; 1e-4 absolute on logits of magnitude ~1
         torch.testing.assert_close(res.logits, full, atol=1e-4, rtol=1e-4)
         assert res.tokens_loaded == 301 and compare_logits(full, res.logits)[0]
 
     before = [runner.client.get_scores(handle.prefix_id, g).importance for g in (0, 1)]
-    res = runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(budget=0.3, period_layers=2, selector="exact"))
+    res = runner.reprefill(handle.prefix_id, suffix, flat_config(budget=0.3, period_layers=2, selector="exact"))
     (chunks,) = res.selected  # two layers, one period
     assert chunks.numel() == 5 and chunks[0] == 0 and chunks[-1] == 18  # floor(0.3 * 19 * 2 layers) // 2, sink and local kept
     assert res.tokens_loaded == 4 * 16 + 13
@@ -65,9 +64,9 @@ def test_lookahead_speculation_changes_what_is_read_ahead_not_the_answer(runner)
     handle = runner.store_prefix(prefix)
     for k in range(6):
         suffix = torch.randint(0, 500, (7,), generator=gen)
-        base = ReprefillConfig(budget=0.25, period_layers=1, selector="summary", report_attention=False)
+        base = flat_config(budget=0.25, period_layers=1, selector="summary", report_attention=False)
         plain = runner.reprefill(handle.prefix_id, suffix, base)
-        ahead = runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(**{**base.__dict__, "lookahead": 2.0}))
+        ahead = runner.reprefill(handle.prefix_id, suffix, flat_config(**{**base.__dict__, "lookahead": 2.0}))
         # the hint only decides what is read early; a group served from a push
         # holds the same bytes the round trip would have brought
         assert [c.tolist() for c in ahead.selected] == [c.tolist() for c in plain.selected]
@@ -76,7 +75,7 @@ def test_lookahead_speculation_changes_what_is_read_ahead_not_the_answer(runner)
         # the hint for each later period was sent and was what the daemon read ahead
         assert ahead.hints[0] is None and all(h is not None and h.numel() == 20 for h in ahead.hints[1:])  # 2 x 25% of 40
         assert plain.hints == [None] * len(plain.selected)
-        unpushed = runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(**{**base.__dict__, "lookahead": 2.0, "push": False}))
+        unpushed = runner.reprefill(handle.prefix_id, suffix, flat_config(**{**base.__dict__, "lookahead": 2.0, "push": False}))
         assert unpushed.hints[1] is not None and unpushed.groups_covered == 0  # hinted, but every group asked for
         torch.testing.assert_close(unpushed.logits, plain.logits, atol=0, rtol=0)
     # Whether a push lands before the next period's set is timing: this toy
@@ -84,14 +83,14 @@ def test_lookahead_speculation_changes_what_is_read_ahead_not_the_answer(runner)
     # may never be used here. test_prefetch.py waits for the pushes and
     # asserts the groups are covered; here, the answer is the same either way.
     with pytest.raises(InvalidArgument) as err:
-        runner.reprefill(handle.prefix_id, suffix, ReprefillConfig(budget=0.25, lookahead=5.0))
+        runner.reprefill(handle.prefix_id, suffix, flat_config(budget=0.25, lookahead=5.0))
     assert err.value.field == "lookahead"
 
 
 def test_key_summaries_are_fetched_once_counted_and_kept_small(runner):
     prefix = torch.randint(0, 500, (200,), generator=torch.Generator().manual_seed(8))  # 13 chunks
     handle = runner.store_prefix(prefix)
-    cfg = ReprefillConfig(budget=0.25, period_layers=1, selector="summary", report_attention=False)
+    cfg = flat_config(budget=0.25, period_layers=1, selector="summary", report_attention=False)
     first = runner.reprefill(handle.prefix_id, [1, 2, 3], cfg)
     layers, kv_heads, head_dim = 2, 2, 16  # the tiny model
     assert first.state_bytes_fetched == 13 * layers * kv_heads * 2 * head_dim * 4  # the whole float32 fetch
@@ -99,7 +98,7 @@ def test_key_summaries_are_fetched_once_counted_and_kept_small(runner):
     assert again.state_bytes_fetched == 0  # resident since
     # kept: each Period's first layer only, in the model's dtype
     assert runner.resident_bytes() == runner.summary_bytes(runner.geometry, 200, 1) == 13 * 2 * kv_heads * 2 * head_dim * 4
-    other = ReprefillConfig(budget=0.25, period_layers=2, selector="summary", report_attention=False)
+    other = flat_config(budget=0.25, period_layers=2, selector="summary", report_attention=False)
     runner.reprefill(handle.prefix_id, [4, 5], other)
     assert runner.resident_bytes() == runner.summary_bytes(runner.geometry, 200, 1) + runner.summary_bytes(runner.geometry, 200, 2)
     kept = runner.store_prefix(prefix[:100])
@@ -123,21 +122,22 @@ def test_bad_requests_fail_before_any_work(runner, tiny_model, daemon):
     prefix = torch.arange(100)
     handle = runner.store_prefix(prefix)
     cases = [
-        (ReprefillConfig(budget=0), "budget"),
-        (ReprefillConfig(budget=1.5), "budget"),
-        (ReprefillConfig(period_layers=3, budget=0.5), None),  # 3 is a multiple of the 1-layer group: valid
-        (ReprefillConfig(selector="oracle"), "selector"),
-        (ReprefillConfig(follow=-1), "follow"),
-        (ReprefillConfig(follow=True), "follow"),
-        (ReprefillConfig(selector="exact", probe_bits=3), "probe_bits"),
-        (ReprefillConfig(selector="summary", probe_bits=4), "probe_bits"),  # would be ignored: refused
+        ({"budget": 0.0}, "budget"),
+        ({"budget": 1.5}, "budget"),
+        ({"budget": 1}, "budget"),  # an int would mean one chunk or all of them: a count is Budget.chunks(n)
+        ({"period_layers": 3, "budget": 0.5}, None),  # 3 is a multiple of the 1-layer group: valid
+        ({"selector": "oracle"}, "selector"),
+        ({"follow": -1}, "follow"),
+        ({"follow": True}, "follow"),
+        ({"selector": "exact", "probe_bits": 3}, "probe_bits"),
+        ({"selector": "summary", "probe_bits": 4}, "probe_bits"),  # would be ignored: refused
     ]
-    for cfg, field in cases:
+    for fields, field in cases:
         if field is None:
-            runner.reprefill(handle.prefix_id, [1, 2], cfg)
+            runner.reprefill(handle.prefix_id, [1, 2], flat_config(**fields))
             continue
-        with pytest.raises(InvalidArgument) as err:
-            runner.reprefill(handle.prefix_id, [1, 2], cfg)
+        with pytest.raises(InvalidArgument) as err:  # when the config is made, before any request
+            runner.reprefill(handle.prefix_id, [1, 2], flat_config(**fields))
         assert err.value.field == field
     reads_before = runner.client.stats().bytes_read
     limit = tiny_model.config.max_position_embeddings
@@ -170,11 +170,11 @@ def test_a_prefix_stored_from_the_callers_kv_is_the_prefix_prefilled_here(runner
     assert runner.client.list_prefixes() == []  # refused before anything was stored
     given = runner.store_prefix(tokens, kv=kv)
     with KVStoreClient(daemon.target) as other_client:
-        other = ModelRunner(tiny_model, other_client, group_layers=runner.geometry.group_layers)
+        other = ModelRunner(tiny_model, other_client, group_layers=runner.geometry.group_layers, probe_bits=runner.geometry.probe_bits)
         again = other.store_prefix(tokens)
         assert again.cache_hit and again.prefix_id == given.prefix_id
         suffix = torch.tensor([5, 6])
-        mine = runner.reprefill(given.prefix_id, suffix, ReprefillConfig(budget=1.0, selector="full"))
+        mine = runner.reprefill(given.prefix_id, suffix, flat_config(budget=1.0, selector="full"))
         ref = other.full_recompute(tokens, suffix)[0]
         torch.testing.assert_close(mine.logits, ref, atol=1e-4, rtol=1e-4)
 
@@ -185,9 +185,9 @@ def test_a_sparse_prefill_over_loaded_rows_is_the_in_process_one_over_the_same_r
     suffix = torch.randint(0, 500, (40,), generator=torch.Generator().manual_seed(12))
     chunks = [0, 3, 5, 6, 9, 12, 18]  # gaps between the rows' positions; chunk 18 holds the last 12 tokens
     choose = lambda period, layer, q, m: chunks  # noqa: E731 - every layer over the same rows
-    base = ReprefillConfig(budget=0.5, period_layers=1, selector="exact", report_attention=False)
+    base = flat_config(budget=0.5, period_layers=1, selector="exact", report_attention=False)
     assert runner.reprefill(handle.prefix_id, suffix, base, choose=choose).prefill_densities == []
-    sparse = runner.reprefill(handle.prefix_id, suffix, replace(base, prefill_alpha=0.3), choose=choose)
+    sparse = runner.reprefill(handle.prefix_id, suffix, base.replace(prefill_alpha=0.3), choose=choose)
     rows = torch.cat([torch.arange(c * 16, min(c * 16 + 16, 300)) for c in chunks])
     _, prefix_kv = chunked_prefill(runner.model, prefix)
     densities = []
@@ -196,4 +196,4 @@ def test_a_sparse_prefill_over_loaded_rows_is_the_in_process_one_over_the_same_r
     assert sparse.prefill_densities == pytest.approx(densities) and max(densities) < 0.9
     for alpha in (-0.1, 1.5, float("nan"), True, "0.9"):
         with pytest.raises(InvalidArgument, match="prefill_alpha"):
-            runner.reprefill(handle.prefix_id, suffix, replace(base, prefill_alpha=alpha))
+            runner.reprefill(handle.prefix_id, suffix, base.replace(prefill_alpha=alpha))

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 import torch
+from helpers import flat_config
 
 from engine_client.generation import LayerKV, dense_generate
 from engine_client.prefill import chunked_prefill
 from engine_client.reselect import WorkingSet, decode_reselecting
-from engine_client.runner import ReprefillConfig
 from kvstore.errors import InvalidArgument
 
 
@@ -91,7 +91,7 @@ def _suffix_kv(model, full_kv, n, suffix):
 def test_reselecting_through_the_daemon_fetches_only_what_the_working_set_lacks(runner):
     prefix, suffix = _prompt(1)
     handle = runner.store_prefix(prefix)
-    cfg = ReprefillConfig(budget=0.3, period_layers=1, selector="exact", head_aggregation="max", probe_bits=4, reselect_every=2)
+    cfg = flat_config(budget=0.3, period_layers=1, selector="exact", head_aggregation="max", probe_bits=4, reselect_every=2)
     gen = runner.generate(handle.prefix_id, suffix, cfg, 9)
     st = gen.reselect
     geo = runner.geometry
@@ -103,7 +103,7 @@ def test_reselecting_through_the_daemon_fetches_only_what_the_working_set_lacks(
     assert st.bytes_fetched >= st.chunks_fetched * geo.extent_bytes(0, 13) and st.bytes_fetched <= st.chunks_fetched * full_chunk
     assert st.working_set_bytes > 0
     # decoding without re-selection over the same prefix gives the same first token
-    plain = runner.generate(handle.prefix_id, suffix, ReprefillConfig(**{**cfg.__dict__, "reselect_every": 0}), 9)
+    plain = runner.generate(handle.prefix_id, suffix, cfg.replace(reselect_every=0), 9)
     assert plain.tokens[0] == gen.tokens[0] and plain.reselect is None
 
 
@@ -121,7 +121,7 @@ def test_bad_reselect_settings_are_refused_before_any_work(runner, fields, match
     handle = runner.store_prefix(prefix)
     before = runner.client.stats()
     with pytest.raises(InvalidArgument, match=match):
-        runner.generate(handle.prefix_id, suffix, ReprefillConfig(budget=0.5, period_layers=1, **fields), 4)
+        runner.generate(handle.prefix_id, suffix, flat_config(budget=0.5, period_layers=1, **fields), 4)
     after = runner.client.stats()
     assert (after.bytes_read, after.tier_hit_units) == (before.bytes_read, before.tier_hit_units)  # refused before any read
 
@@ -129,7 +129,7 @@ def test_bad_reselect_settings_are_refused_before_any_work(runner, fields, match
 def test_reselect_cannot_follow_a_caller_choice(runner):
     prefix, suffix = _prompt(3, n=64)
     handle = runner.store_prefix(prefix)
-    cfg = ReprefillConfig(budget=0.5, period_layers=1, selector="summary", reselect_every=1)
+    cfg = flat_config(budget=0.5, period_layers=1, selector="summary", reselect_every=1)
     with pytest.raises(InvalidArgument, match="reselect_every.*choose"):
         runner.generate(handle.prefix_id, suffix, cfg, 4, choose=lambda p, l0, q, m: np.arange(m))
 
@@ -138,7 +138,7 @@ def test_lserve_style_pages_with_reused_selection_through_the_daemon(runner):
     """Summary scores, 4-chunk physical pages, a selection reused for 4 tokens: each set is whole pages."""
     prefix, suffix = _prompt(4, n=640)  # 40 chunks, 10 pages
     handle = runner.store_prefix(prefix)
-    cfg = ReprefillConfig(budget=0.25, period_layers=1, selector="summary", head_aggregation="max", page_chunks=4, reselect_every=4)
+    cfg = flat_config(budget=0.25, period_layers=1, selector="summary", head_aggregation="max", page_chunks=4, reselect_every=4)
     gen = runner.generate(handle.prefix_id, suffix, cfg, 9)
     assert gen.reselect.reselections == 2 * 2  # at 4 and 8 generated tokens, 2 Periods
     for chunks in gen.reprefill.selected:
@@ -147,9 +147,7 @@ def test_lserve_style_pages_with_reused_selection_through_the_daemon(runner):
         assert len(free) == 8 and len(pages) <= 3  # 10 chunks - 2 forced: two whole pages (a page holding 0 or 39 gives 3)
         assert sum(1 for p in pages if all(c in free for c in range(4 * p, 4 * p + 4) if c not in (0, 39))) >= len(pages) - 1
     with pytest.raises(InvalidArgument, match="page_chunks.*follow"):
-        runner.generate(
-            handle.prefix_id, suffix, ReprefillConfig(budget=0.25, selector="summary", page_chunks=4, follow=1, period_layers=1), 2
-        )
+        runner.generate(handle.prefix_id, suffix, flat_config(budget=0.25, selector="summary", page_chunks=4, follow=1, period_layers=1), 2)
 
 
 def test_first_token_full_loads_everything_then_decodes_at_the_budget(runner):
@@ -157,8 +155,8 @@ def test_first_token_full_loads_everything_then_decodes_at_the_budget(runner):
     prefix, suffix = _prompt(5, n=640)  # 40 chunks
     handle = runner.store_prefix(prefix)
     lserve = dict(budget=0.25, period_layers=1, selector="summary", head_aggregation="max", page_chunks=4, reselect_every=4)
-    gen = runner.generate(handle.prefix_id, suffix, ReprefillConfig(**lserve, first_token_full=True), 9)
-    dense = runner.generate(handle.prefix_id, suffix, ReprefillConfig(budget=1.0, selector="full", period_layers=1), 1)
+    gen = runner.generate(handle.prefix_id, suffix, flat_config(**lserve, first_token_full=True), 9)
+    dense = runner.generate(handle.prefix_id, suffix, flat_config(budget=1.0, selector="full", period_layers=1), 1)
     torch.testing.assert_close(gen.reprefill.logits, dense.reprefill.logits, atol=1e-5, rtol=0)
     assert all(chunks.tolist() == list(range(40)) for chunks in gen.reprefill.selected)
     st = gen.reselect
@@ -168,7 +166,7 @@ def test_first_token_full_loads_everything_then_decodes_at_the_budget(runner):
     hkv, s = runner.model.config.num_key_value_heads, suffix.numel()
     want = [2 * hkv * (10 * 16 + s + t) for t in range(1, 9)]  # 2 one-layer Periods
     assert gen.step_kv_rows == want
-    sparse = runner.generate(handle.prefix_id, suffix, ReprefillConfig(**lserve), 9)
+    sparse = runner.generate(handle.prefix_id, suffix, flat_config(**lserve), 9)
     assert sparse.reprefill.kv_fraction == pytest.approx(0.25) and gen.reprefill.kv_fraction == 1.0
     for fields, match in (
         ({**lserve, "reselect_every": 0}, "first_token_full.*reselect_every"),
@@ -176,4 +174,4 @@ def test_first_token_full_loads_everything_then_decodes_at_the_budget(runner):
         ({**lserve, "first_token_full": 1}, "first_token_full.*bool"),
     ):
         with pytest.raises(InvalidArgument, match=match):
-            runner.generate(handle.prefix_id, suffix, ReprefillConfig(**{"first_token_full": True, **fields}), 2)
+            runner.generate(handle.prefix_id, suffix, flat_config(**{"first_token_full": True, **fields}), 2)

@@ -1,14 +1,12 @@
 """Choosing from the suffix's last tokens only (``ReprefillConfig.select_queries``), through a real daemon."""
 
-from dataclasses import replace
-
 import pytest
 import torch
+from helpers import flat_config
 
-from engine_client.runner import ReprefillConfig
 from kvstore.errors import InvalidArgument
 
-CFG = ReprefillConfig(budget=0.25, period_layers=1, selector="exact", probe_bits=4, head_aggregation="max", report_attention=False)
+CFG = flat_config(budget=0.25, period_layers=1, selector="exact", probe_bits=4, head_aggregation="max", report_attention=False)
 N = 301
 
 
@@ -30,13 +28,13 @@ def test_only_the_last_tokens_choose_the_first_layers_chunks(stored):
     b = torch.cat([torch.randint(0, 500, (8,), generator=gen), tail])  # another turn, the same last 4 tokens
     everything = [runner.reprefill(handle.prefix_id, s, CFG) for s in (a, b)]
     assert _sets(everything[0])[0] != _sets(everything[1])[0]  # every query chooses: the turns differ
-    last = [runner.reprefill(handle.prefix_id, s, replace(CFG, select_queries=4)) for s in (a, b)]
+    last = [runner.reprefill(handle.prefix_id, s, CFG.replace(select_queries=4)) for s in (a, b)]
     # layer 0's queries of the last 4 tokens are their embeddings at the same positions: the same set
     assert _sets(last[0])[0] == _sets(last[1])[0] != _sets(everything[0])[0]
     # a window as long as the suffix (or longer) is every query
-    whole = runner.reprefill(handle.prefix_id, a, replace(CFG, select_queries=12))
+    whole = runner.reprefill(handle.prefix_id, a, CFG.replace(select_queries=12))
     assert _sets(whole) == _sets(everything[0]) and torch.equal(whole.logits, everything[0].logits)
-    assert _sets(runner.reprefill(handle.prefix_id, a, replace(CFG, select_queries=99))) == _sets(everything[0])
+    assert _sets(runner.reprefill(handle.prefix_id, a, CFG.replace(select_queries=99))) == _sets(everything[0])
 
 
 @pytest.mark.parametrize("value", [-1, True, 1.5, "16"])
@@ -44,5 +42,5 @@ def test_a_bad_select_queries_is_refused_before_any_read(stored, value):
     runner, handle, gen = stored
     before = runner.resident_bytes()
     with pytest.raises(InvalidArgument, match="select_queries") as err:
-        runner.reprefill(handle.prefix_id, torch.randint(0, 500, (6,), generator=gen), replace(CFG, select_queries=value))
+        runner.reprefill(handle.prefix_id, torch.randint(0, 500, (6,), generator=gen), CFG.replace(select_queries=value))
     assert "\n" not in str(err.value) and runner.resident_bytes() == before

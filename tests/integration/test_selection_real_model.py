@@ -4,8 +4,7 @@ import pytest
 import torch
 
 from engine_client.client import KVStoreClient
-from engine_client.runner import ModelRunner, ReprefillConfig
-from engine_client.selection.systems import LAYERWISE_GROUP_LAYERS, system_fields
+from engine_client.reprefill import ModelRunner, parse_system
 
 zoo = pytest.importorskip("engine_client.model.zoo")
 text = pytest.importorskip("engine_client.tasks.text")
@@ -25,9 +24,9 @@ def test_layerwise_keeps_the_pass_key_at_five_percent(daemon, smollm2):
     # layerwise at 5% in docs/accuracy.md's tuning run C.  (At 1000 tokens, 5% is 3
     # chunks per layer, one beyond sink and local, and seed 0 is missed.)
     (ex,) = text.examples("passkey", smollm2.tokenizer, 1, 2000, stream="tune", start=1)
-    cfg = ReprefillConfig(budget=0.05, report_attention=False, **system_fields("layerwise"))
+    cfg = parse_system("exact+period=2+heads=max").replace(budget=0.05, report_attention=False)  # layerwise
     with KVStoreClient(daemon.target) as client:
-        runner = ModelRunner(smollm2.decoder, client, group_layers=LAYERWISE_GROUP_LAYERS)
+        runner = ModelRunner(smollm2.decoder, client, group_layers=cfg.schedule.period_layers, probe_bits=0)
         handle = runner.store_prefix(ex.prefix_tokens)
         gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, 8, tokenizer=smollm2.tokenizer)
     res = gen.reprefill
@@ -44,11 +43,10 @@ def test_perlayer_follow_keeps_the_niah_answer_in_real_prose(daemon, smollm2):
     # one after it, loads the sentence that names the city and the digits that
     # follow it into the retrieval layers; with 4-bit resident probe keys too.
     (ex,) = text.examples("niah", smollm2.tokenizer, 1, 4096, stream="tune", start=2)
-    fields = system_fields("perlayer-follow")
-    cfg = ReprefillConfig(budget=0.05, report_attention=False, **fields)
-    int4 = ReprefillConfig(budget=0.05, report_attention=False, **system_fields("perlayer-follow-int4"))
+    cfg = parse_system("ckv").replace(budget=0.05, report_attention=False)
+    int4 = parse_system("ckv+int4-probes").replace(budget=0.05, report_attention=False)
     with KVStoreClient(daemon.target) as client:
-        runner = ModelRunner(smollm2.decoder, client, group_layers=fields["period_layers"])
+        runner = ModelRunner(smollm2.decoder, client, group_layers=1, probe_bits=0)
         handle = runner.store_prefix(ex.prefix_tokens)
         gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, 10, tokenizer=smollm2.tokenizer)
         first = runner.generate(handle.prefix_id, ex.suffix_tokens, int4, 10, tokenizer=smollm2.tokenizer)

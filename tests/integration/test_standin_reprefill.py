@@ -1,18 +1,15 @@
 """Stand-in rows through a real daemon: the runner's wiring against an in-process computation."""
 
-from dataclasses import replace
-
 import pytest
 import torch
-from helpers import calibrated_layers
+from helpers import calibrated_layers, flat_config
 
 from engine_client.prefill import chunked_prefill
-from engine_client.runner import ReprefillConfig
 from engine_client.selection.probes import quantize_keys
 from engine_client.standin import standin_kv, value_sum
 from kvstore.errors import InvalidArgument
 
-CFG = ReprefillConfig(budget=0.25, period_layers=1, selector="exact", probe_bits=4, head_aggregation="max", report_attention=False)
+CFG = flat_config(budget=0.25, period_layers=1, selector="exact", probe_bits=4, head_aggregation="max", report_attention=False)
 
 
 @pytest.fixture
@@ -42,7 +39,7 @@ def test_stand_in_rows_match_an_in_process_computation_and_their_sums_stay_resid
     _, prefix_kv = chunked_prefill(runner.model, prefix)
     plain = runner.reprefill(handle.prefix_id, suffix, CFG)
     resident = runner.resident_bytes()
-    res = runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers=(1,)))
+    res = runner.reprefill(handle.prefix_id, suffix, CFG.replace(standin_layers=(1,)))
     assert [c.tolist() for c in res.selected] == [c.tolist() for c in plain.selected]  # the same sets
     loaded = sum(min(16, 301 - c * 16) for c in res.selected[1].tolist())
     assert res.standin_rows == 301 - loaded and res.tokens_loaded == plain.tokens_loaded
@@ -51,12 +48,12 @@ def test_stand_in_rows_match_an_in_process_computation_and_their_sums_stay_resid
     assert runner.resident_bytes() - resident == 2 * 16 * 4  # the tiny model's value sum: 2 KV heads x 16 dims
     torch.testing.assert_close(res.logits, _reference(runner.model, prefix_kv, 301, suffix, res.selected, (1,)), rtol=1e-4, atol=1e-4)
     assert not torch.allclose(res.logits, plain.logits, atol=1e-3)  # the stand-ins change the answer's logits
-    again = runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers=(1,)))
+    again = runner.reprefill(handle.prefix_id, suffix, CFG.replace(standin_layers=(1,)))
     assert again.state_bytes_fetched == 0 and torch.equal(again.logits, res.logits)
     runner.forget(handle.prefix_id)
-    assert runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers=(1,))).state_bytes_fetched > 0
+    assert runner.reprefill(handle.prefix_id, suffix, CFG.replace(standin_layers=(1,))).state_bytes_fetched > 0
     # decoding attends to the same rows: the first generated token is the Re-Prefill's argmax
-    gen = runner.generate(handle.prefix_id, suffix, replace(CFG, standin_layers=(0, 1)), max_new_tokens=3, eos_token_ids=[])
+    gen = runner.generate(handle.prefix_id, suffix, CFG.replace(standin_layers=(0, 1)), max_new_tokens=3, eos_token_ids=[])
     assert gen.tokens[0] == int(gen.reprefill.logits.argmax()) and len(gen.tokens) == 3
     assert gen.rows_attended == [301, 301]  # every prefix row, loaded or standing in, at both layers
 
@@ -81,7 +78,7 @@ def test_bad_stand_in_requests_are_refused_before_any_read(stored, change, match
     runner, handle, _, suffix = stored
     before = runner.resident_bytes()
     with pytest.raises(InvalidArgument, match=match) as err:
-        runner.reprefill(handle.prefix_id, suffix, replace(CFG, **change))
+        runner.reprefill(handle.prefix_id, suffix, CFG.replace(**change))
     assert "standin_layers" in str(err.value) and "\n" not in str(err.value)
     assert runner.resident_bytes() == before  # nothing fetched, nothing kept
 
@@ -89,7 +86,7 @@ def test_bad_stand_in_requests_are_refused_before_any_read(stored, change, match
 def test_calibrated_layers_are_the_runners_calibration_file(stored):
     runner, handle, _, suffix = stored
     with calibrated_layers(runner, (1,)):
-        calibrated = runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers="calibrated"))
-    explicit = runner.reprefill(handle.prefix_id, suffix, replace(CFG, standin_layers=(1,)))
+        calibrated = runner.reprefill(handle.prefix_id, suffix, CFG.replace(standin_layers="calibrated"))
+    explicit = runner.reprefill(handle.prefix_id, suffix, CFG.replace(standin_layers=(1,)))
     assert calibrated.standin_rows == explicit.standin_rows > 0
     assert torch.equal(calibrated.logits, explicit.logits)

@@ -4,12 +4,13 @@ recent rows as per-prefix pages; the same answers as the full layout at a fracti
 import numpy as np
 import pytest
 import torch
+from helpers import flat_config
 from test_streaming_reprefill import profile
 
 from engine_client.client import KVStoreClient, as_numpy_kv
 from engine_client.model.loader import load_checkpoint
 from engine_client.prefill import chunked_prefill
-from engine_client.runner import ModelRunner, ReprefillConfig
+from engine_client.reprefill import ModelRunner
 from engine_client.stream_tail import TailMissing, tail_keys
 from kvstore.errors import InvalidArgument
 from tools.make_checkpoint import make_checkpoint
@@ -29,8 +30,8 @@ def runners(daemon, model4):
     and head 1 in layer 0, sink 16 + recent 32 rows."""
     prof = profile(model4, lambda layer, h: h == 0 or (layer == 0 and h == 1), recent=32)
     with KVStoreClient(daemon.target) as client:
-        full = ModelRunner(model4, client, group_layers=1, streaming_heads=prof)
-        yield full, ModelRunner(model4, client, group_layers=1, streaming_heads=prof, streaming_layout=True)
+        full = ModelRunner(model4, client, group_layers=1, probe_bits=0, streaming_heads=prof)
+        yield full, ModelRunner(model4, client, group_layers=1, probe_bits=0, streaming_heads=prof, streaming_layout=True)
 
 
 PREFIX = torch.arange(5, 205)  # 12.5 chunks: the last one short, the recent window across three chunks
@@ -39,9 +40,9 @@ PREFIX = torch.arange(5, 205)  # 12.5 chunks: the last one short, the recent win
 @pytest.mark.parametrize(
     "cfg",
     [
-        ReprefillConfig(budget=1.0, period_layers=1, selector="exact", streaming=True),
-        ReprefillConfig(budget=0.5, period_layers=1, selector="exact", streaming=True),
-        ReprefillConfig(budget=0.4, period_layers=1, selector="summary", head_aggregation="max", streaming=True, reselect_every=1),
+        flat_config(budget=1.0, period_layers=1, selector="exact", streaming=True),
+        flat_config(budget=0.5, period_layers=1, selector="exact", streaming=True),
+        flat_config(budget=0.4, period_layers=1, selector="summary", head_aggregation="max", streaming=True, reselect_every=1),
     ],
     ids=["full-budget", "exact-half", "summary-reselecting"],
 )
@@ -54,7 +55,7 @@ def test_the_streaming_layout_answers_as_the_full_layout_with_streaming_heads(ru
     assert gb.tokens == ga.tokens
     torch.testing.assert_close(gb.first_logits, ga.first_logits, atol=1e-5, rtol=1e-5)
     assert [s.tolist() for s in gb.reprefill.selected] == [s.tolist() for s in ga.reprefill.selected]
-    if cfg.reselect_every:
+    if cfg.decode.reselect_every:
         assert gb.reselect.chunks_fetched > 0  # chunks fetched while decoding got their tail rows too
         assert gb.reselect.chunks_fetched == ga.reselect.chunks_fetched
 
@@ -62,7 +63,7 @@ def test_the_streaming_layout_answers_as_the_full_layout_with_streaming_heads(ru
 def test_loaded_rows_hold_the_tail_for_streaming_heads_and_nothing_else_of_them(runners, model4):
     full, small = runners
     b = small.store_prefix(PREFIX)
-    cfg = ReprefillConfig(budget=1.0, period_layers=1, selector="exact", streaming=True)
+    cfg = flat_config(budget=1.0, period_layers=1, selector="exact", streaming=True)
     res = small.reprefill(b.prefix_id, [7, 8], cfg, keep_kv=True)
     _, kv = chunked_prefill(model4, PREFIX)  # [layers, 2, Hkv, n, d]
     n = PREFIX.numel()
@@ -92,7 +93,7 @@ def test_a_missing_tail_is_named_and_the_next_store_puts_it_back(runners, model4
     _, small = runners
     _, kv = chunked_prefill(model4, PREFIX)
     put = small.client.put_prefix(PREFIX.numpy(), as_numpy_kv(kv), small.geometry, model_fingerprint=model4.fingerprint)
-    cfg = ReprefillConfig(budget=0.5, period_layers=1, selector="exact", streaming=True)
+    cfg = flat_config(budget=0.5, period_layers=1, selector="exact", streaming=True)
     with pytest.raises(TailMissing, match="store the prefix again"):
         small.reprefill(put.prefix_id, [7, 8], cfg)
     again = small.store_prefix(PREFIX)  # the chunks are stored: only the tail is put
@@ -107,19 +108,19 @@ def test_a_streaming_layout_prefix_serves_streaming_requests_of_its_own_layout_o
     full, small = runners
     b = small.store_prefix(PREFIX)
     with pytest.raises(InvalidArgument, match="streaming=True"):
-        small.reprefill(b.prefix_id, [7], ReprefillConfig(budget=0.5, period_layers=1, selector="exact"))
+        small.reprefill(b.prefix_id, [7], flat_config(budget=0.5, period_layers=1, selector="exact"))
     with pytest.raises(InvalidArgument, match="another model or layout"):
-        full.reprefill(b.prefix_id, [7], ReprefillConfig(budget=0.5, period_layers=1, selector="exact", streaming=True))
+        full.reprefill(b.prefix_id, [7], flat_config(budget=0.5, period_layers=1, selector="exact", streaming=True))
     with pytest.raises(InvalidArgument, match="streaming_layout"):
         ModelRunner(full.model, full.client, streaming_layout=True)
 
 
 def test_kv4_with_streaming_heads_keeps_the_stored_heads_as_the_kv4_layout_does(daemon, model4):
     prof = profile(model4, lambda layer, h: h == 0, recent=32)
-    cfg = ReprefillConfig(budget=1.0, period_layers=1, selector="exact", streaming=True)
+    cfg = flat_config(budget=1.0, period_layers=1, selector="exact", streaming=True)
     with KVStoreClient(daemon.target) as client:
-        plain = ModelRunner(model4, client, group_layers=1, streaming_heads=prof, kv_quant="kv4")
-        small = ModelRunner(model4, client, group_layers=1, streaming_heads=prof, kv_quant="kv4", streaming_layout=True)
+        plain = ModelRunner(model4, client, group_layers=1, probe_bits=0, streaming_heads=prof, kv_quant="kv4")
+        small = ModelRunner(model4, client, group_layers=1, probe_bits=0, streaming_heads=prof, kv_quant="kv4", streaming_layout=True)
         a, b = plain.store_prefix(PREFIX), small.store_prefix(PREFIX)
         ra = plain.reprefill(a.prefix_id, [7, 8], cfg, keep_kv=True)
         rb = small.reprefill(b.prefix_id, [7, 8], cfg, keep_kv=True)
@@ -134,11 +135,11 @@ def test_kv4_with_streaming_heads_keeps_the_stored_heads_as_the_kv4_layout_does(
 def test_chunks_re_selection_fetches_while_decoding_get_their_tail_rows(daemon, model4):
     """A recent window of 8 chunks: every chunk a re-selection fetches holds streaming heads' rows to fill."""
     prof = profile(model4, lambda layer, h: h == 0 or (layer == 0 and h == 1), recent=128)
-    cfg = ReprefillConfig(budget=0.4, period_layers=1, selector="summary", head_aggregation="max", streaming=True, reselect_every=1)
+    cfg = flat_config(budget=0.4, period_layers=1, selector="summary", head_aggregation="max", streaming=True, reselect_every=1)
     suffix = torch.tensor([7, 8, 9])
     with KVStoreClient(daemon.target) as client:
-        full = ModelRunner(model4, client, group_layers=1, streaming_heads=prof)
-        small = ModelRunner(model4, client, group_layers=1, streaming_heads=prof, streaming_layout=True)
+        full = ModelRunner(model4, client, group_layers=1, probe_bits=0, streaming_heads=prof)
+        small = ModelRunner(model4, client, group_layers=1, probe_bits=0, streaming_heads=prof, streaming_layout=True)
         a, b = full.store_prefix(PREFIX), small.store_prefix(PREFIX)
         ga = full.generate(a.prefix_id, suffix, cfg, 8)
         gb = small.generate(b.prefix_id, suffix, cfg, 8)
@@ -150,7 +151,7 @@ def test_chunks_re_selection_fetches_while_decoding_get_their_tail_rows(daemon, 
 def test_deleting_the_tail_batch_takes_the_tail_away(runners):
     _, small = runners
     b = small.store_prefix(PREFIX)
-    cfg = ReprefillConfig(budget=0.5, period_layers=1, selector="exact", streaming=True)
+    cfg = flat_config(budget=0.5, period_layers=1, selector="exact", streaming=True)
     small.client.delete(b.tail_batch_id)
     small.forget(b.prefix_id)
     with pytest.raises(TailMissing):

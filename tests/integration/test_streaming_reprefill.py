@@ -2,11 +2,11 @@
 
 import pytest
 import torch
+from helpers import flat_config
 from pretrained import needs_smollm2
 
 from engine_client.generation import dense_generate
 from engine_client.model.streaming import StreamingHeads
-from engine_client.runner import ReprefillConfig
 from kvstore.errors import InvalidArgument
 
 
@@ -22,7 +22,7 @@ def test_full_budget_with_streaming_heads_equals_the_dense_reference(tiny_runner
     tiny_runner.streaming_heads = prof
     prefix, suffix = torch.arange(5, 105), torch.tensor([7, 8, 9])
     handle = tiny_runner.store_prefix(prefix)
-    cfg = ReprefillConfig(budget=1.0, period_layers=1, selector="exact", streaming=True)
+    cfg = flat_config(budget=1.0, period_layers=1, selector="exact", streaming=True)
     gen = tiny_runner.generate(handle.prefix_id, suffix, cfg, 6)
     ref = dense_generate(tiny_model, prefix, suffix, 6, streaming=prof)
     plain = dense_generate(tiny_model, prefix, suffix, 6)
@@ -35,7 +35,7 @@ def test_sparse_streaming_hides_the_loaded_rows_outside_the_sink_and_recent_wind
     tiny_runner.streaming_heads = profile(tiny_model, lambda layer, h: h == 0)
     prefix, suffix = torch.arange(5, 165), torch.tensor([7, 8])  # 10 chunks
     handle = tiny_runner.store_prefix(prefix)
-    cfg = ReprefillConfig(budget=0.5, period_layers=1, selector="exact", streaming=True)
+    cfg = flat_config(budget=0.5, period_layers=1, selector="exact", streaming=True)
     res = tiny_runner.generate(handle.prefix_id, suffix, cfg, 2).reprefill
     for layer, chunks in enumerate(res.selected):
         mask = res.row_masks[layer]
@@ -48,10 +48,10 @@ def test_sparse_streaming_hides_the_loaded_rows_outside_the_sink_and_recent_wind
 def test_streaming_is_refused_without_heads_or_as_a_non_bool(tiny_runner):
     handle = tiny_runner.store_prefix(torch.arange(5, 69))
     with pytest.raises(InvalidArgument, match="streaming"):
-        tiny_runner.generate(handle.prefix_id, [3], ReprefillConfig(budget=0.5, period_layers=1, streaming=True), 2)
+        tiny_runner.generate(handle.prefix_id, [3], flat_config(budget=0.5, period_layers=1, streaming=True), 2)
     tiny_runner.streaming_heads = profile(tiny_runner.model, lambda layer, h: True)
     with pytest.raises(InvalidArgument, match="streaming"):
-        tiny_runner.generate(handle.prefix_id, [3], ReprefillConfig(budget=0.5, period_layers=1, streaming=1), 2)
+        tiny_runner.generate(handle.prefix_id, [3], flat_config(budget=0.5, period_layers=1, streaming=1), 2)
 
 
 def test_re_selection_gives_the_streaming_heads_each_new_sets_sink_and_recent_rows(tiny_runner, tiny_model):
@@ -69,7 +69,7 @@ def test_re_selection_gives_the_streaming_heads_each_new_sets_sink_and_recent_ro
     tiny_runner.streaming_heads = Spy()
     prefix, suffix = torch.arange(5, 325), torch.tensor([7, 8, 9])  # 20 chunks
     handle = tiny_runner.store_prefix(prefix)
-    cfg = ReprefillConfig(budget=0.3, period_layers=1, selector="summary", head_aggregation="max", streaming=True, reselect_every=1)
+    cfg = flat_config(budget=0.3, period_layers=1, selector="summary", head_aggregation="max", streaming=True, reselect_every=1)
     gen = tiny_runner.generate(handle.prefix_id, suffix, cfg, 6)
     assert gen.reselect.sets_changed > 0
     # one mask per layer at the first token, one as decoding starts, one per re-selection (1-layer Periods)
@@ -108,7 +108,7 @@ def test_per_head_sets_each_head_attends_to_its_own_chunks_the_period_loads_thei
     handle = tiny_runner.store_prefix(prefix)
     hkv, s = tiny_model.config.num_key_value_heads, 3
     for extra in ({"selector": "exact"}, {"selector": "summary", "reselect_every": 1}):
-        cfg = ReprefillConfig(budget=0.3, period_layers=1, head_aggregation="max", per_head=True, **extra)
+        cfg = flat_config(budget=0.3, period_layers=1, head_aggregation="max", per_head=True, **extra)
         gen = tiny_runner.generate(handle.prefix_id, suffix, cfg, 5)
         res = gen.reprefill
         for layer, (chunks, sets) in enumerate(zip(res.selected, res.head_sets)):
@@ -120,6 +120,6 @@ def test_per_head_sets_each_head_attends_to_its_own_chunks_the_period_loads_thei
         # each head reads its 6 chunks whatever the union (re-selected or not), the suffix and the generated rows
         assert gen.step_kv_rows == [tiny_model.num_layers * hkv * (16 * 6 + s + t) for t in range(1, 5)]
     with pytest.raises(InvalidArgument, match="per_head"):
-        tiny_runner.generate(handle.prefix_id, suffix, ReprefillConfig(budget=0.3, period_layers=1, selector="recent", per_head=True), 2)
+        tiny_runner.generate(handle.prefix_id, suffix, flat_config(budget=0.3, period_layers=1, selector="recent", per_head=True), 2)
     with pytest.raises(InvalidArgument, match="per_head"):
-        tiny_runner.generate(handle.prefix_id, suffix, ReprefillConfig(budget=0.3, period_layers=1, selector="exact", per_head=1), 2)
+        tiny_runner.generate(handle.prefix_id, suffix, flat_config(budget=0.3, period_layers=1, selector="exact", per_head=1), 2)

@@ -43,10 +43,10 @@ def test_passkey_slice_full_drop_needle_and_reprefill_at_5_percent(tmp_path):
 
 
 def test_eight_token_chunks_reach_the_store_the_needle_and_the_budget(tmp_path):
-    paths = "full,drop-needle,perlayer-follow-int4@0.05"
+    paths = "full,drop-needle,ckv+int4-probes@0.05"
     r = run_text_accuracy(passkey_args(tmp_path, path=paths, examples=1, depths="0.5", group_layers=1, chunk_tokens=8, margins=True))
     assert r["chunk_tokens"] == 8
-    full, drop, sparse = (r["paths"][k]["rows"][0] for k in ("full", "drop-needle", "perlayer-follow-int4@0.05"))
+    full, drop, sparse = (r["paths"][k]["rows"][0] for k in ("full", "drop-needle", "ckv+int4-probes@0.05"))
     (a, b), *_ = ex_spans = r["paths"]["full"]["rows"][0]["needle_spans"]
     assert full["needle_chunks"] == list(range(a // 8, (b - 1) // 8 + 1)) and len(ex_spans) == 1
     assert full["correct"] and not drop["correct"]  # dropping the 8-token chunks over the needle loses the key
@@ -60,9 +60,20 @@ def test_eight_token_chunks_reach_the_store_the_needle_and_the_budget(tmp_path):
     assert len(sparse["needle_loaded"]) == 30 and sparse["tokens_loaded"] <= 30 * 8 * per_layer
 
 
+def test_naming_no_path_runs_the_default_system_over_the_layout_it_needs(tmp_path, caplog):
+    r = run_text_accuracy(
+        passkey_args(tmp_path, path=None, examples=1, depths="0.5", group_layers=None, standin_layers=str(tmp_path / "none.json"))
+    )
+    name = "ckv+int4-probes+standins@0.05"
+    assert list(r["paths"]) == [name] and r["group_layers"] == 1 and "standin_layers" not in r  # no calibration file: none
+    row = r["paths"][name]["rows"][0]
+    assert len(row["needle_loaded"]) == 30 and row["standin_rows"] == 0  # a selection at every layer, no stand-ins
+    assert row["correct"] == answer_in(row["answers"][0], row["text"])
+
+
 def test_paths_are_checked():
     assert parse_paths("full,summary@0.1") == [("full", "", 1.0), ("summary@0.1", "summary", 0.1)]
-    for bad, msg in (("nope", "SELECTOR@BUDGET"), ("exact@2", "fraction"), ("full,full", "twice"), ("exact@x", "not a number")):
+    for bad, msg in (("nope", "SYSTEM@BUDGET"), ("exact@2", "fraction"), ("full,full", "twice"), ("exact@x", "not a number")):
         with pytest.raises(ValueError, match=msg):
             parse_paths(bad)
 

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 import torch
 
-from engine_client.selection.systems import SYSTEMS, system_fields
 from kvstore.errors import InvalidArgument
 from tools.bench.recall import chunk_summaries, needle_recall, period_recall
 from tools.bench.text_accuracy import check_store_probe_bits, parse_paths
@@ -26,21 +25,20 @@ def test_period_recall_credits_each_layer_with_its_period_s_first_layer():
     assert needle_recall(torch.tensor([0, 3, 7]), np.array([3, 4])) == 0.5
 
 
-def test_systems_are_valid_reprefill_fields_and_paths():
-    from engine_client.runner import ReprefillConfig
-
-    for name in SYSTEMS:
-        ReprefillConfig(budget=0.05, **system_fields(name))
-    assert system_fields("layerwise") == {"selector": "exact", "period_layers": 2, "head_aggregation": "max"}
-    with pytest.raises(InvalidArgument, match="system"):
-        system_fields("nope")
+def test_paths_name_selectors_and_systems_old_names_included():
     assert parse_paths("full,layerwise@0.05,summary@0.1") == [
         ("full", "", 1.0),
         ("layerwise@0.05", "layerwise", 0.05),
         ("summary@0.1", "summary", 0.1),
     ]
-    with pytest.raises(ValueError, match="SELECTOR@BUDGET.*layerwise"):
+    assert parse_paths("ckv+int4-probes+standins@0.05") == [("ckv+int4-probes+standins@0.05", "ckv+int4-probes+standins", 0.05)]
+    assert parse_paths(None) == [("ckv+int4-probes+standins@0.05", "ckv+int4-probes+standins", 0.05)]  # the default system
+    with pytest.raises(ValueError, match="SYSTEM@BUDGET.*layerwise"):
         parse_paths("bogus@0.05")
+    with pytest.raises(InvalidArgument, match="system"):
+        from engine_client.reprefill import parse_system
+
+        parse_system("ckv+nope")
 
 
 def test_a_store_of_quantized_probe_keys_takes_only_exact_paths_of_its_width():

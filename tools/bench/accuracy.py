@@ -36,7 +36,7 @@ import torch
 from kvstore.kvquant import KV_QUANT
 from kvstore.progress import progress
 
-from .eval_common import CHUNK_TOKENS, SELECTORS, budget_fraction, keep_rows_without, wilson_interval
+from .eval_common import CHUNK_TOKENS, DEFAULT_BUDGET, budget_fraction, is_path_system, keep_rows_without, path_config, wilson_interval
 
 DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "recall-small")
 PERIOD_LAYERS = 4
@@ -52,14 +52,25 @@ class EvalPath:
     def name(self) -> str:
         return f"{self.selector}@{self.budget:g}" if self.kind == "reprefill" else self.kind
 
+    def config(self):
+        """The Re-Prefill config of a ``reprefill`` path (a plain selector at ``PERIOD_LAYERS``)."""
+        return path_config(self.selector, self.budget, PERIOD_LAYERS)
 
-def parse_path(text: str) -> EvalPath:
-    """``full``, ``drop-answer`` or ``SELECTOR@BUDGET``; ValueError otherwise."""
+
+def parse_path(text: str | None) -> EvalPath:
+    """``full``, ``drop-answer`` or ``SYSTEM@BUDGET`` (None: the default system at 5%); ValueError otherwise."""
+    from engine_client.reprefill import DEFAULT_SYSTEM
+    from engine_client.reprefill.systems import known_systems
+
+    if text is None:
+        return EvalPath("reprefill", DEFAULT_SYSTEM, DEFAULT_BUDGET)
     if text in ("full", "drop-answer"):
         return EvalPath(text)
     selector, sep, budget = text.partition("@")
-    if not sep or selector not in SELECTORS:
-        raise ValueError(f"path must be full, drop-answer or SELECTOR@BUDGET with SELECTOR in {', '.join(SELECTORS)}; got {text!r}")
+    if not sep or not is_path_system(selector):
+        raise ValueError(
+            f"path must be full, drop-answer or SYSTEM@BUDGET with SYSTEM a selector (summary, exact, recent) or a named system ({known_systems()}); got {text!r}"
+        )
     return EvalPath("reprefill", selector, budget_fraction(budget, text))
 
 
@@ -121,7 +132,7 @@ def predict_in_process(model, examples, path: EvalPath):
 def predict_reprefill(model, examples, path: EvalPath, directory: str):
     """Store each prefix in a fresh daemon and answer its suffix by ``ModelRunner.reprefill``."""
     from engine_client.client import KVStoreClient
-    from engine_client.runner import ModelRunner, ReprefillConfig
+    from engine_client.reprefill import ModelRunner
 
     from .daemon_io import DaemonArgs, _Daemon
 
@@ -130,8 +141,9 @@ def predict_reprefill(model, examples, path: EvalPath, directory: str):
     daemon = _Daemon(data_dir, DaemonArgs())
     try:
         with KVStoreClient(f"unix:{daemon.socket}") as client:
-            runner = ModelRunner(model, client, chunk_tokens=CHUNK_TOKENS)
-            cfg = ReprefillConfig(budget=path.budget, selector=path.selector, period_layers=PERIOD_LAYERS)
+            cfg = path.config()
+            group = 4 if cfg.schedule.period_layers % 4 == 0 else 1  # 4-layer groups where the Periods allow them, as before
+            runner = ModelRunner(model, client, chunk_tokens=CHUNK_TOKENS, group_layers=group, probe_bits=0)
             for ex in progress(examples, "accuracy re-prefill", unit="ex"):
                 handle = runner.store_prefix(ex.prefix)
                 res = runner.reprefill(handle.prefix_id, ex.suffix, cfg)
@@ -212,6 +224,8 @@ def format_report(r: dict) -> str:
 
 
 def add_accuracy_parser(sub) -> argparse.ArgumentParser:
+    from engine_client.reprefill import DEFAULT_SYSTEM
+    from engine_client.reprefill.systems import known_systems
     from engine_client.tasks import TASKS
     from kvstore.cli_flags import add_alias
 
@@ -221,9 +235,11 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p.add_argument("--task", required=True, help=f"toy checkpoint: {', '.join(TASKS)}; --model: a real-text task or file:PATH")
     p.add_argument(
         "--path",
-        required=True,
-        help="full | drop-answer (toy) | drop-needle, full-streaming, sparse-prefill@ALPHA (--model) | SYSTEM@BUDGET (summary, exact, recent; --model also layerwise, layerwise-summary, perlayer-follow, perlayer-follow-int4, perlayer-follow-int4-reselect (with --group-layers 1): engine_client.selection.systems; budget in (0, 1]); "
-        "--model accepts several, comma-separated",
+        default=None,
+        help=f"full | drop-answer (toy) | drop-needle, full-streaming, sparse-prefill@ALPHA (--model) | SYSTEM@BUDGET, SYSTEM a plain "
+        f"selector (summary, exact, recent, at --period-layers) or a named system ({known_systems()}; "
+        f"engine_client.reprefill.systems), BUDGET a fraction in (0, 1]; --model accepts several, comma-separated "
+        f"(default: {DEFAULT_SYSTEM}@{DEFAULT_BUDGET:g}, the system that keeps the answer)",
     )
     p.add_argument("--model", default=None, help="a pretrained model by name (smollm2-135m): real-text tasks, greedy decoding")
     p.add_argument("--depths", default="", help="--model: needle depths to cycle through, e.g. 0,0.25,0.5,0.75,1 (default: seeded)")
@@ -254,7 +270,13 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
         default=CHUNK_TOKENS,
         help=f"--model: tokens per stored chunk, the unit selection loads (default {CHUNK_TOKENS}); budgets stay fractions of the prefix",
     )
-    p.add_argument("--group-layers", type=int, default=4, help="--model: layers per stored group")
+    p.add_argument(
+        "--group-layers",
+        type=int,
+        default=None,
+        help="--model: layers per stored group (default: the largest of 1, 2 and 4 that every path's Periods are multiples of: "
+        "1 for the per-layer systems, 4 for 8-layer Periods)",
+    )
     p.add_argument(
         "--store-probe-bits",
         type=int,

@@ -19,10 +19,11 @@ prefix; sink and recent chunk included):
 ``lserve-full-first``  ``lserve`` whose first token loads every chunk (LServe's dense prefill), the
                pages chosen from the first decoding step on;
 ``loopserve``  re-selected every 4 tokens from those tokens' queries against 4-bit keys;
-any named system of ``engine_client.selection.systems`` (e.g. ``perlayer-follow-int4``, the
-Re-Prefill default, which decodes over the first token's sets); ``NAME-kv4`` / ``NAME-kv8``
-the same over the quantized copy; ``NAME@TOKENS`` the same at its own budget (e.g.
-``perlayer-follow-int4@1536``), so several budgets share one prefill per example.
+any named system of ``engine_client.reprefill.systems`` (e.g. ``ckv+int4-probes``, which decodes
+over the first token's sets; the old names, ``perlayer-follow-int4`` and the rest, until the
+next release); ``NAME-kv4`` / ``NAME-kv8`` the same over the quantized copy; ``NAME@TOKENS``
+the same at its own budget (e.g. ``ckv+int4-probes@1536``), so several budgets share one
+prefill per example.
 
 Reported per system (the order rotated per example), per context and task:
 accuracy with its Wilson interval; time per output token and its attention
@@ -44,6 +45,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import sys
 from contextlib import ExitStack
 
 import numpy as np
@@ -53,7 +55,7 @@ from .eval_common import CHUNK_TOKENS, load_pretrained
 from .io_jobs import BenchError, UsageError
 from .plots import add_plot_flag, check_plot_path
 
-DEFAULT_SYSTEMS = "dense,quest,lserve,lserve-kv4,loopserve,perlayer-follow-int4"
+DEFAULT_SYSTEMS = "dense,quest,lserve,lserve-kv4,loopserve,ckv+int4-probes"
 QUANT_SUFFIXES = ("-kv4", "-kv8", "-kv4t", "-kv8t", "-kv4h", "-kv8h")
 KV4_SCHEMES = ("kv4", "kv4t", "kv4h")  # what --kv-quant may name
 
@@ -85,7 +87,7 @@ def add_decode_parser(sub) -> None:
 def parse_systems(text: str, kv_quant: str) -> list[tuple[str, str, str, int | None]]:
     """``[(name, selection system, stored scheme or "", budget tokens or None for --budget-tokens)]``;
     a one-line UsageError for anything unknown."""
-    from engine_client.selection.systems import SYSTEMS
+    from engine_client.reprefill.systems import ALIASES, is_system, known_systems
 
     out = []
     for item in (s.strip() for s in text.split(",")):
@@ -104,10 +106,12 @@ def parse_systems(text: str, kv_quant: str) -> list[tuple[str, str, str, int | N
                 break
         if quant == "kv4":  # NAME-kv4 is --kv-quant's scheme; NAME-kv4t, NAME-kv4h name their own
             quant = kv_quant
-        if base != "dense" and base not in SYSTEMS:
+        if base != "dense" and not is_system(base):
             raise UsageError(
-                f"--systems: unknown system {item!r}; known: dense, {', '.join(sorted(SYSTEMS))} (each also as NAME-kv4, NAME-kv8, NAME-kv4h, ...)"
+                f"--systems: unknown system {item!r}; known: dense and named systems ({known_systems()}), each also as NAME-kv4, NAME-kv8, NAME-kv4h, ..."
             )
+        if base in ALIASES:
+            print(f"note: system {base!r} is now {ALIASES[base]!r}; the old name goes in the next release", file=sys.stderr)
         out.append((item, base, quant, budget))
     if len({n for n, *_ in out}) != len(out) or not out:
         raise UsageError(f"--systems {text!r}: name each system once")
@@ -148,7 +152,6 @@ def command_decode(args) -> int:
 def run_decode(args) -> dict:
     from engine_client.model import zoo
     from engine_client.model.streaming import ProfileError, StreamingHeads
-    from engine_client.selection.systems import system_fields, uses_calibrated_layers
     from engine_client.tasks import text
 
     load_before = round(os.getloadavg()[0], 2)
@@ -159,11 +162,14 @@ def run_decode(args) -> dict:
     except (ProfileError, OSError, ValueError) as exc:
         heads = exc  # only an error when a streaming system runs
     args.standin_profile = None
-    if any(base != "dense" and uses_calibrated_layers(system_fields(base)) for _, base, *_ in args.system_list):
+    configs = [system_config(base) for _, base, *_ in args.system_list if base != "dense"]
+    if any(cfg.uses_calibrated_layers for cfg in configs):
         try:
             args.standin_profile = zoo.standin_layers(model, pm.checkpoint_dir, args.standin_layers)
         except ProfileError as exc:
-            raise BenchError(str(exc)) from None
+            if any(cfg.needs_calibrated_layers for cfg in configs):
+                raise BenchError(str(exc)) from None
+            print(f"note: {exc}; the systems run without stand-in rows", file=sys.stderr)
     cells = []
     for n in args.contexts:
         for task in args.task_names:
@@ -204,15 +210,14 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
     import torch
 
     from engine_client.prefill import chunked_prefill
-    from engine_client.runner import ModelRunner, ReprefillConfig
-    from engine_client.selection.systems import system_fields
+    from engine_client.reprefill import ModelRunner, parse_system
     from kvstore.progress import bar as progress_bar
 
     from .daemon_io import private_daemon_client
 
     model = pm.decoder
     systems = args.system_list
-    streams = any(base != "dense" and system_fields(base).get("streaming") for _, base, *_ in systems)
+    streams = any(base != "dense" and system_config(base).attention.streaming for _, base, *_ in systems)
     if streams and isinstance(heads, Exception):
         raise BenchError(f"a streaming system needs the model's streaming heads: {heads}")
     rows: dict[str, list[dict]] = {name: [] for name, *_ in systems}
@@ -231,6 +236,7 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
                 client,
                 chunk_tokens=CHUNK_TOKENS,
                 group_layers=1,
+                probe_bits=0,  # the client quantizes probe keys: one stored copy serves every system
                 streaming_heads=None if isinstance(heads, Exception) else heads,
                 standin_layers=args.standin_profile,
                 kv_quant=key[0],
@@ -242,9 +248,11 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
             handles = {q: r.store_prefix(ex.prefix_tokens, kv=kv) for q, r in runners.items()}
             del kv
             for name, base, quant, budget in systems[i % len(systems) :] + systems[: i % len(systems)]:
-                fields = {"selector": "full", "period_layers": 1} if base == "dense" else system_fields(base)
                 fraction = min(1.0, (budget or args.budget_tokens) / ex.num_prefix_tokens)
-                cfg = ReprefillConfig(budget=1.0 if base == "dense" else fraction, **fields)
+                if base == "dense":
+                    cfg = parse_system("full").replace(budget=1.0, period_layers=1)
+                else:
+                    cfg = system_config(base).replace(budget=fraction)
                 runner = runners[_copy(args, base, quant)]
                 resident = runner.resident_bytes()
                 model.attention_s = 0.0
@@ -272,9 +280,18 @@ def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:
 
 def _copy(args, base: str, quant: str) -> tuple[str, bool]:
     """Which stored copy a system reads: (kv_quant, streaming layout)."""
-    from engine_client.selection.systems import system_fields
+    return quant, bool(base != "dense" and system_config(base).attention.streaming and not args.full_layout)
 
-    return quant, bool(base != "dense" and system_fields(base).get("streaming") and not args.full_layout)
+
+def system_config(base: str):
+    """The ``ReprefillConfig`` a named system stands for (old names too: ``parse_systems`` noted them)."""
+    import warnings
+
+    from engine_client.reprefill import parse_system
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return parse_system(base)
 
 
 def _row(ex, gen, runner, resident_before: int, row_bytes: int) -> dict:

@@ -17,6 +17,36 @@ from .io_jobs import BenchError
 
 SELECTORS = ("summary", "exact", "recent")
 CHUNK_TOKENS = 16
+DEFAULT_BUDGET = 0.05  # a path named without one: the budget the accuracy target is set at
+
+
+def is_path_system(name: str) -> bool:
+    """Whether ``name`` is what a SYSTEM@BUDGET path may name: a plain selector or a named system (old names included)."""
+    from engine_client.reprefill.systems import is_system
+
+    return name in SELECTORS or is_system(name)
+
+
+def path_config(name: str, budget: float, period_layers: int):
+    """The ``ReprefillConfig`` of a SYSTEM@BUDGET path: a plain selector at ``period_layers``, or a named
+    system as it is named (``engine_client.reprefill.systems``; an old name says its new one on stderr)."""
+    import sys
+    import warnings
+
+    from engine_client.reprefill import parse_system
+    from engine_client.reprefill.systems import ALIASES
+
+    if name in SELECTORS:
+        return parse_system(name).replace(budget=budget, period_layers=period_layers)
+    if name in ALIASES and name not in _NOTED:
+        _NOTED.add(name)
+        print(f"note: system {name!r} is now {ALIASES[name]!r}; the old name goes in the next release", file=sys.stderr)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return parse_system(name).replace(budget=budget)
+
+
+_NOTED: set[str] = set()  # old names already noted in this run
 
 
 def check_strategy_flags(args) -> None:

@@ -43,6 +43,7 @@ class Sample:
     tokens_loaded: int = 0
     bytes_read: int = 0
     bytes_useful: int = 0
+    num_reads: int = 0  # the daemon's disk reads (after coalescing), speculation included
     top1: bool | None = None
     kl: float | None = None
     recall: float | None = None
@@ -60,6 +61,7 @@ def summarize(samples: list[Sample]) -> dict:
         "tokens_loaded": int(np.mean([s.tokens_loaded for s in samples])),
         "bytes_read": int(np.mean([s.bytes_read for s in samples])),
         "bytes_useful": int(np.mean([s.bytes_useful for s in samples])),
+        "num_reads": float(np.mean([s.num_reads for s in samples])),
     }
     out["read_amplification"] = out["bytes_read"] / out["bytes_useful"] if out["bytes_useful"] else None
     for key in ("top1", "kl", "recall"):
@@ -72,7 +74,7 @@ def run_reprefill_bench(args) -> dict:
     from engine_client.client import KVStoreClient
     from engine_client.fidelity import chunk_recall, compare_logits
     from engine_client.model.loader import load_checkpoint
-    from engine_client.runner import ModelRunner, ReprefillConfig
+    from engine_client.reprefill import ModelRunner, parse_system
     from engine_client.selection import exact_chunk_scores
     from tools.make_checkpoint import checkpoint_path
 
@@ -98,13 +100,16 @@ def run_reprefill_bench(args) -> dict:
         target = f"unix:{daemon.socket}"
     try:
         with KVStoreClient(target) as client:
-            runner = ModelRunner(model, client, group_layers=args.group_layers)
+            runner = ModelRunner(model, client, group_layers=args.group_layers, probe_bits=args.store_probe_bits)
             handle = runner.store_prefix(prefix, progress=progress)
-            report = {"prefix": vars(handle).copy(), "systems": {}, "requests": {}}
+            report = {"prefix": vars(handle).copy(), "systems": {}, "requests": {}, "state_bytes": {}}
             prefix_id = handle.prefix_id
 
             def run(budget, selector):
-                cfg = ReprefillConfig(budget=budget, period_layers=args.period_layers, selector=selector)
+                if selector == args.selector and args.system:  # a named system, at its own Periods
+                    cfg = parse_system(args.system).replace(budget=budget)
+                else:
+                    cfg = parse_system(selector).replace(budget=budget, period_layers=args.period_layers)
                 return lambda suffix: runner.reprefill(prefix_id, suffix, cfg)
 
             run(1.0, "full")(suffixes[0])  # warm-up: first touches, summaries resident
@@ -118,7 +123,11 @@ def run_reprefill_bench(args) -> dict:
             for budget in progress(args.budgets, "reprefill budgets"):
                 if budget >= 1:
                     continue
-                run(budget, args.selector)(suffixes[0])
+                first = run(budget, args.selector)(suffixes[0])  # warm-up: what it fetched once is the prefix's client state
+                report["state_bytes"][f"reprefill@{budget:g}"] = {
+                    "probe_bytes": first.probe_bytes,
+                    "state_bytes_fetched": first.state_bytes_fetched,
+                }
                 samples = []
                 for i, suffix in enumerate(suffixes):
                     res = run(budget, args.selector)(suffix)
@@ -142,7 +151,19 @@ def run_reprefill_bench(args) -> dict:
             daemon.stop()
     report["params"] = {
         k: getattr(args, k)
-        for k in ("model", "dtype", "prefix_tokens", "suffix_tokens", "budgets", "repeats", "selector", "period_layers", "group_layers")
+        for k in (
+            "model",
+            "dtype",
+            "prefix_tokens",
+            "suffix_tokens",
+            "budgets",
+            "repeats",
+            "selector",
+            "system",
+            "period_layers",
+            "group_layers",
+            "store_probe_bits",
+        )
     }
     report["params"]["threads"] = torch.get_num_threads()
     report["machine"] = machine_info(args.directory)
@@ -165,16 +186,17 @@ def _sample(res) -> Sample:
         tokens_loaded=res.tokens_loaded,
         bytes_read=res.bytes_read,
         bytes_useful=res.bytes_useful,
+        num_reads=res.num_reads,
     )
 
 
 def _true_scores(runner, prefix_id, suffixes, args, exact_chunk_scores):
     """Exact per-chunk attention mass of each period's first layer (with all chunks loaded)."""
-    from engine_client.runner import ReprefillConfig
+    from engine_client.reprefill import parse_system
 
     out = []
     for suffix in suffixes:
-        cfg = ReprefillConfig(budget=1.0, period_layers=args.period_layers, selector="full", report_attention=False)
+        cfg = parse_system("full").replace(budget=1.0, period_layers=args.period_layers, report_attention=False)
         res = runner.reprefill(prefix_id, suffix, cfg)
         out.append(res.chunk_attention)
     return out
@@ -197,12 +219,12 @@ def format_reprefill_report(report: dict) -> str:
     p = report["params"]
     pre = report["prefix"]
     stored = "stored before" if pre["cache_hit"] else "prefilled and stored in {:.1f}s".format(pre["prefill_s"])
+    selection = f"system {p['system']}" if p.get("system") else f"selector {p['selector']}, period {p['period_layers']} layers"
     lines = [
         f"model {p['model']} ({p['dtype']}, {p['threads']} threads), prefix {p['prefix_tokens']} tokens ({stored}), "
-        f"suffix {p['suffix_tokens']} tokens, selector {p['selector']}, period {p['period_layers']} layers "
-        f"(stored groups of {p['group_layers']}), {p['repeats']} suffixes",
+        f"suffix {p['suffix_tokens']} tokens, {selection} (stored groups of {p['group_layers']}), {p['repeats']} suffixes",
         f"{'system':<18}{'TTFT ms':>9}{'P95 ms':>9}{'I/O ms':>8}{'comp ms':>9}{'sel ms':>8}{'tokens':>8}{'MB read':>9}"
-        f"{'ampl':>6}{'top1':>6}{'KL':>9}{'recall':>8}",
+        f"{'reads':>7}{'ampl':>6}{'top1':>6}{'KL':>9}{'recall':>8}",
     ]
     order = ["full-recompute", "full-load"] + sorted(
         (k for k in report["systems"] if k.startswith("reprefill@")), key=lambda k: float(k.split("@")[1])
@@ -218,7 +240,7 @@ def format_reprefill_report(report: dict) -> str:
         lines.append(
             f"{name:<18}{r['ttft_mean_s'] * 1e3:>9.1f}{r['ttft_p95_s'] * 1e3:>9.1f}{r['io_wait_mean_s'] * 1e3:>8.1f}"
             f"{r['compute_mean_s'] * 1e3:>9.1f}{r['select_mean_s'] * 1e3:>8.1f}{r['tokens_loaded']:>8}"
-            f"{r['bytes_read'] / 1e6:>9.1f}{fmt(r['read_amplification'], '.2f'):>6}{fmt(r['top1'], '.2f'):>6}"
+            f"{r['bytes_read'] / 1e6:>9.1f}{r.get('num_reads', 0):>7.0f}{fmt(r['read_amplification'], '.2f'):>6}{fmt(r['top1'], '.2f'):>6}"
             f"{fmt(r['kl'], '.4f'):>9}{fmt(r['recall'], '.2f'):>8}"
         )
     for key, value in report["ratios"].items():
@@ -244,8 +266,20 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--repeats", type=int, default=3, help="suffixes timed per system")
     p.add_argument("--recompute-runs", type=int, default=1, help="full-recompute runs (slow: the whole prefix)")
     p.add_argument("--selector", default="summary", choices=("summary", "exact", "recent"))
+    p.add_argument(
+        "--system",
+        help="the reprefill rows run this named system (engine_client.reprefill.systems, e.g. ckv+int4-probes+standins) "
+        "at each budget, at its own Periods, in place of --selector at --period-layers",
+    )
     p.add_argument("--period-layers", type=int, default=8)
     p.add_argument("--group-layers", type=int, default=4, help="stored period group (SubPeriod)")
+    p.add_argument(
+        "--store-probe-bits",
+        type=int,
+        choices=(0, 4, 8),
+        default=0,
+        help="the stored prefix keeps its probe keys quantized to this many bits (0: in the KV dtype)",
+    )
     p.add_argument("--no-recall", dest="recall", action="store_false", help="skip the true-top-chunk recall")
     p.add_argument("--socket-path", dest="target", type=unix_target, help="a running daemon (default: start one in --data-dir)")
     p.add_argument("--data-dir", dest="directory", default=".kvstore/bench")

@@ -43,11 +43,10 @@ from contextlib import ExitStack
 import numpy as np
 import torch
 
-from engine_client.selection.systems import SYSTEMS, system_fields, uses_calibrated_layers
 from kvstore.progress import bar as progress_bar
 from kvstore.progress import progress
 
-from .eval_common import CHUNK_TOKENS, SELECTORS, budget_fraction, keep_rows_without, wilson_interval
+from .eval_common import CHUNK_TOKENS, DEFAULT_BUDGET, budget_fraction, is_path_system, keep_rows_without, path_config, wilson_interval
 
 # paths computed densely in process: the full KV, without the needle's chunks, LServe's streaming heads
 DENSE_PATHS = ("full", "drop-needle", "full-streaming")
@@ -55,8 +54,13 @@ DENSE_PATHS = ("full", "drop-needle", "full-streaming")
 SPARSE_PREFILL = "sparse-prefill"
 
 
-def parse_paths(text: str) -> list[tuple[str, str, float]]:
-    """``full``, ``drop-needle`` or ``SELECTOR@BUDGET``, comma-separated -> ``[(name, selector, budget)]``."""
+def parse_paths(text: str | None) -> list[tuple[str, str, float]]:
+    """``full``, ``drop-needle`` or ``SYSTEM@BUDGET``, comma-separated -> ``[(name, system, budget)]``;
+    None: the default system at 5%."""
+    if text is None:
+        from engine_client.reprefill import DEFAULT_SYSTEM
+
+        text = f"{DEFAULT_SYSTEM}@{DEFAULT_BUDGET:g}"
     out = []
     for item in text.split(","):
         item = item.strip()
@@ -68,10 +72,12 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
             value = budget_fraction(budget, item)
             out.append((f"{selector}@{value:g}", selector, value))
             continue
-        if not sep or selector not in (*SELECTORS, *SYSTEMS):
-            known = ", ".join((*SELECTORS, *(n for n in SYSTEMS if n not in SELECTORS)))
+        if not sep or not is_path_system(selector):
+            from engine_client.reprefill.systems import known_systems
+
             raise ValueError(
-                f"path must be full, drop-needle, full-streaming, sparse-prefill@ALPHA or SELECTOR@BUDGET with SELECTOR a selector or a named system: {known}; got {item!r}"
+                f"path must be full, drop-needle, full-streaming, sparse-prefill@ALPHA or SYSTEM@BUDGET with SYSTEM a selector "
+                f"(summary, exact, recent) or a named system ({known_systems()}); got {item!r}"
             )
         value = budget_fraction(budget, item)
         out.append((f"{selector}@{value:g}", selector, value))
@@ -80,21 +86,23 @@ def parse_paths(text: str) -> list[tuple[str, str, float]]:
     return out
 
 
-def path_fields(selector: str, period_layers: int) -> dict:
-    """The ``ReprefillConfig`` fields a Re-Prefill path selects with (budget apart)."""
-    if selector in SELECTORS:  # a plain selector at --period-layers
-        return {"selector": selector, "period_layers": period_layers}
-    return system_fields(selector)  # a named selection system (engine_client.selection.systems)
+def path_configs(paths, period_layers: int) -> dict:
+    """``{path name: ReprefillConfig}`` of the Re-Prefill paths (``eval_common.path_config``)."""
+    return {name: path_config(sel, budget, period_layers) for name, sel, budget in paths if sel and sel != SPARSE_PREFILL}
+
+
+def default_group_layers(configs) -> int:
+    """The stored group when ``--group-layers`` is not given: the largest of 4, 2 and 1 that divides every path's Period."""
+    return next(g for g in (4, 2, 1) if all(cfg.schedule.period_layers % g == 0 for cfg in configs))
 
 
 def check_store_probe_bits(paths, store_bits: int, period_layers: int) -> None:
     """A store keeping probe keys quantized serves exact paths of that width only (``ModelRunner.check_request``)."""
     if not store_bits:
         return
-    for name, selector, _ in paths:
-        fields = path_fields(selector, period_layers) if selector and selector != SPARSE_PREFILL else {}
-        bits = fields.get("probe_bits", 0)
-        if fields.get("selector") == "exact" and bits != store_bits:
+    for name, cfg in path_configs(paths, period_layers).items():
+        bits = cfg.selection.probe_bits
+        if cfg.selection.selector == "exact" and bits != store_bits:
             raise ValueError(
                 f"--store-probe-bits {store_bits}: path {name} scores with probe_bits={bits}; exact paths need probe_bits={store_bits}"
             )
@@ -113,6 +121,7 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
     from engine_client.generation import answer_margins, dense_generate
 
     reprefill = [p for p in paths if p[1] and p[1] != SPARSE_PREFILL]
+    configs = path_configs(paths, args.period_layers)
     rows: dict[str, list[dict]] = {name: [] for name, _, _ in paths}
     bar = progress_bar(len(examples) * len(paths), f"{args.task}@{args.tokens}", unit="answer")
     with ExitStack() as stack:
@@ -155,13 +164,11 @@ def evaluate(model, tokenizer, examples, paths, args) -> dict[str, list[dict]]:
                     if gen.prefill_density is not None:
                         extra["prefill_density"] = gen.prefill_density
                 else:
-                    from engine_client.runner import ReprefillConfig
-
-                    cfg = ReprefillConfig(budget=budget, **path_fields(selector, args.period_layers))
+                    cfg = configs[name]
                     resident = runner.resident_bytes()
                     gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, _max_new(ex, args), tokenizer=tokenizer)
                     forced_margins = None
-                    if getattr(args, "margins", False) and not cfg.reselect_every:  # a second Re-Prefill, teacher-forced
+                    if getattr(args, "margins", False) and not cfg.decode.reselect_every:  # a second Re-Prefill, teacher-forced
                         forced = _answer_tokens(tokenizer, ex)
                         forced_margins = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, forced=forced).answer_margins
                     resident = runner.resident_bytes() - resident  # client state this prefix added (summaries, quantized probes)
@@ -218,7 +225,7 @@ def _max_new(ex, args) -> int:
 
 def _runner(model, args, stack: ExitStack):
     """A ModelRunner on a fresh daemon in a private directory, torn down by ``stack``."""
-    from engine_client.runner import ModelRunner
+    from engine_client.reprefill import ModelRunner
 
     from .daemon_io import private_daemon_client
 
@@ -228,7 +235,7 @@ def _runner(model, args, stack: ExitStack):
         client,
         chunk_tokens=_chunk_tokens(args),
         group_layers=args.group_layers,
-        probe_bits=getattr(args, "store_probe_bits", 0),
+        probe_bits=getattr(args, "store_probe_bits", 0),  # 0 unless asked: the client quantizes
         streaming_heads=getattr(args, "streaming_heads", None),
         standin_layers=getattr(args, "standin_profile", None),
         kv_quant=getattr(args, "store_kv_quant", ""),
@@ -251,13 +258,12 @@ def run_text_accuracy(args) -> dict:
     too_long = [ex.seed for ex in examples if ex.num_prefix_tokens + ex.suffix_tokens.size + _max_new(ex, args) > limit]
     if too_long:
         raise ValueError(f"examples {too_long[:3]} exceed the model's context of {limit} tokens with their question and answer")
-    streams = any(
-        name == "full-streaming" or (sel and sel != SPARSE_PREFILL and path_fields(sel, args.period_layers).get("streaming"))
-        for name, sel, _ in paths
-    )
+    configs = path_configs(paths, args.period_layers)
+    if getattr(args, "group_layers", None) is None:
+        args.group_layers = default_group_layers(configs.values())
+    streams = any(name == "full-streaming" for name, _, _ in paths) or any(cfg.attention.streaming for cfg in configs.values())
     args.streaming_heads = zoo.streaming_heads(pm) if streams else None
-    calibrated = any(sel and sel != SPARSE_PREFILL and uses_calibrated_layers(path_fields(sel, args.period_layers)) for _, sel, _ in paths)
-    args.standin_profile = zoo.standin_layers(pm.decoder, pm.checkpoint_dir, getattr(args, "standin_layers", None)) if calibrated else None
+    args.standin_profile = calibrated_profile(pm, configs.values(), getattr(args, "standin_layers", None))
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
     seconds = time.perf_counter() - start
@@ -308,6 +314,27 @@ def run_text_accuracy(args) -> dict:
         **({"standin_layers": standin_summary(args.standin_profile)} if args.standin_profile else {}),
         "paths": results,
     }
+
+
+def calibrated_profile(pm, configs, path=None):
+    """The model's calibrated layers when a path asks for them (``model.standins``; ``path``: a file other than the
+    one next to the checkpoint): refused without them where a path needs them, a one-line note where it asked
+    "auto" (the default system), which then runs without stand-ins."""
+    import sys
+
+    from engine_client.model import zoo
+    from engine_client.model.standins import ProfileError
+
+    configs = list(configs)
+    if not any(cfg.uses_calibrated_layers for cfg in configs):
+        return None
+    try:
+        return zoo.standin_layers(pm.decoder, pm.checkpoint_dir, path)
+    except ProfileError as exc:
+        if any(cfg.needs_calibrated_layers for cfg in configs):
+            raise
+        print(f"note: {exc}; the paths run without stand-in rows", file=sys.stderr)
+        return None
 
 
 def standin_summary(prof) -> dict:

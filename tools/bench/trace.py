@@ -182,7 +182,7 @@ class TraceWriter:
 
 def request_record(run, index: int, warmup: bool, prefix: int, suffix, res, events: list[dict]) -> dict:
     """One traced request of ``run`` (a workload ``_Run``): its events, Periods and CPU times."""
-    groups_per_period = run.cfg.period_layers // run.runner.geometry.group_layers
+    groups_per_period = run.cfg.schedule.period_layers // run.runner.geometry.group_layers
     return {
         "system": run.key,
         "budget": run.budget,
@@ -212,7 +212,7 @@ def system_header(run) -> dict:
         "name": run.key.split("@")[0],
         "budget": run.budget,
         "system": dataclasses.asdict(run.sysdef),
-        "config": dataclasses.asdict(run.cfg),
+        "config": run.cfg.flat_fields(),  # flat, as traces have always recorded it
         "geometry": {**dataclasses.asdict(geo), "model": dataclasses.asdict(geo.model)},
         "daemon_flags": list(run.daemon_flags),
         "prefix_ids": list(run.ids),

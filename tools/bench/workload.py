@@ -96,14 +96,14 @@ class System:
 
 
 LOOKAHEAD = 2.0  # contiguouskv's speculative guess: twice the budget, scored one period ahead
-# System.selection values that are engine_client.selection.systems
-NAMED_SELECTION = ("perlayer-follow-int4", "perlayer-follow-int4-standin")
+# System.selection values that are named Re-Prefill systems (engine_client.reprefill.systems)
+NAMED_SELECTION = ("ckv+int4-probes", "ckv+int4-probes+standins=calibrated")
 
 SYSTEMS = {
     "contiguouskv-paper": System(16, "summary", "score", speculate=True, push=False),
     "contiguouskv": System(16, "summary", "score", speculate=True, lookahead=LOOKAHEAD),
-    "contiguouskv-perlayer": System(16, "perlayer-follow-int4", "score", speculate=True, lookahead=LOOKAHEAD),
-    "contiguouskv-standin": System(16, "perlayer-follow-int4-standin", "score", speculate=True, lookahead=LOOKAHEAD),
+    "contiguouskv-perlayer": System(16, "ckv+int4-probes", "score", speculate=True, lookahead=LOOKAHEAD),
+    "contiguouskv-standin": System(16, "ckv+int4-probes+standins=calibrated", "score", speculate=True, lookahead=LOOKAHEAD),
     "contiguouskv-noprefetch": System(16, "summary", "score", speculate=False, overlap=False),
     "contiguouskv-lfu": System(16, "summary", "lfu", speculate=True, lookahead=LOOKAHEAD),
     "impress": System(64, "impress", "impress", reordered=True),
@@ -196,10 +196,10 @@ def _standin_profile(model, checkpoint: str, args):
     """The calibrated stand-in layers (``model.standins``) when a system runs with them, before any system runs."""
     from engine_client.model import zoo
     from engine_client.model.standins import ProfileError
-    from engine_client.selection.systems import system_fields, uses_calibrated_layers
+    from engine_client.reprefill import parse_system
 
     names = [n for n in args.systems if SYSTEMS[n].selection in NAMED_SELECTION]
-    if not any(uses_calibrated_layers(system_fields(SYSTEMS[n].selection)) for n in names):
+    if not any(parse_system(SYSTEMS[n].selection).needs_calibrated_layers for n in names):
         return None
     try:
         return zoo.standin_layers(model, checkpoint, getattr(args, "standin_layers", None))
@@ -375,22 +375,21 @@ def _start_trace(model, prefixes, runs, args):
 
 def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _Run:
     from engine_client.client import KVStoreClient
-    from engine_client.runner import ModelRunner, ReprefillConfig, model_geometry
-    from engine_client.selection.systems import system_fields
+    from engine_client.reprefill import ModelRunner, model_geometry, parse_system
 
     from .daemon_io import DaemonArgs, _Daemon
 
-    named = system_fields(sysdef.selection) if sysdef.selection in NAMED_SELECTION else {}
-    store_bits = named.get("probe_bits", 0)  # a system scoring with quantized probe keys stores them so
+    named = parse_system(sysdef.selection) if sysdef.selection in NAMED_SELECTION else None
+    store_bits = named.selection.probe_bits if named else 0  # a system scoring with quantized probe keys stores them so
     geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits)
     probes = [impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
     state = sum(p.nbytes() for p in probes if p is not None)
     if sysdef.selection == "summary":
         state = sum(ModelRunner.summary_bytes(geo, p.tokens.numel(), args.period_layers) for p in prefixes)
-    if named.get("probe_bits"):
-        state = sum(probe_state_bytes(geo, p.tokens.numel(), named["probe_bits"]) for p in prefixes)
-    if named.get("standin_layers"):  # the stand-in layers' value sums, [Hkv, d] float32 each, resident per prefix
-        layers = args.standin_profile.layers if named["standin_layers"] == "calibrated" else named["standin_layers"]
+    if store_bits:
+        state = sum(probe_state_bytes(geo, p.tokens.numel(), store_bits) for p in prefixes)
+    if named and named.attention.standin_layers:  # the stand-in layers' value sums, [Hkv, d] float32 each, resident per prefix
+        layers = args.standin_profile.layers if named.attention.standin_layers == "calibrated" else named.attention.standin_layers
         state += len(prefixes) * len(layers) * geo.model.num_kv_heads * geo.model.head_dim * 4
     memory, reserve_fraction = memory_split(geo, args, state)
     key = f"{name}@{budget:g}"
@@ -417,13 +416,10 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
         probe_bits=store_bits,
         standin_layers=args.standin_profile,
     )
-    selection = named or {
-        "period_layers": args.period_layers,
-        "selector": args.selector if sysdef.selection == "summary" else "full",  # --selector: the chunk systems' scorer
-    }
-    cfg = ReprefillConfig(
+    # --selector: the chunk systems' scorer
+    selection = named or parse_system(args.selector if sysdef.selection == "summary" else "full").replace(period_layers=args.period_layers)
+    cfg = selection.replace(
         budget=budget,
-        **selection,
         speculate=sysdef.speculate,
         overlap=sysdef.overlap,
         lookahead=sysdef.lookahead,

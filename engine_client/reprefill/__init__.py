@@ -1,0 +1,37 @@
+"""Sparse Re-Prefill over a stored prefix, as a request pipeline.
+
+    runner = ModelRunner(model, client)                 # 1-layer groups, 4-bit probe keys stored
+    handle = runner.store_prefix(prefix_tokens)
+    out = runner.reprefill(handle.prefix_id, suffix_tokens)   # ReprefillConfig(): the accurate system
+    cfg = parse_system("ckv+int4-probes+query=last:16", budget=Budget.fraction(0.05))
+
+Modules: ``config`` (the request's vocabulary: ``Budget`` and five frozen
+sub-configs), ``systems`` (named systems: a base plus modifiers, and the old
+names), ``checks`` (a request against the runner and the prefix), ``state``
+(what the runner keeps per prefix), ``select`` (a Period's set from what the
+selector declares it needs), ``period`` (a Period's layers as its groups
+arrive), ``pipeline`` (the request loop), ``decode`` (decoding after it),
+``device`` (host and device), ``runner`` (``ModelRunner``).
+"""
+
+from ..selection import Budget
+from .config import AttentionConfig, DecodeConfig, FetchConfig, ReprefillConfig, ScheduleConfig, SelectionConfig
+from .result import PrefixHandle, ReprefillResult
+from .runner import ModelRunner, model_geometry
+from .systems import DEFAULT_SYSTEM, parse_system
+
+__all__ = [
+    "DEFAULT_SYSTEM",
+    "AttentionConfig",
+    "Budget",
+    "DecodeConfig",
+    "FetchConfig",
+    "ModelRunner",
+    "PrefixHandle",
+    "ReprefillConfig",
+    "ReprefillResult",
+    "ScheduleConfig",
+    "SelectionConfig",
+    "model_geometry",
+    "parse_system",
+]

@@ -1,0 +1,166 @@
+"""One Re-Prefill request as a pipeline: plan, then per Period select -> send -> compute, then report.
+
+``Request`` owns everything one request touches (its plan, hidden state,
+selection and result); ``run`` is the loop over it.  Per Period: the first
+layer's queries choose the chunks (``select.PeriodSelection``), the set goes
+to the daemon on the Prefetch stream (the one host round trip a Period makes),
+a look-ahead guess for the next Period is hinted while the daemon reads, and
+the Period's layers are computed as its groups arrive (``period.run_period``).
+After the last Period the first token's logits are taken; then each selected
+chunk's attention mass is measured and reported.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from ..selection import Budget
+from .device import to_host
+from .period import PeriodRows, chunk_mass, layer_mask, row_positions, run_period
+from .result import ReprefillResult
+from .select import PeriodSelection
+
+
+def run(req: Request) -> ReprefillResult:
+    """The request loop (module docstring)."""
+    model, cfg = req.model, req.cfg
+    with req.open_stream() as stream:
+        for p, (l0, layers, count) in enumerate(req.plan.periods):
+            t0 = time.perf_counter()
+            q = model.layer_queries(l0, req.hidden, req.positions)  # [Hq, s, d]
+            chunks, head_sets = req.choose(p, l0, q, count)
+            req.took(p, t0, chunks, head_sets)
+            stream.send(p, req.out.selected[p].numpy())
+            nxt = l0 + cfg.schedule.period_layers
+            if req.hints and nxt < model.num_layers:  # a guess for Period p+1 while the daemon loads p
+                t0 = time.perf_counter()
+                req.out.hints[p + 1] = torch.from_numpy(to_host(req.guess(nxt)))
+                stream.hint(p + 1, req.out.hints[p + 1].numpy())
+                req.timed(p, t0)
+            rows = req.period_rows(p, l0)
+            groups = stream.groups(p) if cfg.fetch.overlap else list(stream.groups(p))  # off: the whole Period first
+            req.hidden, first_keys = run_period(
+                model, req.geometry, groups, l0, req.hidden, req.positions, rows, req.out, prefill_alpha=cfg.attention.prefill_alpha
+            )
+            req.loaded(p, layers, stream.chunk_tokens(p).tolist(), q, first_keys)
+        t0 = time.perf_counter()
+        req.out.logits = model.final_logits(req.hidden)
+        req.out.compute_s += time.perf_counter() - t0
+        req.out.ttft_s = time.perf_counter() - req.t_start
+    req.settle(stream)
+    return req.out
+
+
+class Request:
+    """One Re-Prefill's state: the runner's parts it uses, its plan and its result (``runner.ModelRunner.reprefill``)."""
+
+    def __init__(self, runner, desc, suffix: torch.Tensor, cfg, budget: Budget, plan, layers, *, choose=None, keep_kv: bool = False):
+        self.t_start = time.perf_counter()
+        self.runner, self.model, self.geometry, self.cfg, self.plan = runner, runner.model, runner.geometry, cfg, plan
+        self.prefix_id, self.n, self.m, self.choose_fn = desc.prefix_id, desc.num_tokens, desc.num_chunks, choose
+        model, dev = runner.model, runner.device
+        self.positions = torch.arange(self.n, self.n + suffix.numel(), device=dev)
+        self.hidden = model.embed(suffix.to(dev))  # [s, hidden]
+        out = self.out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=self.n, prefix_id=self.prefix_id)
+        out.standin_layers = layers.standins
+        if keep_kv:
+            out.layer_kv = [None] * model.num_layers
+        if cfg.attention.streaming or cfg.selection.per_head:
+            out.row_masks = [None] * model.num_layers
+        self.selection = PeriodSelection(cfg, runner.state, self.prefix_id, self.m, runner.streaming_heads, out)
+        self.hints = bool(
+            cfg.fetch.speculate and cfg.fetch.lookahead and choose is None and not self.selection.selector.loads_all and not budget.is_all
+        )
+        out.hints = [None] * len(plan.periods)
+        out.period_select_s = [0.0] * len(plan.periods)
+        out.layer_compute_s = [0.0] * model.num_layers
+        self.standins = {layer: runner.state.value_sum(self.prefix_id, layer, self.m, out) for layer in layers.standins}
+        self.tail = runner.tail(self.prefix_id, self.n, out) if self.geometry.streaming_heads else None
+        self.mass_inputs: list = []
+
+    def open_stream(self):
+        f = self.cfg.fetch
+        push = None if f.push else False  # None: pushed whenever speculating over shared memory
+        return self.runner.client.prefetch(
+            self.prefix_id, period_layers=self.cfg.schedule.period_layers, speculate=f.speculate, hints=self.hints, push=push
+        )
+
+    def choose(self, p: int, l0: int, q: torch.Tensor, count: int):
+        """Period ``p``'s chunk ids (and per-KV-head sets): the caller's ``choose``, every chunk, or the selection."""
+        head_sets: list[torch.Tensor] = []
+        if self.choose_fn is not None:
+            return torch.as_tensor(self.choose_fn(p, l0, q, self.m), dtype=torch.long), head_sets
+        if count == self.m:  # a Period loaded in full
+            return torch.arange(self.m), head_sets
+        q = q[:, -self.cfg.selection.select_queries :] if self.cfg.selection.select_queries else q
+        return self.selection.choose(q, l0, Budget.chunks(count), head_sets), head_sets
+
+    def guess(self, l0: int) -> torch.Tensor:
+        """The look-ahead hint for the Period at ``l0``: its own queries on the hidden state at hand."""
+        q = self.model.layer_queries(l0, self.hidden, self.positions)
+        q = q[:, -self.cfg.selection.select_queries :] if self.cfg.selection.select_queries else q
+        return self.selection.choose(q, l0, self.cfg.budget.scaled(self.cfg.fetch.lookahead))
+
+    def took(self, p: int, t0: float, chunks: torch.Tensor, head_sets: list) -> None:
+        """Record Period ``p``'s set on the host (what the daemon is sent) and the time it took."""
+        self.out.selected.append(torch.from_numpy(to_host(chunks)))
+        self.out.head_sets.append([torch.from_numpy(to_host(h)) for h in head_sets])
+        self.timed(p, t0)
+
+    def timed(self, p: int, t0: float) -> None:
+        self.out.period_select_s[p] += time.perf_counter() - t0
+        self.out.select_s += time.perf_counter() - t0
+
+    def period_rows(self, p: int, l0: int) -> PeriodRows:
+        """How Period ``p``'s layers see the prefix rows (``period.PeriodRows``), decided from its set on the host."""
+        cfg, dev, ct = self.cfg, self.runner.device, self.geometry.chunk_tokens
+        chunks, head_sets = self.out.selected[p], self.out.head_sets[p]
+        rows = PeriodRows()
+        if cfg.attention.prefill_alpha or l0 in self.standins or self.tail is not None:
+            rows.positions = row_positions(chunks, self.n, ct)
+            rows.positions_dev = rows.positions.to(dev)
+        if cfg.attention.streaming or head_sets:
+            pos = row_positions(chunks, self.n, ct)
+            heads = self.runner.streaming_heads if cfg.attention.streaming else None
+            rows.masks = {}
+            for layer in range(l0, min(l0 + cfg.schedule.period_layers, self.model.num_layers)):
+                mask = layer_mask(layer, pos, self.n, ct, heads, head_sets)
+                rows.masks[layer] = self.out.row_masks[layer] = None if mask is None else mask.to(dev)
+        if l0 in self.standins:
+            probe = self.runner.state.probe(self.prefix_id, l0, cfg.selection.probe_bits, self.out).dequantize(self.model.dtype)
+            rows.standin = (probe, self.standins[l0])
+        if self.tail is not None:
+            rows.tail = (*self.tail, self.runner.tail_pairs)
+        return rows
+
+    def loaded(self, p: int, layers: int, chunk_tokens: list[int], q: torch.Tensor, first_keys) -> None:
+        """Account for what Period ``p`` loaded, and keep what its attention mass is measured from."""
+        self.out.tokens_loaded += sum(chunk_tokens)
+        self.out.kv_fraction += sum(chunk_tokens) * layers / (self.n * self.model.num_layers)
+        self.mass_inputs.append((q, first_keys, chunk_tokens))
+
+    def settle(self, stream) -> None:
+        """The stream's counters, each selected chunk's attention mass and, when asked, its report."""
+        out, st = self.out, stream.stats
+        out.io_wait_s = stream.io_wait_s
+        out.bytes_read, out.bytes_useful, out.num_reads = st.bytes_disk, st.bytes_useful, st.num_reads
+        out.bytes_gpu, out.bytes_cpu = st.bytes_gpu, st.bytes_cpu
+        out.units_disk, out.units_cpu, out.units_gpu = st.units_disk, st.units_cpu, st.units_gpu
+        out.spec_bytes_used, out.spec_bytes_wasted = st.spec_bytes_used, st.spec_bytes_wasted
+        out.groups_covered = st.groups_covered
+        out.daemon_wait_s = st.daemon_wait_s
+        out.chunk_attention = [torch.from_numpy(to_host(chunk_mass(self.model, *inp))) for inp in self.mass_inputs]
+        if self.cfg.report_attention:
+            out.reported_units = self.report()
+
+    def report(self) -> int:
+        """``ReportAttention`` for every stored group of every Period: the daemon's cache scores."""
+        units, geo = 0, self.geometry
+        groups_per_period = self.cfg.schedule.period_layers // geo.group_layers
+        for p, (chunks, mass) in enumerate(zip(self.out.selected, self.out.chunk_attention)):
+            first = p * groups_per_period
+            for g in range(first, min(first + groups_per_period, geo.num_groups)):
+                units += self.runner.client.report_attention(self.prefix_id, g, chunks.numpy(), mass.numpy())
+        return units

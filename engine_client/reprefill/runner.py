@@ -1,0 +1,269 @@
+"""The worker's model runner: prefill into kvstore, sparse Re-Prefill from it.
+
+``store_prefix`` runs the prefix once and puts its KV (period-major extents;
+the daemon derives key summaries and probe keys) unless the daemon already
+has it.  ``reprefill`` answers a new suffix over a stored prefix: the request
+is checked (``checks``), planned (``selection.plan_periods``) and run Period by
+Period (``pipeline``); ``generate`` decodes after it (``decode``).  What the
+runner keeps between requests is per prefix, in ``state``.
+
+By default a runner stores 1-layer groups with 4-bit probe keys: the layout
+``ReprefillConfig()`` selects over (every layer its own set, from resident
+4-bit keys).  Everything it keeps and computes is on the model's device.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.wire import InvalidArgument
+
+from ..client import KVStoreClient, as_numpy_kv
+from ..model.decoder import Decoder
+from ..prefill import chunked_prefill
+from ..selection import Budget, PeriodPlan, plan_periods
+from ..stream_tail import has_tail, left_out_heads, put_tail, tail_pairs
+from . import decode, pipeline
+from .checks import Layers, check_prefix, check_runner, describe, resolve_layers, token_tensor
+from .config import ReprefillConfig
+from .device import resolve_device
+from .result import PrefixHandle, ReprefillResult
+from .state import ResidentState, summary_bytes
+
+log = logging.getLogger(__name__)
+
+_TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+DEFAULT_CONFIG = ReprefillConfig()
+
+
+def model_geometry(
+    model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4, probe_bits: int = 0, kv_quant: str = "", streaming_heads=None
+) -> StoreGeometry:
+    """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod),
+    probe keys in the KV dtype or, with ``probe_bits`` 4 or 8, quantized by the daemon;
+    ``kv_quant`` ("kv8", "kv4", ...): the KV itself stored quantized (``kvstore.kvquant``);
+    ``streaming_heads`` (``model.streaming.StreamingHeads``): extents without those heads' rows
+    (``StoreGeometry.streaming_heads``, their sink and recent rows kept by ``stream_tail``)."""
+    c = model.config
+    spec = ModelSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
+    left_out = () if streaming_heads is None else left_out_heads(streaming_heads)
+    return StoreGeometry(
+        spec,
+        chunk_tokens=chunk_tokens,
+        group_layers=group_layers,
+        probe_keys=True,
+        probe_bits=probe_bits,
+        kv_quant=kv_quant,
+        streaming_heads=left_out,
+    )
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: Decoder,
+        client: KVStoreClient,
+        *,
+        namespace: str = "",
+        chunk_tokens: int = 16,
+        group_layers: int = 1,
+        probe_bits: int = 4,
+        streaming_heads=None,
+        standin_layers=None,
+        kv_quant: str = "",
+        streaming_layout: bool = False,
+        device=None,
+    ):
+        """``group_layers``: the layers of a stored group (1: every layer can select its own chunks, what
+        ``ReprefillConfig()`` does).  ``probe_bits`` 4 or 8: the prefixes this runner stores keep their probe
+        keys quantized (``StoreGeometry.probe_bits``), what ``SelectionConfig.probe_bits`` of the same width
+        reads (0: in the KV dtype, which exact selection at any width can read).
+        ``kv_quant``: the prefixes it stores hold their KV quantized (``StoreGeometry.kv_quant``); every
+        read dequantizes to the model's dtype.
+        ``streaming_heads`` (``model.streaming.StreamingHeads``): what ``AttentionConfig.streaming`` uses.
+        ``standin_layers`` (``model.standins.StandinLayers``): the calibrated layers "auto" and "calibrated" read.
+        ``streaming_layout``: the prefixes it stores keep only the sink and recent rows of the streaming
+        heads (LServe's second layout, ``stream_tail``); they serve streaming requests only.
+        ``device``: where the runner computes and keeps its state; the model's (its weights') by default,
+        and it must be the model's when given."""
+        self.model = model
+        self.device = resolve_device(model.device, device)
+        self.streaming_heads = streaming_heads
+        self.standin_profile = standin_layers
+        self.client = client
+        self.namespace = namespace
+        if streaming_layout and streaming_heads is None:
+            raise InvalidArgument("streaming_layout", "needs the model's streaming heads (streaming_heads=...)")
+        self.geometry = model_geometry(
+            model,
+            chunk_tokens=chunk_tokens,
+            group_layers=group_layers,
+            probe_bits=probe_bits,
+            kv_quant=kv_quant,
+            streaming_heads=streaming_heads if streaming_layout else None,
+        )
+        self.state = ResidentState(client, self.geometry, self.device, model.dtype, self._page_scope())
+        self.tail_pairs = {pair: i for i, pair in enumerate(tail_pairs(self.geometry))}
+        self._said_no_standins = False
+
+    # ------------------------------------------------------------ prefill
+    def store_prefix(self, tokens, *, progress=None, kv: torch.Tensor | None = None) -> PrefixHandle:
+        """Prefill ``tokens`` and store their KV, unless the daemon has them already.
+
+        ``progress(iterable, desc, total=, unit=)`` wraps the prefill's
+        block x layer steps (a bar, see kvstore.progress); None: no bar.
+        ``kv [layers, 2, kv_heads, n, head_dim]``: the tokens' KV from this
+        model's prefill when the caller has it (stored as given, no prefill).
+        """
+        toks = token_tensor(tokens)
+        if kv is not None:
+            c = self.model.config
+            want = (self.model.num_layers, 2, c.num_key_value_heads, toks.numel(), c.head_dim)
+            if tuple(kv.shape) != want or kv.dtype != self.model.dtype:
+                raise InvalidArgument("kv", f"must be {self.model.dtype} {list(want)} for these tokens, got {kv.dtype} {list(kv.shape)}")
+        m = self.geometry.num_chunks(toks.numel())
+        hit = self.client.lookup(toks.numpy(), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
+        if hit.matched_chunks == m and (not self.geometry.streaming_heads or self._has_tail(hit.prefix_id)):
+            return PrefixHandle(hit.prefix_id, toks.numel(), m, cache_hit=True)
+        t0 = time.perf_counter()
+        if kv is None:
+            _, kv = chunked_prefill(self.model, toks, progress=progress)  # [layers, 2, kv_heads, n, head_dim]
+        arr = as_numpy_kv(kv)  # to the host: the put is an RPC
+        res = self.client.put_prefix(toks.numpy(), arr, self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
+        written, batch = res.bytes_written, ""
+        if self.geometry.streaming_heads:  # after the prefix: a put cut short between the two is healed by the next store
+            sh = self.streaming_heads
+            tail = put_tail(self.client, res.prefix_id, arr, self.geometry, sh.sink_tokens, sh.recent_tokens, **self._page_scope())
+            written, batch = written + tail.bytes_written, tail.batch_id
+        return PrefixHandle(res.prefix_id, toks.numel(), m, False, written, time.perf_counter() - t0, batch)
+
+    def _page_scope(self) -> dict:
+        return {"namespace": self.namespace, "model_fingerprint": self.model.fingerprint}
+
+    def _has_tail(self, prefix_id: str) -> bool:
+        sh = self.streaming_heads
+        return has_tail(self.client, prefix_id, self.geometry, sh.sink_tokens, sh.recent_tokens, **self._page_scope())
+
+    def tail(self, prefix_id: str, num_tokens: int, out) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's streaming-head tail (streaming layout), fetched once and kept (``state``)."""
+        return self.state.tail(prefix_id, num_tokens, self.streaming_heads, out)
+
+    # ------------------------------------------------------------ re-prefill
+    def check_request(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig):
+        """Validate everything before any work; returns (description, suffix tensor, resolved layers)."""
+        if not isinstance(cfg, ReprefillConfig):
+            raise InvalidArgument("cfg", f"must be a ReprefillConfig, got {type(cfg).__name__}")
+        check_runner(cfg, self.geometry, self.streaming_heads)
+        layers = self.calibrated_layers(cfg)
+        suffix = token_tensor(suffix_tokens, field_name="suffix_tokens")
+        desc = describe(self.client, prefix_id)
+        self.plan(desc.num_chunks, cfg, cfg.budget, layers)  # refuses a full_layers the budget cannot pay for
+        check_prefix(desc, cfg, self.geometry, self.model, suffix)
+        self.state.prefix(desc.prefix_id).stored_probe_bits = desc.geometry.probe_bits
+        return desc, suffix, layers
+
+    def calibrated_layers(self, cfg: ReprefillConfig) -> Layers:
+        """The request's stand-in and whole layers for this runner (``checks.resolve_layers``); says once
+        when "auto" stand-ins find no calibration file."""
+        layers = resolve_layers(cfg, self.standin_profile, self.model.num_layers, self.geometry.group_layers)
+        if layers.missing_calibration and not self._said_no_standins:
+            self._said_no_standins = True
+            log.warning(
+                "no calibrated stand-in layers for this model (python -m tools.models calibrate-standins NAME): "
+                "Re-Prefill runs without stand-in rows"
+            )
+        return layers
+
+    def plan(self, num_chunks: int, cfg: ReprefillConfig, budget: Budget, layers: Layers | None = None) -> PeriodPlan:
+        """The request's Periods and the chunks each loads (``selection.schedule.plan_periods``)."""
+        layers = self.calibrated_layers(cfg) if layers is None else layers
+        sel = cfg.selection
+        return plan_periods(
+            self.model.num_layers,
+            num_chunks,
+            budget,
+            period_layers=cfg.schedule.period_layers,
+            full_layers=cfg.schedule.full_layers,
+            whole_layers=layers.whole,
+            sink_chunks=sel.sink_chunks,
+            local_chunks=sel.local_chunks,
+        )
+
+    def reprefill(
+        self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = DEFAULT_CONFIG, *, choose=None, keep_kv: bool = False
+    ) -> ReprefillResult:
+        """First-token logits of ``suffix_tokens`` after the stored prefix, loading only selected chunks.
+
+        ``choose(period, first_layer, queries, num_chunks) -> chunk ids`` replaces
+        the configured selection (the baselines' token-level selections).
+        ``keep_kv`` keeps each layer's loaded rows and suffix KV in ``layer_kv``
+        (what ``generate`` decodes over).
+        """
+        desc, suffix, layers = self.check_request(prefix_id, suffix_tokens, cfg)
+        budget = Budget.fraction(1.0) if cfg.decode.first_token_full else cfg.budget  # the budget is then the decoding steps'
+        plan = self.plan(desc.num_chunks, cfg, budget, layers)
+        request = pipeline.Request(self, desc, suffix, cfg, budget, plan, layers, choose=choose, keep_kv=keep_kv)
+        return pipeline.run(request)
+
+    # ------------------------------------------------------------ generation
+    def generate(
+        self,
+        prefix_id: str,
+        suffix_tokens,
+        cfg: ReprefillConfig = DEFAULT_CONFIG,
+        max_new_tokens: int = 16,
+        *,
+        tokenizer=None,
+        eos_token_ids=None,
+        choose=None,
+        forced=None,
+    ):
+        """Re-Prefill, then greedy decoding of up to ``max_new_tokens`` tokens (the first included).
+
+        Each layer decodes over the prefix rows its Period loaded, the suffix
+        and the tokens generated so far; decoding stops at an EOS id (the
+        tokenizer's unless ``eos_token_ids`` is given).  Returns a
+        ``GenerationResult``: tokens, text (with a tokenizer), the first
+        token's TTFT, per-step seconds and the ``ReprefillResult``.
+        ``forced`` (token ids): teacher forcing instead of greedy choice, so
+        ``answer_margins`` says how firmly this KV gives that answer
+        (``generation.answer_margins`` is the full KV's).
+        """
+        return decode.generate(
+            self,
+            prefix_id,
+            suffix_tokens,
+            cfg,
+            max_new_tokens,
+            tokenizer=tokenizer,
+            eos_token_ids=eos_token_ids,
+            choose=choose,
+            forced=forced,
+        )
+
+    # ------------------------------------------------------------ resident state
+    def summaries(self, prefix_id: str, period_layers: int, out: ReprefillResult | None = None) -> torch.Tensor:
+        """Key summaries of each Period's first layer, ``[chunks, periods, kv_heads, 2, head_dim]``, kept resident."""
+        return self.state.summaries(prefix_id, period_layers, out)
+
+    def forget(self, prefix_id: str) -> None:
+        """Drop the client state kept for ``prefix_id``; the stored prefix stays, and a later request fetches it again."""
+        self.state.forget(prefix_id)
+
+    def resident_bytes(self) -> int:
+        """Bytes of client state kept between requests (key summaries, quantized probe keys, value sums, tails)."""
+        return self.state.nbytes
+
+    summary_bytes = staticmethod(summary_bytes)
+
+    # ------------------------------------------------------------ baselines
+    def full_recompute(self, prefix_tokens, suffix_tokens, *, progress=None) -> tuple[torch.Tensor, float]:
+        """Logits of the first token by running prefix + suffix from scratch (no store); ``progress``: see store_prefix."""
+        toks = torch.cat([token_tensor(prefix_tokens), token_tensor(suffix_tokens, field_name="suffix_tokens")])
+        t0 = time.perf_counter()
+        logits, _ = chunked_prefill(self.model, toks, progress=progress)
+        return logits, time.perf_counter() - t0

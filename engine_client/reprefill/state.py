@@ -1,0 +1,123 @@
+"""What the runner keeps of each stored prefix between requests: one ``PrefixState`` per prefix.
+
+A request fetches a piece of state the first time it needs it, charges the
+bytes to its result (``probe_bytes``, ``state_bytes_fetched``) and leaves it
+for the next request; ``forget`` drops a prefix's, ``nbytes`` counts all of
+it.  Every tensor is on the model's device, copied there once per prefix
+(the tail's row positions stay on the host: they index, they are not
+computed on).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from kvstore.geometry import StoreGeometry
+
+from ..selection.probes import QuantizedKeys, quantize_keys
+from ..standin import value_sum
+from ..stream_tail import get_tail
+from .device import to_device
+
+
+@dataclass
+class PrefixState:
+    stored_probe_bits: int = 0  # how the prefix stores its probe keys (a prefix id names one geometry)
+    # key summaries of each Period's first layer per period_layers: [chunks, periods, Hkv, 2, d], model dtype
+    summaries: dict[int, torch.Tensor] = field(default_factory=dict)
+    probes: dict[tuple[int, int], QuantizedKeys] = field(default_factory=dict)  # per (stored group, bits)
+    value_sums: dict[int, torch.Tensor] = field(default_factory=dict)  # per stand-in layer: [Hkv, d] float32
+    tail: tuple[torch.Tensor, torch.Tensor] | None = None  # streaming layout: positions [r] (host), rows [pairs, 2, r, d]
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [*self.summaries.values(), *self.value_sums.values(), *(self.tail or ())]
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(p.nbytes for p in self.probes.values())
+
+
+def summary_bytes(geometry: StoreGeometry, num_tokens: int, period_layers: int) -> int:
+    """What the key summaries of one prefix of ``num_tokens`` keep resident."""
+    m = geometry.model
+    periods = -(-m.num_layers // period_layers)
+    itemsize = np.dtype(m.numpy_dtype()).itemsize
+    return geometry.num_chunks(num_tokens) * periods * m.num_kv_heads * 2 * m.head_dim * itemsize
+
+
+class ResidentState:
+    """The runner's ``PrefixState``s, and the fetches that fill them (``client``: the runner's)."""
+
+    def __init__(self, client, geometry: StoreGeometry, device: torch.device, dtype: torch.dtype, page_scope: dict):
+        self.client, self.geometry, self.device, self.dtype = client, geometry, device, dtype
+        self._page_scope = page_scope
+        self._prefixes: dict[str, PrefixState] = {}
+
+    def prefix(self, prefix_id: str) -> PrefixState:
+        return self._prefixes.setdefault(prefix_id, PrefixState())
+
+    def forget(self, prefix_id: str) -> None:
+        self._prefixes.pop(prefix_id, None)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self._prefixes.values())
+
+    def _rows(self, arr: np.ndarray) -> torch.Tensor:
+        return to_device(arr, self.geometry.model.dtype, self.device)
+
+    def summaries(self, prefix_id: str, period_layers: int, out=None) -> torch.Tensor:
+        """Key summaries of each Period's first layer, ``[chunks, periods, kv_heads, 2, head_dim]``."""
+        state = self.prefix(prefix_id)
+        if period_layers not in state.summaries:
+            full = self.client.get_summaries(prefix_id)  # [chunks, layers, kv_heads, 2, head_dim] float32
+            if out is not None:
+                out.state_bytes_fetched += full.nbytes
+            firsts = np.ascontiguousarray(full[:, ::period_layers])  # [chunks, periods, kv_heads, 2, head_dim]
+            state.summaries[period_layers] = torch.from_numpy(firsts).to(self.device, self.dtype)
+        return state.summaries[period_layers]
+
+    def probe(self, prefix_id: str, group: int, bits: int, out) -> QuantizedKeys:
+        """A stored group's probe keys quantized to ``bits``; the first fetch is charged to ``out.probe_bytes``.
+
+        A prefix storing them at ``bits`` hands over the packed rows, kept as they are; one storing
+        full-precision keys hands those over, and the client quantizes them (the same format).
+        """
+        state = self.prefix(prefix_id)
+        if (group, bits) not in state.probes:
+            probe = self.client.get_probe_keys(prefix_id, group)  # [Hkv, n, d] keys, or [Hkv, n, row_bytes] packed rows
+            out.probe_bytes += probe.nbytes
+            if state.stored_probe_bits == bits:
+                keys = QuantizedKeys.from_packed(probe, bits, self.geometry.model.head_dim, self.device)
+            else:
+                keys = quantize_keys(to_device(probe, self.geometry.model.dtype, torch.device("cpu")), bits).to(self.device)
+            state.probes[(group, bits)] = keys
+        return state.probes[(group, bits)]
+
+    def full_probe(self, prefix_id: str, group: int, out) -> torch.Tensor:
+        """A stored group's full-precision probe keys ``[Hkv, n, d]``, fetched for this Period only (not kept)."""
+        probe = self.client.get_probe_keys(prefix_id, group)
+        out.probe_bytes += probe.nbytes
+        return self._rows(probe)
+
+    def value_sum(self, prefix_id: str, layer: int, num_chunks: int, out) -> torch.Tensor:
+        """A layer's value sum over the whole prefix ``[Hkv, d]``, read once (charged to ``out.state_bytes_fetched``)."""
+        state = self.prefix(prefix_id)
+        if layer not in state.value_sums:
+            geo = self.geometry
+            group = layer // geo.group_layers
+            with self.client.read_chunks(prefix_id, list(range(num_chunks)), layer_start=layer, layer_end=layer + 1, shm=False) as read:
+                values = to_device(read.group_kv(group), geo.model.dtype, torch.device("cpu"))[layer - group * geo.group_layers, 1]
+                state.value_sums[layer] = value_sum(values).to(self.device)  # [Hkv, n, d] summed on the host, once
+                out.state_bytes_fetched += read.bytes_useful
+        return state.value_sums[layer]
+
+    def tail(self, prefix_id: str, num_tokens: int, heads, out) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's streaming-head tail (``stream_tail``), fetched once (charged to ``out.state_bytes_fetched``)."""
+        state = self.prefix(prefix_id)
+        if state.tail is None:
+            tail = get_tail(self.client, prefix_id, num_tokens, self.geometry, heads.sink_tokens, heads.recent_tokens, **self._page_scope)
+            out.state_bytes_fetched += tail.rows.nbytes
+            state.tail = (torch.from_numpy(tail.positions), self._rows(tail.rows))
+        return state.tail
