@@ -10,7 +10,9 @@ import hashlib
 import threading
 import time
 
+import numpy as np
 import pytest
+import redis
 import redis_cluster
 from redis_cluster import LocalRedisCluster
 
@@ -144,4 +146,48 @@ def test_a_master_killed_mid_writes_loses_no_acknowledged_value():
     finally:
         stop.set()
         tier.close()
+        c.close()
+
+
+@needs_redis
+def test_a_bounded_cluster_evicts_and_an_evicted_chunk_is_a_miss_never_an_error(tmp_path):
+    """maxmemory with allkeys-lru on every master: old prefixes leave the cluster, their look-ups on another node miss."""
+    from helpers import GEOMETRIES, make_kv, make_tokens
+
+    from kvstore.config import StoreConfig
+    from kvstore.remote.config import RemoteConfig
+    from kvstore.store import ChunkStore
+
+    geo = GEOMETRIES[2]  # 16 KiB chunks
+    c = LocalRedisCluster(maxmemory="4mb", policy="volatile-ttl")
+    stores = []
+    try:
+        for name in "ab":
+            cfg = RemoteConfig(remote_url=c.url, node_id=name, remote_ttl_seconds=3600)
+            stores.append(
+                ChunkStore(StoreConfig(data_dir=str(tmp_path / name), min_free_bytes=0), remote=redis_tier(c.url), remote_config=cfg)
+            )
+        a, b = stores
+        prefixes = [(make_tokens(512, 50 + i), make_kv(geo, 512, 50 + i)) for i in range(24)]  # 24 x 512 KiB over 12 MiB of cluster
+        for tokens, kv in prefixes:
+            a.put(tokens, kv, geo)
+            assert a.replicator.wait_idle(30)
+        stats = a.remote_stats()
+        assert stats["replicated_prefixes"] == 24 and stats["failed_prefixes"] == 0
+        node = redis.Redis(port=c.master_ports()[0])
+        key = next(node.scan_iter("kvx:*", count=1000))
+        assert 3600 <= node.ttl(key) <= 8 * 3600  # remote_ttl_seconds, stretched by the prefix's reads (policy/remote.py)
+        node.close()
+        assert ttl is not None
+        hits = [b.lookup(tokens, geo).matched_chunks for tokens, _ in prefixes]
+        assert hits[-1] == 32  # the newest is whole
+        assert min(hits) < 32  # the oldest were evicted: a miss, or their leading part
+        assert b.remote_stats()["remote_checksum_failures"] == 0
+        for (tokens, kv), n in zip(prefixes, hits):
+            if n:
+                pid = b.lookup(tokens, geo).prefix_id
+                assert np.array_equal(b.read(pid, range(n)).to_kv(), kv[:, :, :, : n * 16])
+    finally:
+        for s in stores:
+            s.close()
         c.close()
