@@ -178,7 +178,6 @@ def test_a_bounded_cluster_evicts_and_an_evicted_chunk_is_a_miss_never_an_error(
         key = next(node.scan_iter("kvx:*", count=1000))
         assert 3600 <= node.ttl(key) <= 8 * 3600  # remote_ttl_seconds, stretched by the prefix's reads (policy/remote.py)
         node.close()
-        assert ttl is not None
         hits = [b.lookup(tokens, geo).matched_chunks for tokens, _ in prefixes]
         assert hits[-1] == 32  # the newest is whole
         assert min(hits) < 32  # the oldest were evicted: a miss, or their leading part
