@@ -73,6 +73,7 @@ from .reads import read_groups
 from .routing import RouteCalls
 from .rpc import CHANNEL_OPTIONS, PUT_ATTEMPTS, KVStoreRpcError, RetriedStream, backoff, call, retryable, stream
 from .shm import ShmSession, names_stale_session
+from .tensors import as_numpy_kv, destination, to_torch
 
 __all__ = ["KVStoreClient", "KVStoreRpcError", "as_numpy_kv", "to_torch"]
 
@@ -213,7 +214,7 @@ class KVStoreClient(ConversationCalls, RouteCalls):
 
     # ------------------------------------------------------------ reads
     def read_chunks(self, prefix_id: str, chunks, *, layer_start=0, layer_end=0, shm=None, coalesce=True, timeout=None) -> ReadResult:
-        """Read the extents of ``chunks`` for the period groups covering the layer range."""
+        """Read the extents of ``chunks`` for the period groups covering the layer range (``to_kv()``: exactly that range)."""
         result = None
         for result, _group in self.iter_groups(
             prefix_id, chunks, layer_start=layer_start, layer_end=layer_end, shm=shm, coalesce=coalesce, timeout=timeout
@@ -226,7 +227,18 @@ class KVStoreClient(ConversationCalls, RouteCalls):
         compute on one group while the next is still loading.  ``read`` is the
         same ``ReadResult`` each time, filled group by group (stats at the end);
         the caller releases it when done.  If the caller stops early, its
-        leases are released."""
+        leases are released.  Extents are whole stored groups; ``read.to_kv()``
+        gives exactly the layers ``[layer_start, layer_end)``."""
+        groups = self._groups(prefix_id, chunks, layer_start, layer_end, shm, coalesce, timeout)
+        try:
+            for read, group in groups:
+                if read.layers is None:
+                    read.layers = range(layer_start, layer_end or read.geometry.model.num_layers)
+                yield read, group
+        finally:
+            groups.close()
+
+    def _groups(self, prefix_id: str, chunks, layer_start, layer_end, shm, coalesce, timeout):
         use_shm = self.shm if shm is None else shm
         if use_shm and not self.shm:
             raise ValueError("no shared-memory session is open")
@@ -391,17 +403,53 @@ class KVStoreClient(ConversationCalls, RouteCalls):
     def get_pages(
         self, keys, geometry: StoreGeometry, *, namespace="", model_fingerprint="", layer_start=0, layer_end=0, timeout=None
     ) -> np.ndarray:
-        """``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` (the layers of the period groups
-        covering ``[layer_start, layer_end)``); NOT_FOUND names the first key not stored."""
+        """``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]``: exactly the layers ``[layer_start, layer_end)``
+        (``layer_end`` 0: through the last); NOT_FOUND names the first key not stored.  A new array; ``get_pages_into``
+        fills the caller's own buffer."""
+        keys = page_wire.as_keys(keys)
+        layers = page_wire.requested_layers(geometry, layer_start, layer_end)
+        dtype = geometry.model.numpy_dtype()
+
+        def new_array(num_pages, layers):
+            out = np.empty(page_wire.page_shape(geometry, num_pages, len(layers)), dtype=dtype)
+            return out, destination(out, out.shape, geometry.model.dtype)
+
+        return self._get_pages(keys, geometry, namespace, model_fingerprint, layer_start, layer_end, layers, new_array, timeout)
+
+    def get_pages_into(
+        self, keys, out, geometry: StoreGeometry, *, namespace="", model_fingerprint="", layer_start=0, layer_end=0, timeout=None
+    ):
+        """Read pages into ``out``, the caller's ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` buffer for
+        exactly the layers ``[layer_start, layer_end)``: a C-contiguous numpy array (bfloat16 as uint16) or torch tensor
+        (the geometry's dtype) in host memory, pinned or not, or on a CUDA device; returns ``out``.
+
+        Each frame is copied once, straight into ``out`` (a device through a pinned staging window): no whole-batch
+        copy is made.  A wrong type, shape, dtype or layout is ValueError before anything is asked; if the read fails
+        the contents of ``out`` are undefined."""
+        keys = page_wire.as_keys(keys)
+        layers = page_wire.requested_layers(geometry, layer_start, layer_end)
+        if layers is not None:  # else the daemon refuses the range, naming the field
+            dest = destination(out, page_wire.page_shape(geometry, len(keys), len(layers)), geometry.model.dtype)
+        else:
+            dest = None
+
+        def given(num_pages, layers):
+            if num_pages != len(keys) or dest is None:
+                raise ValueError(f"GetPages answered {num_pages} pages for {len(keys)} keys")
+            return out, dest
+
+        return self._get_pages(keys, geometry, namespace, model_fingerprint, layer_start, layer_end, layers, given, timeout)
+
+    def _get_pages(self, keys, geometry, namespace, model_fingerprint, layer_start, layer_end, layers, dest_for, timeout):
         req = pb.GetPagesRequest(
             namespace=namespace,
             model_fingerprint=model_fingerprint,
             geometry=geometry_to_pb(geometry),
-            keys=page_wire.as_keys(keys),
+            keys=keys,
             layer_start=layer_start,
             layer_end=layer_end,
         )
-        return page_wire.collect_pages(stream(self.stub.GetPages, req, **self._kw(timeout)))
+        return page_wire.collect_pages(stream(self.stub.GetPages, req, **self._kw(timeout)), geometry, layers, dest_for)
 
     # ------------------------------------------------------------ admin
     def inspect(self, prefix_id: str, *, timeout=None) -> dict:
@@ -418,31 +466,6 @@ class KVStoreClient(ConversationCalls, RouteCalls):
     def compact(self, *, timeout=None) -> CompactResult:
         """Compact every mostly-dead segment now."""
         return compact_from_pb(call(self.admin.Compact, pb.CompactRequest(), **self._kw(timeout)))
-
-
-def as_numpy_kv(kv) -> np.ndarray:
-    """numpy view of a KV array or torch tensor (bfloat16 as raw uint16)."""
-    if isinstance(kv, np.ndarray):
-        return kv
-    try:
-        import torch
-    except ImportError:  # pragma: no cover
-        raise TypeError(f"kv must be a numpy array or torch tensor, got {type(kv).__name__}") from None
-    if isinstance(kv, torch.Tensor):
-        t = kv.detach().cpu().contiguous()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(np.uint16)
-        return t.numpy()
-    raise TypeError(f"kv must be a numpy array or torch tensor, got {type(kv).__name__}")
-
-
-def to_torch(arr: np.ndarray, dtype: str):
-    """A torch tensor over ``arr`` (no copy); bfloat16 reinterprets the uint16 bits."""
-    import torch
-
-    if dtype == "bfloat16":
-        return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-    return torch.from_numpy(arr)
 
 
 def _ints(values) -> list[int]:

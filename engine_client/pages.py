@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from kvstore.geometry import StoreGeometry
-from kvstore.wire import geometry_from_pb, pb
+from kvstore.wire import InvalidArgument, groups_for_layers, pb
+
+from .tensors import block_index, to_torch
 
 
 def as_keys(keys) -> list[bytes]:
@@ -21,9 +23,10 @@ def as_keys(keys) -> list[bytes]:
     return [k.encode() if isinstance(k, str) else bytes(k) for k in keys]
 
 
-def page_shape(geometry: StoreGeometry, num_pages: int) -> tuple[int, ...]:
+def page_shape(geometry: StoreGeometry, num_pages: int, num_layers: int | None = None) -> tuple[int, ...]:
+    """``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]``: every layer, or ``num_layers`` of them."""
     m = geometry.model
-    return (num_pages, m.num_layers, 2, m.num_kv_heads, geometry.chunk_tokens, m.head_dim)
+    return (num_pages, m.num_layers if num_layers is None else num_layers, 2, m.num_kv_heads, geometry.chunk_tokens, m.head_dim)
 
 
 def check_pages(kv_pages: np.ndarray, geometry: StoreGeometry, num_keys: int) -> None:
@@ -50,28 +53,72 @@ def put_stream(header: pb.PutPagesHeader, kv_pages: np.ndarray, geometry: StoreG
                 yield pb.PutPagesRequest(extent=frame)
 
 
-def collect_pages(responses) -> np.ndarray:
-    """``[pages, layers of the groups sent, 2, kv_heads, chunk_tokens, head_dim]`` from GetPages responses."""
-    out = geo = groups = None
-    first_layer = {}
+def requested_layers(geometry: StoreGeometry, layer_start: int, layer_end: int) -> range | None:
+    """Layers ``[layer_start, layer_end)`` (``layer_end`` 0: through the last), or None for a range the daemon
+    refuses (it names the field: an empty range, one past the model's layers)."""
+    try:
+        groups_for_layers(geometry, layer_start, layer_end)
+    except (InvalidArgument, TypeError):
+        return None
+    return range(layer_start, layer_end or geometry.model.num_layers)
+
+
+class PageFrames:
+    """GetPages extents written into a ``Destination``: of each extent, exactly the layers asked for.
+
+    An extent is ``[layer-in-group][K|V][head][token][dim]`` and a page of the
+    result ``[layer][K|V][head][token][dim]``, so the asked-for layers of one
+    group are one byte range of its extent and one byte range of the page:
+    each frame is cut to that range and copied once, into the caller's memory.
+    """
+
+    def __init__(self, geometry: StoreGeometry, groups, layers: range, num_pages: int, dest):
+        m = geometry.model
+        layer_bytes = 2 * m.num_kv_heads * geometry.chunk_tokens * m.head_dim * m.itemsize
+        self.dest = dest
+        self.expected = num_pages * len(layers) * layer_bytes
+        self.written = 0
+        self.spans = {}  # group -> (first byte, end byte) in the extent, first byte in the page
+        for g in groups:
+            gl = geometry.group_layer_range(g)
+            lo, hi = max(gl.start, layers.start), min(gl.stop, layers.stop)
+            if lo < hi:
+                self.spans[g] = ((lo - gl.start) * layer_bytes, (hi - gl.start) * layer_bytes, (lo - layers.start) * layer_bytes)
+
+    def take(self, group: int, page: int, offset: int, data: np.ndarray) -> None:
+        """Bytes ``[offset, offset + len(data))`` of the extent of ``page`` in ``group`` (uint8)."""
+        span = self.spans.get(group)
+        if span is None:
+            return
+        first, end, at = span
+        lo, hi = max(first, offset), min(end, offset + data.size)
+        if lo < hi:
+            self.dest.write(page, at + lo - first, data[lo - offset : hi - offset])
+            self.written += hi - lo
+
+    def finish(self) -> None:
+        self.dest.finish()
+        if self.written != self.expected:
+            raise ValueError(f"GetPages ended with {self.written} of the {self.expected} bytes asked for")
+
+
+def collect_pages(responses, geometry: StoreGeometry, layers: range | None, dest_for) -> object:
+    """Run a GetPages call into the destination ``dest_for(num_pages, layers)`` makes once the header came;
+    returns that destination's buffer (``dest_for`` returns ``(buffer, Destination)``)."""
+    frames = out = None
     for msg in responses:
         if msg.HasField("header"):
-            geo = geometry_from_pb(msg.header.geometry)
-            groups = list(msg.header.groups)
-            m = geo.model
-            layers = sum(geo.layers_in_group(g) for g in groups)
-            out = np.empty((msg.header.num_pages, layers, 2, m.num_kv_heads, geo.chunk_tokens, m.head_dim), dtype=m.numpy_dtype())
-            at = 0
-            for g in groups:
-                first_layer[g] = at
-                at += geo.layers_in_group(g)
+            h = msg.header
+            if layers is None:  # the daemon took the range: all of its groups' layers
+                layers = range(geometry.group_layer_range(h.groups[0]).start, geometry.group_layer_range(h.groups[-1]).stop)
+            out, dest = dest_for(h.num_pages, layers)
+            frames = PageFrames(geometry, list(h.groups), layers, h.num_pages, dest)
         if msg.HasField("extent"):
             e = msg.extent
-            lo = first_layer[e.group]
-            dest = out[e.chunk, lo : lo + geo.layers_in_group(e.group)].reshape(-1).view(np.uint8)
-            dest[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
-    if out is None:
+            frames.take(e.group, e.chunk, e.offset, np.frombuffer(e.data, dtype=np.uint8))
+    if frames is None:
         raise ValueError("GetPages ended without a header")
+    frames.finish()
     return out
 
 
@@ -86,20 +133,62 @@ def collect_pages(responses) -> np.ndarray:
 def gather_pages(layer_caches, block_ids, out=None):
     """Pages ``[pages, layers, 2, kv_heads, block_size, head_dim]`` from per-layer paged caches.
 
-    ``layer_caches``: per layer ``[2, num_blocks, block_size, kv_heads, head_dim]`` (torch);
-    ``block_ids``: the blocks to save, in page order (a 1-D int64 tensor).
+    ``layer_caches``: per layer ``[2, num_blocks, block_size, kv_heads, head_dim]`` (torch, one dtype and device);
+    ``block_ids``: the blocks to save, in page order (a list, range, numpy array or tensor of ints);
+    ``out``: where to write them (a tensor of that shape and the caches' dtype), else a new tensor.
     """
     import torch
 
-    two, _, block_size, heads, dim = layer_caches[0].shape
+    first = _check_caches(layer_caches)
+    two, num_blocks, block_size, heads, dim = first.shape
+    ids = block_index(block_ids, num_blocks, first.device)
+    shape = (len(ids), len(layer_caches), two, heads, block_size, dim)
     if out is None:
-        out = torch.empty((len(block_ids), len(layer_caches), two, heads, block_size, dim), dtype=layer_caches[0].dtype)
+        out = torch.empty(shape, dtype=first.dtype, device=first.device)
+    elif not isinstance(out, torch.Tensor) or tuple(out.shape) != shape or out.dtype != first.dtype:
+        got = (tuple(out.shape), out.dtype) if isinstance(out, torch.Tensor) else type(out).__name__
+        raise ValueError(f"out: must be a {first.dtype} tensor of shape {shape}, got {got}")
     for layer, cache in enumerate(layer_caches):
-        out[:, layer].copy_(cache.index_select(1, block_ids).permute(1, 0, 3, 2, 4))
+        out[:, layer].copy_(cache.index_select(1, ids).permute(1, 0, 3, 2, 4))
     return out
 
 
 def scatter_pages(pages, layer_caches, block_ids) -> None:
-    """Write pages ``[pages, layers, 2, kv_heads, block_size, head_dim]`` into the caches' ``block_ids``."""
+    """Write pages ``[pages, layers, 2, kv_heads, block_size, head_dim]`` into the caches' ``block_ids``.
+
+    ``pages``: a tensor in the caches' dtype, or a numpy array as ``get_pages`` returns it (bfloat16 as
+    raw uint16); ``block_ids`` as ``gather_pages`` takes them, each block at most once.  Every argument is
+    checked before the first write: a refused call changes no cache.
+    """
+    import torch
+
+    first = _check_caches(layer_caches)
+    two, num_blocks, block_size, heads, dim = first.shape
+    if isinstance(pages, np.ndarray):
+        pages = to_torch(pages, first.dtype)
+    if not isinstance(pages, torch.Tensor):
+        raise ValueError(f"pages: must be a torch tensor or numpy array, got {type(pages).__name__}")
+    ids = block_index(block_ids, num_blocks, first.device, unique=True)
+    shape = (len(ids), len(layer_caches), two, heads, block_size, dim)
+    if tuple(pages.shape) != shape:
+        raise ValueError(f"pages: shape must be {shape} [pages, layers, 2, kv_heads, block_size, head_dim], got {tuple(pages.shape)}")
+    if pages.dtype != first.dtype:
+        raise ValueError(f"pages: dtype must be the caches' {first.dtype}, got {pages.dtype}")
+    pages = pages.to(first.device)
     for layer, cache in enumerate(layer_caches):
-        cache[:, block_ids] = pages[:, layer].permute(1, 0, 3, 2, 4)
+        cache[:, ids] = pages[:, layer].permute(1, 0, 3, 2, 4)
+
+
+def _check_caches(layer_caches):
+    """The first cache, once every cache is a 5-D tensor of one shape, dtype and device (ValueError otherwise)."""
+    import torch
+
+    if not layer_caches or not all(isinstance(c, torch.Tensor) for c in layer_caches):
+        raise ValueError("layer_caches: must be one tensor [2, num_blocks, block_size, kv_heads, head_dim] per layer")
+    first = layer_caches[0]
+    if first.dim() != 5 or first.shape[0] != 2:
+        raise ValueError(f"layer_caches: each must be [2, num_blocks, block_size, kv_heads, head_dim], got {tuple(first.shape)}")
+    for i, c in enumerate(layer_caches):
+        if c.shape != first.shape or c.dtype != first.dtype or c.device != first.device:
+            raise ValueError(f"layer_caches[{i}]: must match layer 0's shape, dtype and device")
+    return first

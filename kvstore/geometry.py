@@ -92,6 +92,26 @@ def quantized_row_bytes(head_dim: int, bits: int) -> int:
     return head_dim * bits // 8 + PROBE_SCALE_BYTES
 
 
+def dtype_name(dtype, field: str = "dtype") -> str:
+    """A KV dtype's name (``"bfloat16"``, ``"float16"``, ``"float32"``) from that string, a torch dtype
+    (``torch.bfloat16``) or a numpy one (``np.float16``); InvalidArgument naming ``field`` for anything else.
+
+    torch is not imported: its dtypes are known by their ``str`` (``"torch.bfloat16"``).
+    """
+    if isinstance(dtype, str):
+        name = dtype
+    elif type(dtype).__module__ == "torch" and str(dtype).startswith("torch."):
+        name = str(dtype)[len("torch.") :]
+    else:
+        try:
+            name = np.dtype(dtype).name if dtype is not None else ""
+        except TypeError:
+            name = ""
+    if name not in DTYPE_BYTES:
+        raise InvalidArgument(field, f"must be one of {sorted(DTYPE_BYTES)} (a string, torch or numpy dtype), got {dtype!r}")
+    return name
+
+
 def _check_int(field: str, value, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgument(field, f"must be an integer, got {type(value).__name__}")
@@ -107,14 +127,13 @@ class ModelSpec:
     num_layers: int
     num_kv_heads: int
     head_dim: int
-    dtype: str = "bfloat16"
+    dtype: str = "bfloat16"  # a torch or numpy dtype is taken by its name (dtype_name)
 
     def __post_init__(self) -> None:
         _check_int("num_layers", self.num_layers, 1, MAX_LAYERS)
         _check_int("num_kv_heads", self.num_kv_heads, 1, MAX_KV_HEADS)
         _check_int("head_dim", self.head_dim, 1, MAX_HEAD_DIM)
-        if self.dtype not in DTYPE_BYTES:
-            raise InvalidArgument("dtype", f"must be one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", dtype_name(self.dtype))  # torch.bfloat16 is "bfloat16"
 
     @property
     def itemsize(self) -> int:

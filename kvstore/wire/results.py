@@ -234,6 +234,7 @@ class ReadResult:
     num_reads: int = 0
     num_tokens: int = 0  # of the whole prefix, where the reader says (ReadChunks does, ChunkStore.read does not)
     zero_copy: bool = False  # extents are views into the daemon's shared-memory arena
+    layers: range | None = None  # the layers asked for (ReadChunks' layer range); None: every layer of ``groups``
     buffer: memoryview | None = field(default=None, repr=False)  # holds every extent (ChunkStore.read)
     _views: dict = field(default_factory=dict, repr=False)  # (group, chunk) -> uint8 array
     _release: Callable[[], None] | None = field(default=None, repr=False)
@@ -258,8 +259,17 @@ class ReadResult:
         return self.geometry.group_array(raws, group, self.chunk_tokens)
 
     def to_kv(self) -> np.ndarray:
-        """All requested groups' layers: ``[layers, 2, kv_heads, tokens, head_dim]`` (a copy)."""
-        return np.concatenate([self.group_kv(g) for g in self.groups], axis=0)
+        """Exactly the layers asked for (``layers``; else every layer of ``groups``): ``[layers, 2, kv_heads, tokens, head_dim]`` (a copy).
+
+        Extents are whole stored groups (``extent``, ``group_kv``); this cuts them to the range."""
+        want = self.layers or range(self.geometry.model.num_layers)
+        parts = []
+        for g in self.groups:
+            span = self.geometry.group_layer_range(g)
+            lo, hi = max(span.start, want.start), min(span.stop, want.stop)
+            if lo < hi:
+                parts.append(self.group_kv(g)[lo - span.start : hi - span.start])
+        return np.concatenate(parts, axis=0)
 
     def release(self) -> None:
         """Hand shared-memory leases back; the extents are gone afterwards."""
