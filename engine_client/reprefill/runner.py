@@ -90,6 +90,7 @@ class ModelRunner:
         heads (LServe's second layout, ``stream_tail``); they serve streaming requests only.
         ``device``: where the runner computes and keeps its state; the model's (its weights') by default,
         and it must be the model's when given."""
+        model.config.require_full_attention("the Re-Prefill runner")  # sliding-window layers are not stored or selected yet
         self.model = model
         self.device = resolve_device(model.device, device)
         self.streaming_heads = streaming_heads

@@ -338,3 +338,11 @@ def test_chunked_prefill_equals_the_dense_prefill(model):
     chunked_logits, chunked_kv = chunked_prefill(model, ids, block_tokens=5)
     torch.testing.assert_close(chunked_logits, logits, atol=2e-5, rtol=2e-5)
     torch.testing.assert_close(chunked_kv, kv, atol=2e-5, rtol=2e-5)
+
+
+def test_the_re_prefill_runner_refuses_sliding_window_layers_before_any_call(model):
+    """The runner stores and selects full-attention layers only: a Gemma 3 model is refused at construction, in one line."""
+    from engine_client.reprefill import ModelRunner
+
+    with pytest.raises(UnsupportedModel, match="^the Re-Prefill runner does not support Gemma3ForCausalLM: sliding-window attention"):
+        ModelRunner(model, client=None)
