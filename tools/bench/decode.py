@@ -61,6 +61,8 @@ KV4_SCHEMES = ("kv4", "kv4t", "kv4h")  # what --kv-quant may name
 
 
 def add_decode_parser(sub) -> None:
+    from kvstore.cli_flags import add_alias
+
     p = sub.add_parser("decode", help="decoding from sparse, quantized KV: dense, Quest, LServe, LoopServe at one token budget")
     p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
     p.add_argument("--context", default="4096", help="prefix tokens, comma-separated (e.g. 4096,8192)")
@@ -77,7 +79,8 @@ def add_decode_parser(sub) -> None:
         "--full-layout", action="store_true", help="streaming systems read the full layout and mask (default: the streaming layout)"
     )
     p.add_argument("--standin-layers", metavar="PATH", help="the stand-in layers file (default: the one next to the checkpoint)")
-    p.add_argument("--directory", default="/tmp", help="where the daemon's store lives")
+    p.add_argument("--data-dir", dest="directory", default="/tmp", help="where the daemon's store lives")
+    add_alias(p, "--directory", "directory")  # older spelling
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--json", action="store_true")
     add_plot_flag(p, "bytes read per output token against accuracy")
