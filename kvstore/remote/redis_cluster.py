@@ -26,6 +26,7 @@ nodes that announced themselves.
 
 from __future__ import annotations
 
+import logging
 import socket
 import ssl
 import threading
@@ -33,6 +34,8 @@ from collections.abc import Callable, Sequence
 from urllib.parse import unquote
 
 from .base import NotReplicated, PutOutcome, RemoteFull, RemoteRefused, RemoteTier, RemoteUnavailable
+
+log = logging.getLogger("kvstore.remote")
 
 SCHEMES = ("redis-cluster", "redis-cluster+tls")
 NODES_KEY = "kvnodes"
@@ -120,6 +123,27 @@ class RedisClusterTier(RemoteTier):
         else:
             raise RemoteUnavailable("; ".join(reasons))
         self._cluster()
+        short = self.masters_short_of_replicas()
+        if short:
+            log.warning(
+                "remote tier: %s %s fewer than remote_wait_replicas = %d replicas: writes to them stay pending until one joins",
+                ", ".join(short),
+                "has" if len(short) == 1 else "have",
+                self._wait_replicas,
+            )
+
+    def masters_short_of_replicas(self) -> list[str]:
+        """Masters with fewer connected replicas than ``wait_replicas`` (their writes cannot be acknowledged)."""
+
+        def run(rc):
+            out = []
+            for node in rc.get_primaries():
+                info = rc.get_redis_connection(node).info("replication")
+                if int(info.get("connected_slaves", 0)) < self._wait_replicas:
+                    out.append(node.name)
+            return out
+
+        return self._call(run)
 
     def _probe(self, host: str, port: int) -> None:
         from redis.backoff import NoBackoff

@@ -69,6 +69,8 @@ def test_the_contract_every_engine_keeps(tier, request):
     assert tier.directory([d1, d2, "none"]) == [frozenset({"node-a", "node-b"}), frozenset({"node-a"}), frozenset()]
     tier.directory_remove("node-a", [d1])
     assert tier.directory([d1]) == [frozenset({"node-b"})]
+    if hasattr(tier, "masters_short_of_replicas"):
+        assert tier.masters_short_of_replicas() == []  # every master has its replica
     tier.announce(f"n{tag}", "unix:/x.sock", 30)
     assert tier.nodes()[f"n{tag}"] == "unix:/x.sock"
     assert tier.health() is None
