@@ -401,11 +401,21 @@ class KVStoreClient(ConversationCalls, RouteCalls):
         return _with_put_retries(attempt)
 
     def get_pages(
-        self, keys, geometry: StoreGeometry, *, namespace="", model_fingerprint="", layer_start=0, layer_end=0, timeout=None
+        self,
+        keys,
+        geometry: StoreGeometry,
+        *,
+        namespace="",
+        model_fingerprint="",
+        layer_start=0,
+        layer_end=0,
+        shm=None,
+        timeout=None,
     ) -> np.ndarray:
         """``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]``: exactly the layers ``[layer_start, layer_end)``
         (``layer_end`` 0: through the last); NOT_FOUND names the first key not stored.  A new array; ``get_pages_into``
-        fills the caller's own buffer."""
+        fills the caller's own buffer.  ``shm`` (default: when a session is open) takes the pages from the
+        shared-memory arena rather than the stream."""
         keys = page_wire.as_keys(keys)
         layers = page_wire.requested_layers(geometry, layer_start, layer_end)
         dtype = geometry.model.numpy_dtype()
@@ -414,18 +424,30 @@ class KVStoreClient(ConversationCalls, RouteCalls):
             out = np.empty(page_wire.page_shape(geometry, num_pages, len(layers)), dtype=dtype)
             return out, destination(out, out.shape, geometry.model.dtype)
 
-        return self._get_pages(keys, geometry, namespace, model_fingerprint, layer_start, layer_end, layers, new_array, timeout)
+        scope = (namespace, model_fingerprint, layer_start, layer_end)
+        return self._get_pages(keys, geometry, scope, layers, new_array, shm, timeout)
 
     def get_pages_into(
-        self, keys, out, geometry: StoreGeometry, *, namespace="", model_fingerprint="", layer_start=0, layer_end=0, timeout=None
+        self,
+        keys,
+        out,
+        geometry: StoreGeometry,
+        *,
+        namespace="",
+        model_fingerprint="",
+        layer_start=0,
+        layer_end=0,
+        shm=None,
+        timeout=None,
     ):
         """Read pages into ``out``, the caller's ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` buffer for
         exactly the layers ``[layer_start, layer_end)``: a C-contiguous numpy array (bfloat16 as uint16) or torch tensor
         (the geometry's dtype) in host memory, pinned or not, or on a CUDA device; returns ``out``.
 
-        Each frame is copied once, straight into ``out`` (a device through a pinned staging window): no whole-batch
-        copy is made.  A wrong type, shape, dtype or layout is ValueError before anything is asked; if the read fails
-        the contents of ``out`` are undefined."""
+        Each extent is copied once, straight into ``out`` (a device through a pinned staging window), from the
+        shared-memory arena (``shm``, default: when a session is open) or from the stream's frames: no whole-batch
+        copy is made.  A wrong type, shape, dtype or layout is ValueError before anything is asked; if the read
+        fails the contents of ``out`` are undefined."""
         keys = page_wire.as_keys(keys)
         layers = page_wire.requested_layers(geometry, layer_start, layer_end)
         if layers is not None:  # else the daemon refuses the range, naming the field
@@ -438,9 +460,16 @@ class KVStoreClient(ConversationCalls, RouteCalls):
                 raise ValueError(f"GetPages answered {num_pages} pages for {len(keys)} keys")
             return out, dest
 
-        return self._get_pages(keys, geometry, namespace, model_fingerprint, layer_start, layer_end, layers, given, timeout)
+        scope = (namespace, model_fingerprint, layer_start, layer_end)
+        return self._get_pages(keys, geometry, scope, layers, given, shm, timeout)
 
-    def _get_pages(self, keys, geometry, namespace, model_fingerprint, layer_start, layer_end, layers, dest_for, timeout):
+    def _get_pages(self, keys, geometry, scope, layers, dest_for, shm, timeout):
+        """One GetPages into ``dest_for``'s buffer; a shm session the daemon no longer knows is reopened, and the
+        call sent again, once, within its deadline."""
+        use_shm = self.shm if shm is None else shm
+        if use_shm and not self.shm:
+            raise ValueError("no shared-memory session is open")
+        namespace, model_fingerprint, layer_start, layer_end = scope
         req = pb.GetPagesRequest(
             namespace=namespace,
             model_fingerprint=model_fingerprint,
@@ -449,7 +478,17 @@ class KVStoreClient(ConversationCalls, RouteCalls):
             layer_start=layer_start,
             layer_end=layer_end,
         )
-        return page_wire.collect_pages(stream(self.stub.GetPages, req, **self._kw(timeout)), geometry, layers, dest_for)
+        deadline = time.monotonic() + (self.deadline_s if timeout is None else timeout)
+        for last_try in (False, True):
+            session = self.session if use_shm else None
+            req.shm_session = session.session_id if session is not None else 0
+            responses = stream(self.stub.GetPages, req, **self._kw(max(deadline - time.monotonic(), 0.001)))
+            try:
+                return page_wire.collect_pages(responses, geometry, layers, dest_for, session)
+            except KVStoreRpcError as exc:
+                if last_try or session is None or not names_stale_session(exc.code.name, exc.message):
+                    raise
+                self._reopen_session(session, deadline)
 
     # ------------------------------------------------------------ admin
     def inspect(self, prefix_id: str, *, timeout=None) -> dict:

@@ -459,20 +459,22 @@ class PutPagesResponse(_message.Message):
     def __init__(self, num_pages: _Optional[int] = ..., pages_written: _Optional[int] = ..., pages_already_stored: _Optional[int] = ..., bytes_written: _Optional[int] = ..., batch_id: _Optional[str] = ...) -> None: ...
 
 class GetPagesRequest(_message.Message):
-    __slots__ = ("namespace", "model_fingerprint", "geometry", "keys", "layer_start", "layer_end")
+    __slots__ = ("namespace", "model_fingerprint", "geometry", "keys", "layer_start", "layer_end", "shm_session")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     MODEL_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     GEOMETRY_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     LAYER_START_FIELD_NUMBER: _ClassVar[int]
     LAYER_END_FIELD_NUMBER: _ClassVar[int]
+    SHM_SESSION_FIELD_NUMBER: _ClassVar[int]
     namespace: str
     model_fingerprint: str
     geometry: Geometry
     keys: _containers.RepeatedScalarFieldContainer[bytes]
     layer_start: int
     layer_end: int
-    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ...) -> None: ...
+    shm_session: int
+    def __init__(self, namespace: _Optional[str] = ..., model_fingerprint: _Optional[str] = ..., geometry: _Optional[_Union[Geometry, _Mapping]] = ..., keys: _Optional[_Iterable[bytes]] = ..., layer_start: _Optional[int] = ..., layer_end: _Optional[int] = ..., shm_session: _Optional[int] = ...) -> None: ...
 
 class PagesHeader(_message.Message):
     __slots__ = ("geometry", "num_pages", "groups")
@@ -485,14 +487,16 @@ class PagesHeader(_message.Message):
     def __init__(self, geometry: _Optional[_Union[Geometry, _Mapping]] = ..., num_pages: _Optional[int] = ..., groups: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class GetPagesResponse(_message.Message):
-    __slots__ = ("header", "extent", "stats")
+    __slots__ = ("header", "extent", "stats", "shm_group")
     HEADER_FIELD_NUMBER: _ClassVar[int]
     EXTENT_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    SHM_GROUP_FIELD_NUMBER: _ClassVar[int]
     header: PagesHeader
     extent: ExtentData
     stats: ReadStats
-    def __init__(self, header: _Optional[_Union[PagesHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ...) -> None: ...
+    shm_group: ShmGroup
+    def __init__(self, header: _Optional[_Union[PagesHeader, _Mapping]] = ..., extent: _Optional[_Union[ExtentData, _Mapping]] = ..., stats: _Optional[_Union[ReadStats, _Mapping]] = ..., shm_group: _Optional[_Union[ShmGroup, _Mapping]] = ...) -> None: ...
 
 class DescribeResponse(_message.Message):
     __slots__ = ("prefix_id", "namespace", "model_fingerprint", "geometry", "num_tokens", "num_chunks", "quarantined", "kind")

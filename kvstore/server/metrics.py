@@ -21,8 +21,8 @@ LATENCY_BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
 
 # Counters fed by the data paths; names are the Prometheus sample names' stems.
 COUNTERS = (
-    "read_bytes_gpu",  # Prefetch: bytes served from the GPU tier
-    "read_bytes_cpu",  # Prefetch: bytes served from the CPU tier
+    "read_bytes_gpu",  # Prefetch and GetPages: bytes served from the GPU tier
+    "read_bytes_cpu",  # Prefetch and GetPages: bytes served from the CPU tier
     "spec_bytes_used",  # Prefetch: speculative disk reads a later period used
     "spec_bytes_wasted",  # Prefetch: speculative disk reads nobody used
     "spec_units_cancelled",  # Prefetch: speculative extents cancelled before their read started

@@ -28,8 +28,8 @@ log = logging.getLogger(__name__)
 # Counts of things are named for the thing (``_extents``), never ``_units``.
 COUNTERS = (
     ("kvstore_written_bytes_total", "Bytes written to segment files by puts (padding and trailers included).", "bytes_written"),
-    ("kvstore_tier_hits_total", "Extents a Prefetch stream found in a memory tier.", "tier_hit_units"),
-    ("kvstore_tier_misses_total", "Extents a Prefetch stream had to read from disk.", "tier_miss_units"),
+    ("kvstore_tier_hits_total", "Extents a Prefetch stream or a GetPages found in a memory tier.", "tier_hit_units"),
+    ("kvstore_tier_misses_total", "Extents a Prefetch stream or a GetPages had to read from disk.", "tier_miss_units"),
     ("kvstore_evictions_total", "Prefixes evicted to stay under max_disk_bytes (or by kvstore-admin evict).", "evictions"),
     ("kvstore_evicted_bytes_total", "Segment bytes freed by evictions.", "evicted_bytes"),
     ("kvstore_compactions_total", "Segments compacted.", "compactions"),

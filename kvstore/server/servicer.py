@@ -18,12 +18,12 @@ from .._proto import kvstore_pb2 as pb
 from .._proto import kvstore_pb2_grpc as pb_grpc
 from ..errors import InvalidArgument, NotFound, PermissionDenied
 from ..store import ChunkStore
-from ..store.pages import READ_BATCH_BYTES, not_stored
-from ..wire import array_frames, geometry_from_pb, geometry_to_pb, groups_for_layers, tokens_from_pb
+from ..wire import array_frames, geometry_from_pb, geometry_to_pb, tokens_from_pb
 from .arena import Arena
 from .auth import check_namespace, namespaces_of
 from .config import ServerConfig
 from .conversations import ConversationRpcs
+from .get_pages import may_read, serve_get_pages
 from .metrics import Metrics
 from .prefetch import serve_prefetch
 from .read_chunks import serve_read_chunks
@@ -360,7 +360,7 @@ class KVStoreServicer(ConversationRpcs, RouteRpcs, pb_grpc.KVStoreServicer):
         geo = geometry_from_pb(request.geometry)
         keys = list(request.keys)
         self.metrics.add(pages_requested_tokens=len(keys) * geo.chunk_tokens)
-        if not _may_read(context, request.namespace):  # as if none were stored: existence does not leak
+        if not may_read(context, request.namespace):  # as if none were stored: existence does not leak
             pages.hashes(keys, geo, request.namespace, request.model_fingerprint)
             return pb.PagesExistResponse(exists=[False] * len(keys), num_leading=0)
         res = await self.svc.run(pages.exists, keys, geo, namespace=request.namespace, model_fingerprint=request.model_fingerprint)
@@ -396,57 +396,8 @@ class KVStoreServicer(ConversationRpcs, RouteRpcs, pb_grpc.KVStoreServicer):
 
     @streaming
     async def GetPages(self, request, context):
-        svc = self.svc
-        pages = svc.store.pages
-        geo = geometry_from_pb(request.geometry)
-        groups = groups_for_layers(geo, request.layer_start, request.layer_end)
-        keys, ns, fp = list(request.keys), request.namespace, request.model_fingerprint
-        if not _may_read(context, ns):  # as if not stored: existence does not leak
-            pages.hashes(keys, geo, ns, fp)
-            raise not_stored(0)
-        locations, hold = await svc.run_owned(
-            pages.hold, keys, geo, namespace=ns, model_fingerprint=fp, on_abandon=lambda located: located[1].release()
-        )
-        context.add_done_callback(lambda _ctx: hold.release())  # not evicted nor moved while the stream lasts
-        try:
-            page_bytes = sum(geo.extent_bytes(g, geo.chunk_tokens) for g in groups)
-            step = max(1, READ_BATCH_BYTES // page_bytes)
-            batches = [range(i, min(i + step, len(locations))) for i in range(0, len(locations), step)]
-            stats = pb.ReadStats()
-            task = asyncio.ensure_future(svc.run(pages.read, locations[batches[0].start : batches[0].stop], groups))
-            for b, pages_in in enumerate(batches):
-                res = await task
-                if b + 1 < len(batches):  # the next batch loads while this one streams
-                    task = asyncio.ensure_future(svc.run(pages.read, locations[batches[b + 1].start : batches[b + 1].stop], groups))
-                stats.bytes_read += res.bytes_read
-                stats.bytes_useful += res.bytes_useful
-                stats.num_reads += res.num_reads
-                msgs = list(_page_frames(res, pages_in.start, svc.config.frame_bytes))
-                if b == 0:
-                    msgs[0].header.CopyFrom(pb.PagesHeader(geometry=geometry_to_pb(geo), num_pages=len(keys), groups=groups))
-                if b + 1 == len(batches):
-                    msgs[-1].stats.CopyFrom(stats)
-                for msg in msgs:
-                    yield msg
-            pages.record_access(locations, groups)
-        finally:
-            hold.release()
-
-
-def _may_read(context, namespace: str) -> bool:
-    allowed = namespaces_of(context)
-    return allowed is None or namespace in allowed
-
-
-def _page_frames(res, first_page: int, frame_bytes: int):
-    """ExtentData frames of every extent of a PageRead; ``chunk`` = the page's index in the request."""
-    for i in range(res.num_pages):
-        for g in res.groups:
-            mv = memoryview(res.extent_bytes(g, i))
-            n = len(mv)
-            for off in range(0, n, frame_bytes):
-                extent = pb.ExtentData(group=g, chunk=first_page + i, offset=off, extent_bytes=n, data=bytes(mv[off : off + frame_bytes]))
-                yield pb.GetPagesResponse(extent=extent)
+        async for msg in serve_get_pages(self.svc, request, context):
+            yield msg
 
 
 async def _reached_open(svc: Service, requests, context):

@@ -39,9 +39,11 @@ from ..hashing import page_hashes
 from ..holds import PrefixHolds
 from ..reader import validate_groups
 from ..records import PAGES, PrefixView
+from ..scores import Unit
 from ..wire.results import PagesPresent, PagesPutResult, ReadResult
 from .catalogue import Catalogue
-from .pending_put import PendingPut, put_with_retries
+from .pending_pages import PendingPages, validate_skip
+from .pending_put import put_with_retries
 from .puts import Writer
 from .reads import Reader
 from .scoring import Scoring
@@ -192,7 +194,7 @@ class PageStore:
         """
         self._state.check_writable()
         keys, hashes = self.hashes(keys, geometry, namespace, model_fingerprint)
-        skip = _validate_skip(skip_pages, len(keys))
+        skip = validate_skip(skip_pages, len(keys))
         locations = self.locate(hashes)
         gone = [i for i in sorted(skip) if locations[i] is None]
         if gone:
@@ -247,17 +249,29 @@ class PageStore:
             hold.release()
         raise Conflict("pages moved while being located; retry")
 
-    def read(self, locations: list[PageLocation], groups=None, *, coalesce: bool = True) -> PageRead:
-        """Read held pages (``hold``): one store read per holding batch, checksums verified."""
+    def units(self, locations: list[PageLocation], groups) -> list[dict[int, Unit]]:
+        """Per page, group -> the stored unit (segment, local chunk, group) holding its extent: the memory tiers' key."""
+        out: list[dict[int, Unit]] = [{} for _ in locations]
+        for pid, pages in _by_holder(locations).items():
+            chunks = sorted(locations[i].chunk for i in pages)
+            units = self._catalogue.units(pid, chunks, groups)  # group-major, chunks ascending
+            where = {(u[2], c): u for u, c in zip(units, chunks * len(groups))}
+            for i in pages:
+                for g in groups:
+                    out[i][g] = where[(g, locations[i].chunk)]
+        return out
+
+    def read(self, locations: list[PageLocation], groups=None, *, coalesce: bool = True, alloc=None) -> PageRead:
+        """Read held pages (``hold``): one store read per holding batch, checksums verified.
+
+        ``alloc(nbytes)``: the buffer each store read goes into (a shared-memory lease), else private memory.
+        """
         geo = locations[0].view.geometry
         grp = validate_groups(groups, geo.num_groups)
         out = PageRead(geo, grp, len(locations))
-        by_holder: dict[str, list[int]] = {}
-        for i, loc in enumerate(locations):
-            by_holder.setdefault(loc.view.prefix_id, []).append(i)
-        for pid, pages in by_holder.items():
+        for pid, pages in _by_holder(locations).items():
             chunks = np.array([locations[i].chunk for i in pages], dtype=np.int64)
-            res: ReadResult = self._reader.read_held(pid, chunks, grp, coalesce=coalesce, alloc=None)
+            res: ReadResult = self._reader.read_held(pid, chunks, grp, coalesce=coalesce, alloc=alloc)
             for g in grp:
                 for i, j in zip(pages, chunks.tolist()):
                     out.add_extent(g, i, res.extent_bytes(g, j))
@@ -268,11 +282,8 @@ class PageStore:
 
     def record_access(self, locations: list[PageLocation], groups) -> None:
         """``F_j += 1`` for every page read, as a ReadChunks read counts."""
-        by_holder: dict[str, list[int]] = {}
-        for loc in locations:
-            by_holder.setdefault(loc.view.prefix_id, []).append(loc.chunk)
-        for pid, chunks in by_holder.items():
-            self._scoring.record_access(pid, chunks, groups)
+        for pid, pages in _by_holder(locations).items():
+            self._scoring.record_access(pid, [locations[i].chunk for i in pages], groups)
 
     def get(self, keys, geometry: StoreGeometry, *, namespace: str = "", model_fingerprint: str = "", groups=None) -> PageRead:
         """Locate, hold, read, count: the whole read of ``keys`` in one call."""
@@ -283,111 +294,9 @@ class PageStore:
             return res
 
 
-def _validate_skip(skip_pages, num_pages: int) -> set[int]:
-    out = set()
-    for i in skip_pages:
-        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < num_pages:
-            raise InvalidArgument("skip_pages", f"index {i!r} out of range [0, {num_pages})")
-        if i in out:
-            raise InvalidArgument("skip_pages", f"duplicate index {i}")
-        out.add(int(i))
+def _by_holder(locations: list[PageLocation]) -> dict[str, list[int]]:
+    """Page indices by the id of the batch holding them."""
+    out: dict[str, list[int]] = {}
+    for i, loc in enumerate(locations):
+        out.setdefault(loc.view.prefix_id, []).append(i)
     return out
-
-
-class PendingPages:
-    """A page put between ``begin_put`` and ``commit``/``abort``.
-
-    The caller sends every page not in ``skip_pages``, each as one extent per
-    period group (``page`` = its index in the put's keys).  Bytes of pages
-    stored already are checked for size and order, then dropped; the new
-    pages go into one segment (``PendingPut``).
-    """
-
-    def __init__(self, catalogue: Catalogue, geometry, num_pages, skip, new, present, pending: PendingPut | None, hold):
-        self._catalogue = catalogue
-        self.geometry = geometry
-        self.num_pages = num_pages
-        self.skip = skip
-        self.pending = pending  # PendingPut of the new pages, or None
-        self._local = {page: j for j, page in enumerate(new)}  # page index -> chunk of the new batch
-        self._present = present  # page hashes stored already: still stored at the commit, or Conflict
-        self._hold = hold  # the batches holding the present pages
-        self._extent_bytes = np.array([geometry.extent_bytes(g, geometry.chunk_tokens) for g in range(geometry.num_groups)], dtype=np.int64)
-        self._received = np.zeros((geometry.num_groups, num_pages), dtype=np.int64)
-
-    @property
-    def pages_written(self) -> int:
-        return len(self._local)
-
-    def put_extent_part(self, group: int, page: int, offset: int, payload) -> None:
-        """Bytes ``[offset, offset+len)`` of the extent of ``page`` in ``group``; parts arrive in order."""
-        geo = self.geometry
-        if isinstance(group, bool) or not isinstance(group, (int, np.integer)) or not 0 <= group < geo.num_groups:
-            raise InvalidArgument("extent.group", f"must be in [0, {geo.num_groups}), got {group}")
-        if isinstance(page, bool) or not isinstance(page, (int, np.integer)) or not 0 <= page < self.num_pages:
-            raise InvalidArgument("extent.chunk", f"the page index must be in [0, {self.num_pages}), got {page}")
-        if page in self.skip:
-            raise InvalidArgument("extent.chunk", f"page {page} is in skip_pages; send nothing for it")
-        n = len(memoryview(payload).cast("B")) if not isinstance(payload, np.ndarray) else payload.nbytes
-        have, expected = int(self._received[group, page]), int(self._extent_bytes[group])
-        if have == expected:
-            raise InvalidArgument("extent", f"group {group} page {page} was already sent")
-        if offset != have:
-            raise InvalidArgument("extent.offset", f"group {group} page {page}: expected offset {have}, got {offset}")
-        if n == 0 or offset + n > expected:
-            raise InvalidArgument("extent.data", f"group {group} page {page}: {offset + n} bytes exceed the extent's {expected}")
-        local = self._local.get(page)
-        if local is not None:
-            self.pending.put_extent_part(group, local, offset, payload)
-        self._received[group, page] = have + n
-
-    def put_pages(self, kv_pages: np.ndarray) -> None:
-        """Send every page from ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]``."""
-        geo = self.geometry
-        m = geo.model
-        expected = (self.num_pages, m.num_layers, 2, m.num_kv_heads, geo.chunk_tokens, m.head_dim)
-        if not isinstance(kv_pages, np.ndarray) or kv_pages.shape != expected:
-            got = kv_pages.shape if isinstance(kv_pages, np.ndarray) else type(kv_pages).__name__
-            raise InvalidArgument(
-                "kv_pages", f"must be a numpy array of shape {expected} [pages, layers, 2, kv_heads, chunk_tokens, head_dim], got {got}"
-            )
-        if kv_pages.dtype != m.numpy_dtype():
-            raise InvalidArgument("kv_pages", f"dtype must be {m.numpy_dtype()} for {m.dtype}, got {kv_pages.dtype}")
-        for g in range(geo.num_groups):
-            layers = geo.group_layer_range(g)
-            for i in range(self.num_pages):
-                if i not in self.skip:
-                    self.put_extent_part(g, i, 0, np.ascontiguousarray(kv_pages[i, layers.start : layers.stop]))
-
-    def commit(self) -> PagesPutResult:
-        """Every page sent, the new ones written, synced and indexed; then acknowledged."""
-        try:
-            sent = np.ones(self.num_pages, dtype=bool)
-            sent[list(self.skip)] = False
-            short = (self._received != self._extent_bytes[:, None]) & sent[None, :]
-            if short.any():
-                g, i = (int(x) for x in np.argwhere(short)[0])
-                raise InvalidArgument("extents", f"{int(short.sum())} page extents missing or short, first: group {g} page {i}")
-            if self.pending is None:
-                if not self._catalogue.still_held(self._present):
-                    raise Conflict("a page this put found stored was deleted concurrently; retry")
-                res = None
-            else:
-                res = self.pending.commit()
-        except BaseException:
-            self.abort()
-            raise
-        self._hold.release()
-        return PagesPutResult(
-            num_pages=self.num_pages,
-            pages_written=self.pages_written if res and not res.already_stored else 0,
-            pages_already_stored=self.num_pages - (self.pages_written if res and not res.already_stored else 0),
-            bytes_written=res.bytes_written if res else 0,
-            batch_id=res.prefix_id if res else "",
-        )
-
-    def abort(self) -> None:
-        """Drop the put (its segment, its reservation, its holds); a no-op after the commit."""
-        if self.pending is not None:
-            self.pending.abort()
-        self._hold.release()

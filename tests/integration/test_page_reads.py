@@ -1,5 +1,8 @@
 """Reading pages the way an engine does, on a real daemon: exact layer ranges, into the caller's own buffers."""
 
+import os
+import time
+
 import grpc
 import numpy as np
 import pytest
@@ -8,6 +11,7 @@ from helpers import GEOMETRIES, make_kv, make_tokens
 from test_pages import code_of, make_pages, page_keys
 
 from engine_client.client import KVStoreClient, to_torch
+from engine_client.pages import PageFrames
 
 GEO = GEOMETRIES[0]  # 5 layers in groups of 2 (0-1, 2-3, 4), one head, head dim 1, bf16
 GEO24 = GEOMETRIES[3]  # 24 layers in groups of 8, 2 heads x 64 dim, bf16
@@ -102,3 +106,89 @@ def test_get_pages_into_a_cuda_tensor_and_pinned_host_memory(daemon):
 
 def _calls(latency, rpc: str) -> int:
     return sum(row.count for row in latency if row.rpc == rpc)
+
+
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "bytes"])
+def test_a_second_get_pages_is_a_tier_hit_with_the_same_bytes(daemon, shm):
+    """The test daemon's arena has a CPU tier (24 MiB): pages read from disk are admitted, read again from memory."""
+    pages, keys = make_pages(GEO24, 12, 6), page_keys(12, 6)
+    units = 12 * GEO24.num_groups
+    with KVStoreClient(daemon.target, shm=shm) as client:
+        released = _count_releases(client)
+        client.put_pages(keys, pages, GEO24)
+        s0 = client.stats()
+        np.testing.assert_array_equal(client.get_pages(keys, GEO24), pages)
+        s1 = client.stats()
+        assert (s1.tier_miss_units - s0.tier_miss_units, s1.tier_hit_units - s0.tier_hit_units) == (units, 0)
+        assert s1.tier_units - s0.tier_units == units and s1.pinned_units == 0  # admitted, and let go
+        out = np.zeros_like(pages)
+        client.get_pages_into(keys, out, GEO24)
+        np.testing.assert_array_equal(out, pages)
+        s2 = client.stats()
+        assert (s2.tier_hit_units - s1.tier_hit_units, s2.tier_miss_units - s1.tier_miss_units) == (units, 0)
+        assert s2.bytes_read_cpu - s1.bytes_read_cpu == pages.nbytes and s2.bytes_read == s1.bytes_read  # no disk read
+        # partly resident: the new pages come from disk, the others from memory, in request order
+        more, more_keys = make_pages(GEO24, 3, 7), page_keys(3, 7)
+        client.put_pages(more_keys, more, GEO24)
+        mixed = [more_keys[0], keys[5], more_keys[1], keys[0], more_keys[2]]
+        got = client.get_pages(mixed, GEO24, layer_start=4, layer_end=20)
+        np.testing.assert_array_equal(got, np.stack([more[0], pages[5], more[1], pages[0], more[2]])[:, 4:20])
+        s3 = client.stats()
+        assert (s3.tier_hit_units - s2.tier_hit_units, s3.tier_miss_units - s2.tier_miss_units) == (2 * 3, 3 * 3)
+        assert s3.pinned_units == 0 and _leased_settle(client) == 0
+        assert bool(released) == shm  # the shared-memory path did deliver through the arena
+
+
+def test_a_get_pages_that_fails_or_is_abandoned_part_way_gives_every_lease_back(daemon, monkeypatch):
+    pages, keys = make_pages(GEO24, 40, 8), page_keys(40, 8)  # 4 batches of 10 pages in the 8 MiB lease space
+    with KVStoreClient(daemon.target, shm=True) as client:
+        client.put_pages(keys, pages, GEO24)
+        # the caller's copy fails part way: the rest of the stream is read for its leases
+        real, copied = PageFrames.take, []
+
+        def failing(self, *args):
+            copied.append(1)
+            if len(copied) > 15:
+                raise RuntimeError("the engine's copy failed")
+            return real(self, *args)
+
+        monkeypatch.setattr(PageFrames, "take", failing)
+        with pytest.raises(RuntimeError, match="the engine's copy failed"):
+            client.get_pages(keys, GEO24)
+        monkeypatch.undo()
+        assert _leased_settle(client) == 0
+        # a checksum failure in the last batch, after three were handed over (pages not read before: from disk)
+        bad, bad_keys = make_pages(GEO24, 40, 9), page_keys(40, 9)
+        batch = client.put_pages(bad_keys, bad, GEO24).batch_id
+        seg = client.inspect(batch)["segments"][0]
+        with open(os.path.join(daemon.data_dir, "segments", seg["file"]), "r+b") as fh:
+            fh.seek(39 * GEO24.extent_bytes(0, 16) + 7)  # page 39, group 0
+            b = fh.read(1)
+            fh.seek(-1, os.SEEK_CUR)
+            fh.write(bytes([b[0] ^ 0xFF]))
+        code, msg = code_of(lambda: client.get_pages(bad_keys, GEO24))
+        assert code == grpc.StatusCode.DATA_LOSS and "extent[group=0,chunk=39]" in msg, msg
+        assert _leased_settle(client) == 0 and client.stats().pinned_units == 0
+        np.testing.assert_array_equal(client.get_pages(keys, GEO24), pages)  # the other batch is whole
+
+
+def _count_releases(client) -> list:
+    """The lease counts the client hands back on its shm session (empty on the bytes path)."""
+    out = []
+    if client.session is not None:
+        real = client.session.release
+
+        def release(leases):
+            out.append(len(leases))
+            real(leases)
+
+        client.session.release = release
+    return out
+
+
+def _leased_settle(client, timeout_s: float = 10.0) -> int:
+    """Leased arena bytes once the client's releases (on its shm connection, not with Stats) have landed."""
+    deadline = time.monotonic() + timeout_s
+    while (leased := client.stats().shm_leased_bytes) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return leased
