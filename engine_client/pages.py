@@ -219,3 +219,19 @@ def _check_caches(layer_caches):
         if c.shape != first.shape or c.dtype != first.dtype or c.device != first.device:
             raise ValueError(f"layer_caches[{i}]: must match layer 0's shape, dtype and device")
     return first
+
+
+# ------------------------------------------------------------ tensor parallelism
+def rank_fingerprint(model_fingerprint: str, tp_rank: int, tp_size: int) -> str:
+    """The model fingerprint one tensor-parallel rank stores and loads its own KV heads under.
+
+    Each rank holds ``kv_heads / tp_size`` heads (its geometry's ``num_kv_heads``) and uses the engine's
+    page keys unchanged: the page hash covers the fingerprint, so the ranks' pages of one key never meet,
+    and every rank gets back exactly the heads it stored.  ``tp_size`` 1 is the fingerprint itself.
+    """
+    for name, value in (("tp_rank", tp_rank), ("tp_size", tp_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise ValueError(f"{name}: must be an integer, got {type(value).__name__}")
+    if tp_size < 1 or not 0 <= tp_rank < tp_size:
+        raise ValueError(f"tp_rank: must be in [0, {tp_size}) for tp_size {tp_size}, got {tp_rank}")
+    return model_fingerprint if tp_size == 1 else f"{model_fingerprint}#tp{int(tp_size)}.{int(tp_rank)}"
