@@ -46,6 +46,7 @@ from .arena import new_owner
 from .prefetch_order import PeriodOrder
 from .read_exec import ReadExecutor, ReadJob, Source, StreamFinished, read_flag
 from .read_plan import plan_group, plan_speculation
+from .remote import fill_first
 from .status import ArenaExhausted
 
 log = logging.getLogger(__name__)
@@ -404,6 +405,7 @@ async def serve_prefetch(svc, request_iterator, context, max_ahead: int):
     first = await _next(frames, svc.config.stream_idle_seconds)
     if first is None or first.WhichOneof("kind") != "open":
         raise InvalidArgument("open", "the first message of Prefetch must be a PrefetchOpen")
+    await fill_first(svc, first.open.prefix_id)  # a prefix only the remote tier has: filled off the event loop
     stream = PrefetchHandler(svc, first.open, lambda: queue_wait_seconds(context, svc.config), max_ahead)
     # A cancelled call may never resume this generator: release from the
     # call's own completion too, not only from the generator's finally.

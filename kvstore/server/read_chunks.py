@@ -27,6 +27,7 @@ from ..wire import geometry_to_pb, groups_for_layers
 from .admission import queue_wait_seconds
 from .read_exec import ReadExecutor, Source, read_flag
 from .read_plan import plan_group
+from .remote import fill_first
 
 
 class ShmSink:
@@ -115,6 +116,7 @@ def _sink(svc, request, context):
 
 async def serve_read_chunks(svc, request, context):
     """The ReadChunks call: an async generator of responses (errors raise)."""
+    await fill_first(svc, request.prefix_id)  # a prefix only the remote tier has: filled off the event loop
     # resolve and describe are index lookups of microseconds (the manifest is cached): inline
     pid = svc.reach(request.prefix_id, context)
     view = svc.store.describe(pid)

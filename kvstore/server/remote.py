@@ -82,6 +82,14 @@ class RemoteWatch:
                 pass
 
 
+async def fill_first(svc, prefix_id: str) -> None:
+    """Before a call resolves ``prefix_id`` on the event loop: a prefix this node lacks is filled from the
+    remote tier on a worker thread (``ChunkStore.resolve``), so the loop never waits on the cluster.
+    Its errors (DATA_LOSS for a damaged remote copy) are the call's."""
+    if svc.store.needs_fill(prefix_id.lower()):
+        await svc.run(svc.store.resolve, prefix_id)
+
+
 # (metric name, help, key of the snapshot) of the remote tier's counters and gauges (/metrics, prom.py)
 COUNTERS = (
     ("kvstore_remote_replicated_prefixes_total", "Local prefixes the remote tier acknowledged (or already had).", "replicated_prefixes"),

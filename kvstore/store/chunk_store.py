@@ -226,9 +226,14 @@ class ChunkStore:
         prefix serves it locally afterwards.
         """
         pid = self.catalogue.resolve(prefix)
-        if self.remote_fill is not None and is_hash_hex(pid) and not self._listed(pid):
+        if self.needs_fill(pid):
             self.remote_fill.fill_prefix(pid)
         return pid
+
+    def needs_fill(self, prefix_id: str) -> bool:
+        """Whether ``resolve`` would fetch this prefix from the remote tier (a full id, not held here): the
+        daemon then resolves it on a worker thread, not on its event loop (``server/remote.fill_first``)."""
+        return self.remote_fill is not None and is_hash_hex(prefix_id) and not self._listed(prefix_id)
 
     def _listed(self, prefix_id: str) -> bool:
         try:

@@ -102,6 +102,14 @@ def test_a_prefix_put_on_node_a_is_a_full_hit_on_b_and_c_and_local_on_b_after_it
     wait_for(lambda: replicated(ca), what="replication")
     with cc.read_chunks(put2.prefix_id, [0, 1, 2, 3]) as got:
         assert np.array_equal(got.to_kv(), kv2)
+    # and a Prefetch stream opened on node B for a prefix only node A has put
+    tokens3, kv3 = make_tokens(48, 33), make_kv(GEO, 48, 33)  # a seed no other test here uses: the cluster is shared
+    put3 = ca.put_prefix(tokens3, kv3, GEO)
+    wait_for(lambda: replicated(ca), what="replication")
+    with cb.prefetch(put3.prefix_id, period_layers=8) as st:
+        st.send(0, [0, 1, 2])
+        (group, got), *_ = list(st.groups(0))
+    assert group == 0 and np.array_equal(got, kv3)
 
 
 def test_the_router_sends_a_request_where_its_prefix_is(three_nodes):
