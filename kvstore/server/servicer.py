@@ -27,6 +27,7 @@ from .get_pages import may_read, serve_get_pages
 from .metrics import Metrics
 from .prefetch import serve_prefetch
 from .read_chunks import serve_read_chunks
+from .remote import fill_first
 from .routing import RouteRpcs
 from .shm_sessions import ShmSessions
 from .status import Draining, PutStalled, streaming, unary
@@ -314,6 +315,7 @@ class KVStoreServicer(ConversationRpcs, RouteRpcs, pb_grpc.KVStoreServicer):
     @unary
     async def Describe(self, request, context):
         store = self.svc.store
+        await fill_first(self.svc, request.prefix_id)  # a prefix only the remote tier has: filled off the event loop
         view = store.describe(self.svc.reach(request.prefix_id, context))
         return pb.DescribeResponse(
             prefix_id=view.prefix_id,
