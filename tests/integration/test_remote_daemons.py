@@ -17,12 +17,13 @@ import urllib.request
 
 import numpy as np
 import pytest
-import redis
 import redis_cluster
 from helpers import GEOMETRIES, data_root, make_kv, make_tokens
 from redis_cluster import LocalRedisCluster
 
 from engine_client.client import KVStoreClient, KVStoreRpcError
+
+redis = pytest.importorskip("redis")  # the remote extra (make test installs it)
 
 pytestmark = pytest.mark.skipif(not redis_cluster.available(), reason="needs redis-server and redis-cli (make redis)")
 

@@ -12,12 +12,13 @@ import time
 
 import numpy as np
 import pytest
-import redis
 import redis_cluster
 from redis_cluster import LocalRedisCluster
 
 from kvstore.remote.base import NotReplicated, PutOutcome, RemoteRefused, RemoteUnavailable
 from kvstore.remote.memory import MemoryTier
+
+redis = pytest.importorskip("redis")  # the remote extra (make test installs it)
 
 needs_redis = pytest.mark.skipif(not redis_cluster.available(), reason="needs redis-server and redis-cli (make redis)")
 
