@@ -306,11 +306,11 @@ def cached_checkpoint(name: str, dtype="float32", cache_dir=None) -> Path:
     return target
 
 
-def load(name: str, dtype=torch.float32, cache_dir=None) -> PretrainedModel:
-    """``PretrainedModel(config, decoder, tokenizer, checkpoint_dir)`` of a named model, via the cache."""
+def load(name: str, dtype=torch.float32, cache_dir=None, device="cpu") -> PretrainedModel:
+    """``PretrainedModel(config, decoder, tokenizer, checkpoint_dir)`` of a named model, via the cache, its weights on ``device``."""
     dtype_name = _dtype_name(dtype)
     path = cached_checkpoint(name, dtype_name, cache_dir)
-    decoder = load_checkpoint(path, dtype=DTYPES[dtype_name])
+    decoder = load_checkpoint(path, dtype=DTYPES[dtype_name], device=device)
     return PretrainedModel(decoder.config, decoder, Tokenizer.load(path), path)
 
 

@@ -36,7 +36,17 @@ import torch
 from kvstore.kvquant import KV_QUANT
 from kvstore.progress import progress
 
-from .eval_common import CHUNK_TOKENS, DEFAULT_BUDGET, budget_fraction, is_path_system, keep_rows_without, path_config, wilson_interval
+from .eval_common import (
+    CHUNK_TOKENS,
+    DEFAULT_BUDGET,
+    add_device_flag,
+    bench_device,
+    budget_fraction,
+    is_path_system,
+    keep_rows_without,
+    path_config,
+    wilson_interval,
+)
 
 DEFAULT_CHECKPOINT = os.path.join(os.path.dirname(__file__), "..", "..", "checkpoints", "recall-small")
 PERIOD_LAYERS = 4
@@ -165,7 +175,7 @@ def run_accuracy(args) -> dict:
     path = parse_path(args.path)
     torch.set_num_threads(max(1, args.threads))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    model = load_checkpoint(args.checkpoint, dtype=dtype)
+    model = load_checkpoint(args.checkpoint, dtype=dtype, device=bench_device(args))
     examples = held_out_examples(args.task, args.examples, args.tokens, args.seed, need_prefix_answer=path.kind == "drop-answer")
     start = time.perf_counter()
     if path.kind == "reprefill":
@@ -232,6 +242,7 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     p = sub.add_parser(
         "accuracy", help="answer accuracy on held-out recall tasks (toy checkpoint or --model on real text), full / drop / Re-Prefill"
     )
+    add_device_flag(p)
     p.add_argument("--task", required=True, help=f"toy checkpoint: {', '.join(TASKS)}; --model: a real-text task or file:PATH")
     p.add_argument(
         "--path",

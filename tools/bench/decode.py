@@ -51,7 +51,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from .decode_report import add_vs_dense, format_decode, plot_decode, summarise_rows
-from .eval_common import CHUNK_TOKENS, load_pretrained
+from .eval_common import CHUNK_TOKENS, add_device_flag, bench_device, load_pretrained
 from .io_jobs import BenchError, UsageError
 from .plots import add_plot_flag, check_plot_path
 
@@ -64,6 +64,7 @@ def add_decode_parser(sub) -> None:
     from kvstore.cli_flags import add_alias
 
     p = sub.add_parser("decode", help="decoding from sparse, quantized KV: dense, Quest, LServe, LoopServe at one token budget")
+    add_device_flag(p)
     p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
     p.add_argument("--context", default="4096", help="prefix tokens, comma-separated (e.g. 4096,8192)")
     p.add_argument("--tasks", default="passkey,niah", help="real-text tasks, comma-separated (engine_client.tasks.text)")
@@ -158,7 +159,7 @@ def run_decode(args) -> dict:
     from engine_client.tasks import text
 
     load_before = round(os.getloadavg()[0], 2)
-    pm = load_pretrained(args.model, args.threads)
+    pm = load_pretrained(args.model, args.threads, bench_device(args))
     model = pm.decoder
     try:
         heads = StreamingHeads.load(args.streaming_heads, model=model) if args.streaming_heads else zoo.streaming_heads(pm)

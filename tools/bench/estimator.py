@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from .eval_common import check_strategy_flags, load_pretrained
+from .eval_common import add_device_flag, bench_device, check_strategy_flags, load_pretrained
 from .io_jobs import BenchError
 
 SYSTEMS = ("none", "estimator", "estimator-b1", "estimator-deferred", "estimator-stride")
@@ -49,6 +49,7 @@ SYSTEMS = ("none", "estimator", "estimator-b1", "estimator-deferred", "estimator
 
 def add_estimator_parser(sub) -> None:
     p = sub.add_parser("estimator", help="Krul's attention estimator: its cost on generation (time per token, memory)")
+    add_device_flag(p)
     p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
     p.add_argument("--task", default="multiturn", help="a real-text task (engine_client.tasks.text)")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of each conversation (history + new turn)")
@@ -81,7 +82,7 @@ def run_estimator(args) -> dict:
     from kvstore.progress import progress
     from kvstore.wire import InvalidArgument
 
-    pm = load_pretrained(args.model, args.threads)
+    pm = load_pretrained(args.model, args.threads, bench_device(args))
     try:
         examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=args.stream)
     except (KeyError, ValueError) as exc:

@@ -120,14 +120,29 @@ def keep_rows_without(num_prefix: int, drop_chunks: np.ndarray, chunk_tokens: in
     return torch.from_numpy(np.flatnonzero(keep))
 
 
-def load_pretrained(name: str, threads: int):
-    """``zoo.load(name)`` in float32 on ``threads`` torch threads; an unknown or missing model is a ``BenchError``."""
+def add_device_flag(p) -> None:
+    """``--device cpu|cuda``: where the model runs (default: cuda when torch sees one, else cpu)."""
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None, help="where the model runs (default: cuda when present, else cpu)")
+
+
+def bench_device(args) -> str:
+    """The ``--device`` asked for, or the default; a ``BenchError`` for cuda on a machine without it."""
+    from .io_jobs import BenchError
+
+    device = getattr(args, "device", None) or ("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BenchError("--device cuda: torch sees no CUDA device on this machine")
+    return device
+
+
+def load_pretrained(name: str, threads: int, device: str = "cpu"):
+    """``zoo.load(name)`` in float32 on ``threads`` torch threads, on ``device``; an unknown or missing model is a ``BenchError``."""
     from engine_client.model import zoo
 
     from .io_jobs import BenchError
 
     torch.set_num_threads(threads)
     try:
-        return zoo.load(name, dtype=torch.float32)
+        return zoo.load(name, dtype=torch.float32, device=device)
     except (zoo.UnknownModel, zoo.ModelNotInstalled) as exc:
         raise BenchError(str(exc)) from None

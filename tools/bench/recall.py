@@ -198,6 +198,9 @@ def plot_recall(report: dict, path: str, budget: float) -> None:
 
 def add_recall_parser(sub) -> None:
     p = sub.add_parser("recall", help="per-layer and per-Period needle recall of the chunk selectors on a real model")
+    from .eval_common import add_device_flag
+
+    add_device_flag(p)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--task", default="passkey", help="a real-text task (engine_client.tasks.text)")
     p.add_argument("--tokens", type=int, default=2000)
@@ -221,7 +224,9 @@ def command_recall(args: argparse.Namespace) -> int:
     check_plot_path(args.plot)
     torch.set_num_threads(args.threads)
     budgets = tuple(args.budget or (0.05, 0.10))
-    pm = zoo.load(args.model, dtype=torch.float32)
+    from .eval_common import bench_device
+
+    pm = zoo.load(args.model, dtype=torch.float32, device=bench_device(args))
     examples = task_examples(args.task, pm.tokenizer, args.examples, args.tokens, args.seeds, args.seed)
     report = run_recall(pm.decoder, examples, budgets)
     report.update(model=args.model, task=args.task, tokens=args.tokens, seeds=args.seeds)

@@ -78,9 +78,12 @@ def run_reprefill_bench(args) -> dict:
     from engine_client.selection import exact_chunk_scores
     from tools.make_checkpoint import checkpoint_path
 
+    from .eval_common import bench_device
+
     torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    model = load_checkpoint(checkpoint_path(args), dtype=dtype)
+    device = bench_device(args)  # before the checkpoint is made: a bad --device costs nothing
+    model = load_checkpoint(checkpoint_path(args), dtype=dtype, device=device)
     gen = torch.Generator().manual_seed(args.seed)
     vocab = model.config.vocab_size
     prefix = torch.randint(0, vocab, (args.prefix_tokens,), generator=gen)
@@ -250,6 +253,9 @@ def format_reprefill_report(report: dict) -> str:
 
 def add_reprefill_parser(sub) -> None:
     p = sub.add_parser("reprefill", help="Re-Prefill TTFT vs full recompute and full load")
+    from .eval_common import add_device_flag
+
+    add_device_flag(p)
     p.add_argument(
         "--model",
         default="qwen2.5-0.5b-shape",

@@ -57,7 +57,7 @@ import torch
 from kvstore.cli_flags import add_alias
 from kvstore.kvquant import KV_QUANT
 
-from .eval_common import check_strategy_flags, load_pretrained
+from .eval_common import add_device_flag, bench_device, check_strategy_flags, load_pretrained
 from .io_jobs import BenchError
 from .restore_report import format_restore, make_report
 
@@ -68,6 +68,7 @@ MIN_SHAREGPT_TOKENS = 256  # a return shorter than this is floored to it (a mult
 
 def add_restore_parser(sub) -> None:
     p = sub.add_parser("restore", help="restore an inactive conversation: recompute, load, Krul; TTFT, bytes and accuracy")
+    add_device_flag(p)
     p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
     p.add_argument("--task", default="multiturn", help="a real-text task (engine_client.tasks.text); multiturn by default")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of each conversation (history + new turn)")
@@ -145,7 +146,7 @@ def run_restore(args) -> dict:
 
     from .daemon_io import private_daemon_client
 
-    pm = load_pretrained(args.model, args.threads)
+    pm = load_pretrained(args.model, args.threads, bench_device(args))
     lengths = sharegpt_lengths(args) if args.workload == "sharegpt" else [args.tokens] * args.examples
     try:  # one example per length, seeds in order from --start (a held-out stream by default)
         examples = [

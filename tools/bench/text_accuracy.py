@@ -249,7 +249,9 @@ def run_text_accuracy(args) -> dict:
     paths = parse_paths(args.path)
     torch.set_num_threads(max(1, args.threads))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    pm = zoo.load(args.model, dtype=dtype)
+    from .eval_common import bench_device
+
+    pm = zoo.load(args.model, dtype=dtype, device=bench_device(args))
     depths = [float(d) for d in args.depths.split(",")] if args.depths else None
     examples = text.examples(
         args.task, pm.tokenizer, args.examples, args.tokens, stream=getattr(args, "stream", "eval"), start=args.start, depths=depths

@@ -135,9 +135,12 @@ def run_zipf_bench(args) -> dict:
     from engine_client.workloads import zipf_requests
     from tools.make_checkpoint import checkpoint_path
 
+    from .eval_common import bench_device
+
     torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
-    model = load_checkpoint(checkpoint_path(args), dtype=dtype)
+    device = bench_device(args)  # before the checkpoint is made: a bad --device costs nothing
+    model = load_checkpoint(checkpoint_path(args), dtype=dtype, device=device)
     args.standin_profile = _standin_profile(model, checkpoint_path(args), args)
     tokenizer, examples = _task_examples(args, checkpoint_path(args))
     vocab = model.config.vocab_size
