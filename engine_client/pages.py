@@ -102,51 +102,71 @@ class PageFrames:
             raise ValueError(f"GetPages ended with {self.written} of the {self.expected} bytes asked for")
 
 
-def collect_pages(responses, geometry: StoreGeometry, layers: range | None, dest_for, session=None) -> object:
-    """Run a GetPages call into the destination ``dest_for(num_pages, layers)`` makes once the header came;
-    returns that destination's buffer (``dest_for`` returns ``(buffer, Destination)``).
+class PageCollector:
+    """One GetPages call's responses written into the destination ``dest_for(num_pages, layers)`` makes once the
+    header came (``dest_for`` returns ``(buffer, Destination)``): no I/O, the sync and asyncio clients feed it.
 
     ``session``: the ``ShmSession`` the call delivers into; each ``ShmGroup``'s leases hold that group's
-    extents only and go back as soon as they are copied.  A caller that stops early reads the rest of
-    the stream for its leases (the daemon gives back those of a call that did not complete)."""
-    frames = out = None
+    extents only and go back as soon as they are copied."""
+
+    def __init__(self, geometry: StoreGeometry, layers: range | None, dest_for, session=None):
+        self.geometry = geometry
+        self.layers = layers
+        self.dest_for = dest_for
+        self.session = session
+        self.frames: PageFrames | None = None
+        self.out = None
+
+    def take(self, msg) -> None:
+        if msg.HasField("header"):
+            h, geo = msg.header, self.geometry
+            if self.layers is None:  # the daemon took the range: all of its groups' layers
+                self.layers = range(geo.group_layer_range(h.groups[0]).start, geo.group_layer_range(h.groups[-1]).stop)
+            self.out, dest = self.dest_for(h.num_pages, self.layers)
+            self.frames = PageFrames(geo, list(h.groups), self.layers, h.num_pages, dest)
+        if msg.HasField("extent"):
+            e = msg.extent
+            self.frames.take(e.group, e.chunk, e.offset, np.frombuffer(e.data, dtype=np.uint8))
+        if msg.HasField("shm_group"):
+            grp = msg.shm_group
+            try:
+                for page, ref in zip(grp.chunks, grp.refs):
+                    self.frames.take(grp.group, page, 0, self.session.view(ref))
+            finally:
+                self.session.release({ref.lease_id for ref in grp.refs})
+
+    def drop(self, msg) -> None:
+        """A response of a call the caller stopped reading: only its leases go back."""
+        if msg.HasField("shm_group") and self.session is not None:
+            self.session.release({ref.lease_id for ref in msg.shm_group.refs})
+
+    def finish(self):
+        """The caller's buffer, once every byte asked for was written."""
+        if self.frames is None:
+            raise ValueError("GetPages ended without a header")
+        self.frames.finish()
+        return self.out
+
+
+def collect_pages(responses, geometry: StoreGeometry, layers: range | None, dest_for, session=None) -> object:
+    """Run a GetPages call (``responses``) through a ``PageCollector``; returns the destination's buffer.
+
+    A caller that stops early reads the rest of the stream for its leases (the daemon gives back those of
+    a call that did not complete)."""
+    collector = PageCollector(geometry, layers, dest_for, session)
     done = False
     try:
         for msg in responses:
-            if msg.HasField("header"):
-                h = msg.header
-                if layers is None:  # the daemon took the range: all of its groups' layers
-                    layers = range(geometry.group_layer_range(h.groups[0]).start, geometry.group_layer_range(h.groups[-1]).stop)
-                out, dest = dest_for(h.num_pages, layers)
-                frames = PageFrames(geometry, list(h.groups), layers, h.num_pages, dest)
-            if msg.HasField("extent"):
-                e = msg.extent
-                frames.take(e.group, e.chunk, e.offset, np.frombuffer(e.data, dtype=np.uint8))
-            if msg.HasField("shm_group"):
-                grp = msg.shm_group
-                try:
-                    for page, ref in zip(grp.chunks, grp.refs):
-                        frames.take(grp.group, page, 0, session.view(ref))
-                finally:
-                    session.release({ref.lease_id for ref in grp.refs})
+            collector.take(msg)
         done = True
     finally:
         if not done and session is not None:
-            _drain(responses, session)
-    if frames is None:
-        raise ValueError("GetPages ended without a header")
-    frames.finish()
-    return out
-
-
-def _drain(responses, session) -> None:
-    """Give back the leases of a GetPages the caller stopped reading (an error on the call ends it at once)."""
-    try:
-        for msg in responses:
-            if msg.HasField("shm_group"):
-                session.release({ref.lease_id for ref in msg.shm_group.refs})
-    except Exception:  # noqa: BLE001 - cancelled or failed: the daemon gave back what was not the client's
-        pass
+            try:
+                for msg in responses:
+                    collector.drop(msg)
+            except Exception:  # noqa: BLE001 - cancelled or failed: the daemon gave back what was not the client's
+                pass
+    return collector.finish()
 
 
 # ------------------------------------------------------------ engine layouts

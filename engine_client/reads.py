@@ -16,6 +16,37 @@ from .rpc import KVStoreRpcError
 from .shm import ShmSession
 
 
+class GroupReader:
+    """One ReadChunks call's messages put together into a ``ReadResult`` (no I/O: the sync and asyncio clients feed it)."""
+
+    def __init__(self, prefix_id: str, session: ShmSession | None):
+        self.prefix_id = prefix_id
+        self.session = session
+        self.result: ReadResult | None = None
+        self.leases: set[int] = set()
+        self._partial: dict = {}
+        self._arrived: dict = {}
+
+    def take(self, msg) -> list[int]:
+        """Add one response; returns the groups it completed."""
+        complete = []
+        if msg.HasField("header"):
+            self.result = read_from_header(self.prefix_id, msg.header, self.session is not None)
+            self.result._release = lambda: release(self.session, self.leases)
+            self._arrived = {g: 0 for g in self.result.groups}
+        if msg.HasField("shm_group"):
+            _take_shm_group(self.result, msg.shm_group, self.session, self.leases)
+            complete.append(msg.shm_group.group)
+        if msg.HasField("extent") and _take_extent(self.result, msg.extent, self._partial):
+            self._arrived[msg.extent.group] += 1
+            if self._arrived[msg.extent.group] == len(self.result.chunks):
+                complete.append(msg.extent.group)
+        if msg.HasField("stats"):
+            st = msg.stats
+            self.result.bytes_read, self.result.bytes_useful, self.result.num_reads = st.bytes_read, st.bytes_useful, st.num_reads
+        return complete
+
+
 def read_groups(call, prefix_id: str, session: ShmSession | None):
     """Yield ``(read, group)`` as each group of ``call`` (a ReadChunks call) is complete.
 
@@ -24,36 +55,23 @@ def read_groups(call, prefix_id: str, session: ShmSession | None):
     into, None on the bytes path.  If the caller stops early, the leases it
     holds go back.
     """
-    result = None
-    leases: set[int] = set()
-    partial: dict = {}
-    arrived: dict = {}
+    reader = GroupReader(prefix_id, session)
     done_ok = False
     try:
         for msg in call:
-            if msg.HasField("header"):
-                result = read_from_header(prefix_id, msg.header, session is not None)
-                result._release = lambda: _release(session, leases)
-                arrived = {g: 0 for g in result.groups}
-            complete = []
-            if msg.HasField("shm_group"):
-                _take_shm_group(result, msg.shm_group, session, leases)
-                complete.append(msg.shm_group.group)
-            if msg.HasField("extent") and _take_extent(result, msg.extent, partial):
-                arrived[msg.extent.group] += 1
-                if arrived[msg.extent.group] == len(result.chunks):
-                    complete.append(msg.extent.group)
-            if msg.HasField("stats"):
-                st = msg.stats
-                result.bytes_read, result.bytes_useful, result.num_reads = st.bytes_read, st.bytes_useful, st.num_reads
-            for group in complete:
-                yield result, group
+            for group in reader.take(msg):
+                yield reader.result, group
         done_ok = True
     except grpc.RpcError as exc:
         raise KVStoreRpcError.of(exc) from None
     finally:
         if not done_ok:
-            _abandon(call, session, leases)
+            _abandon(call, session, reader.leases)
+
+
+def leases_in(msg) -> list[int]:
+    """The leases a response hands over (its shm_group's)."""
+    return [ref.lease_id for ref in msg.shm_group.refs] if msg.HasField("shm_group") else []
 
 
 def _abandon(call, session: ShmSession | None, leases: set) -> None:
@@ -67,16 +85,16 @@ def _abandon(call, session: ShmSession | None, leases: set) -> None:
     if session is not None:
         try:
             for msg in call:
-                if msg.HasField("shm_group"):
-                    leases.update(ref.lease_id for ref in msg.shm_group.refs)
+                leases.update(leases_in(msg))
         except grpc.RpcError:
             pass  # cancelled or failed: the daemon released what it had not handed over
     else:
         call.cancel()
-    _release(session, leases)
+    release(session, leases)
 
 
-def _release(session: ShmSession | None, leases: set) -> None:
+def release(session: ShmSession | None, leases: set) -> None:
+    """Hand ``leases`` back on ``session`` (nothing on the bytes path); empties the set."""
     if session is not None:
         session.release(leases)
     leases.clear()

@@ -79,7 +79,7 @@ def call(fn, request, *, timeout: float | None = None, metadata=None):
         try:
             return _once(fn, request, None if deadline is None else max(deadline - time.monotonic(), 0.001), metadata)
         except KVStoreRpcError as exc:
-            delay = _retry_delay(exc.code, attempt, deadline)
+            delay = retry_delay(exc.code, attempt, deadline)
             if delay is None:
                 raise
         time.sleep(delay)
@@ -113,7 +113,7 @@ def backoff(attempt: int) -> float:
     return random.uniform(0, min(2.0, 0.05 * 2 ** (attempt - 1)))
 
 
-def _retry_delay(code: grpc.StatusCode, attempt: int, deadline: float | None) -> float | None:
+def retry_delay(code: grpc.StatusCode, attempt: int, deadline: float | None) -> float | None:
     """The backoff before retrying a failure ``code`` after ``attempt`` attempts; None: no retry."""
     if code.name not in RETRYABLE or attempt >= MAX_ATTEMPTS:
         return None
@@ -154,7 +154,7 @@ class RetriedStream:
             try:
                 msg = next(self._call)
             except grpc.RpcError as exc:
-                delay = None if self._cancelled.is_set() else _retry_delay(exc.code(), self._attempt, self._deadline)
+                delay = None if self._cancelled.is_set() else retry_delay(exc.code(), self._attempt, self._deadline)
                 if delay is not None and not self._cancelled.wait(delay):
                     self._call = self._start()
                     if self._cancelled.is_set():  # cancelled while it started
