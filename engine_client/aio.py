@@ -73,7 +73,9 @@ from kvstore.wire.rpc import KVStoreAdminStub, KVStoreStub
 
 from . import pages as page_wire
 from .aio_rpc import acall, acall_once, astream, with_put_retries
-from .client import FRAME_BYTES, PUT_FLOOR_BYTES_S, _ints, _put_stream
+from .client import PUT_FLOOR_BYTES_S, _ints, _put_stream
+from .page_calls import FRAME_BYTES
+from .put_batching import AsyncPutQueue, MergedPages, PutEntry, merge, split, timeout_of
 from .reads import GroupReader, leases_in, release
 from .rpc import CHANNEL_OPTIONS, KVStoreRpcError
 from .shm import ShmSession, names_stale_session
@@ -94,6 +96,7 @@ class AsyncKVStoreClient:
         token: str | None = None,
         root_certificates: bytes | None = None,
         client_cert: tuple[bytes, bytes] | None = None,
+        put_coalesce: bool = True,
     ):
         """As ``KVStoreClient``'s (no ``data_channel``: a TCP read takes its extents in the stream).
 
@@ -119,6 +122,7 @@ class AsyncKVStoreClient:
         self.admin = KVStoreAdminStub(self.channel)
         self.session: ShmSession | None = None
         self._session_lock = asyncio.Lock()
+        self._puts = AsyncPutQueue(self._send_pages) if put_coalesce else None
         local = target.startswith("unix:")
         self._want_shm = bool(shm or (shm is None and local))
         self._shm_required = bool(shm)
@@ -310,10 +314,22 @@ class AsyncKVStoreClient:
     async def put_pages(
         self, keys, kv_pages, geometry: StoreGeometry, *, namespace="", model_fingerprint="", timeout=None
     ) -> PagesPutResult:
-        """Store ``kv_pages`` ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` under ``keys``; sends only pages not yet stored."""
+        """Store ``kv_pages`` ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` under ``keys``; sends only pages not
+        yet stored.  Calls of one scope made while a put of that scope is in flight go together in the next one."""
         arr = as_numpy_kv(kv_pages)
         keys = page_wire.as_keys(keys)
         page_wire.check_pages(arr, geometry, len(keys))
+        entry = PutEntry(keys, arr, deadline=time.monotonic() + timeout if timeout is not None else float("inf"))
+        scope = (namespace, model_fingerprint, geometry)
+        if self._puts is None or arr.nbytes > self._puts.max_bytes // 4:
+            return (await self._send_pages(scope, [entry]))[0]
+        return await self._puts.put(scope, entry)
+
+    async def _send_pages(self, scope, entries: list[PutEntry]) -> list[PagesPutResult]:
+        namespace, model_fingerprint, geometry = scope
+        keys, sources = merge(entries)
+        pages = MergedPages(entries, sources)
+        timeout = timeout_of(entries)
 
         async def attempt():
             present = await self.pages_exist(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
@@ -324,10 +340,11 @@ class AsyncKVStoreClient:
                 keys=keys,
                 skip_pages=np.flatnonzero(present.exists).tolist(),
             )
-            frames = page_wire.put_stream(header, arr, geometry, FRAME_BYTES)
-            return pages_put_from_pb(await acall_once(self.stub.PutPages, frames, **self._put_kw(timeout, arr.nbytes)))
+            frames = page_wire.put_stream(header, pages, geometry, FRAME_BYTES)
+            return present, pages_put_from_pb(await acall_once(self.stub.PutPages, frames, **self._put_kw(timeout, pages.nbytes)))
 
-        return await with_put_retries(attempt)
+        present, res = await with_put_retries(attempt)
+        return split(entries, sources, present.exists, res)
 
     async def get_pages(
         self, keys, geometry: StoreGeometry, *, namespace="", model_fingerprint="", layer_start=0, layer_end=0, shm=None, timeout=None

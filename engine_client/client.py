@@ -17,7 +17,7 @@ Every call answers with a value of ``kvstore.wire`` (``LookupResult``,
 or a numpy array, never a protobuf message; the messages themselves are
 built and read only here, in ``reads``, ``prefetch`` and ``pages``.
 
-Why one file of ~460 lines: it is one method per RPC of ``KVStoreClient``,
+Why one file of ~400 lines: it is one method per RPC of ``KVStoreClient``,
 each a few lines of request building, deadline and decoding; the readers,
 the Prefetch stream, the pages and the conversation calls already live in
 their own modules (and what a stale shm session looks like, in ``shm``).
@@ -40,8 +40,6 @@ from kvstore.wire import (
     CompactResult,
     EvictResult,
     LookupResult,
-    PagesPresent,
-    PagesPutResult,
     PrefixDescription,
     PrefixInfo,
     PutResult,
@@ -54,8 +52,6 @@ from kvstore.wire import (
     evict_from_pb,
     geometry_to_pb,
     lookup_from_pb,
-    pages_present_from_pb,
-    pages_put_from_pb,
     pb,
     prefix_info_from_pb,
     put_from_pb,
@@ -65,23 +61,23 @@ from kvstore.wire import (
 )
 from kvstore.wire.rpc import KVStoreAdminStub, KVStoreStub
 
-from . import pages as page_wire
 from .conversations import ConversationCalls
 from .data_channel import DataPool, read_groups_data
+from .page_calls import FRAME_BYTES, PageCalls, with_put_retries
 from .prefetch import PrefetchStream
+from .put_batching import PutQueue
 from .reads import read_groups
 from .routing import RouteCalls
-from .rpc import CHANNEL_OPTIONS, PUT_ATTEMPTS, KVStoreRpcError, RetriedStream, backoff, call, retryable, stream
+from .rpc import CHANNEL_OPTIONS, KVStoreRpcError, RetriedStream, call, stream
 from .shm import ShmSession, names_stale_session
-from .tensors import as_numpy_kv, destination, to_torch
+from .tensors import as_numpy_kv, to_torch
 
 __all__ = ["KVStoreClient", "KVStoreRpcError", "as_numpy_kv", "to_torch"]
 
-FRAME_BYTES = 2 * 1024 * 1024
 PUT_FLOOR_BYTES_S = 8 * 1024 * 1024
 
 
-class KVStoreClient(ConversationCalls, RouteCalls):
+class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
     def __init__(
         self,
         target: str,
@@ -94,6 +90,7 @@ class KVStoreClient(ConversationCalls, RouteCalls):
         root_certificates: bytes | None = None,
         client_cert: tuple[bytes, bytes] | None = None,
         data_channel: bool | None = None,
+        put_coalesce: bool = True,
     ):
         """``target``: ``unix:/path/kvstore.sock`` or ``host:port``.
 
@@ -108,6 +105,9 @@ class KVStoreClient(ConversationCalls, RouteCalls):
         float32 prefix of SmolLM2-135M (369 MB) gets 60 + 44 s, so a client on
         loaded cores is not cut off while it still sends.  A stream that stops
         sending is the daemon's to end (``--put-idle-seconds``).
+
+        ``put_coalesce`` (default on): concurrent small ``put_pages`` calls of one scope share one PutPages
+        (one segment, one sync, one batch; ``put_batching``).
         """
         for name, value in (("deadline_s", deadline_s), ("put_floor_bytes_s", put_floor_bytes_s)):
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
@@ -131,6 +131,7 @@ class KVStoreClient(ConversationCalls, RouteCalls):
         self.admin = KVStoreAdminStub(self.channel)
         self.session: ShmSession | None = None
         self._session_lock = threading.Lock()
+        self._puts = PutQueue(self._send_pages) if put_coalesce else None
         local = target.startswith("unix:")
         if data_channel and local:
             raise ValueError("data connections are for TCP targets; a unix socket has the shared-memory path")
@@ -196,7 +197,7 @@ class KVStoreClient(ConversationCalls, RouteCalls):
             frames = _put_stream(header, arr, geometry, reuse.matched_chunks)
             return put_from_pb(call(self.stub.PutPrefix, frames, **self._put_kw(timeout, arr.nbytes)))
 
-        return _with_put_retries(attempt)
+        return with_put_retries(attempt)
 
     def describe(self, prefix_id: str, *, timeout=None) -> PrefixDescription:
         """Geometry, token count and model of a stored prefix (NOT_FOUND if unknown)."""
@@ -370,126 +371,6 @@ class KVStoreClient(ConversationCalls, RouteCalls):
         """Importance, frequency and score arrays over the prefix's chunks."""
         return scores_from_pb(call(self.stub.GetScores, pb.GetScoresRequest(prefix_id=prefix_id, group=group), **self._kw(timeout)))
 
-    # ------------------------------------------------------------ pages
-    def pages_exist(self, keys, geometry: StoreGeometry, *, namespace="", model_fingerprint="", timeout=None) -> PagesPresent:
-        """Which pages are stored, and how many leading ones (keys: bytes, or str as SGLang's)."""
-        req = pb.PagesExistRequest(
-            namespace=namespace, model_fingerprint=model_fingerprint, geometry=geometry_to_pb(geometry), keys=page_wire.as_keys(keys)
-        )
-        return pages_present_from_pb(call(self.stub.PagesExist, req, **self._kw(timeout)))
-
-    def put_pages(self, keys, kv_pages, geometry: StoreGeometry, *, namespace="", model_fingerprint="", timeout=None) -> PagesPutResult:
-        """Store ``kv_pages`` ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` under ``keys``;
-        sends only pages not yet stored."""
-        arr = as_numpy_kv(kv_pages)
-        keys = page_wire.as_keys(keys)
-        page_wire.check_pages(arr, geometry, len(keys))
-
-        def attempt():
-            present = self.pages_exist(keys, geometry, namespace=namespace, model_fingerprint=model_fingerprint, timeout=timeout)
-            header = pb.PutPagesHeader(
-                namespace=namespace,
-                model_fingerprint=model_fingerprint,
-                geometry=geometry_to_pb(geometry),
-                keys=keys,
-                skip_pages=np.flatnonzero(present.exists).tolist(),
-            )
-            return pages_put_from_pb(
-                call(self.stub.PutPages, page_wire.put_stream(header, arr, geometry, FRAME_BYTES), **self._put_kw(timeout, arr.nbytes))
-            )
-
-        return _with_put_retries(attempt)
-
-    def get_pages(
-        self,
-        keys,
-        geometry: StoreGeometry,
-        *,
-        namespace="",
-        model_fingerprint="",
-        layer_start=0,
-        layer_end=0,
-        shm=None,
-        timeout=None,
-    ) -> np.ndarray:
-        """``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]``: exactly the layers ``[layer_start, layer_end)``
-        (``layer_end`` 0: through the last); NOT_FOUND names the first key not stored.  A new array; ``get_pages_into``
-        fills the caller's own buffer.  ``shm`` (default: when a session is open) takes the pages from the
-        shared-memory arena rather than the stream."""
-        keys = page_wire.as_keys(keys)
-        layers = page_wire.requested_layers(geometry, layer_start, layer_end)
-        dtype = geometry.model.numpy_dtype()
-
-        def new_array(num_pages, layers):
-            out = np.empty(page_wire.page_shape(geometry, num_pages, len(layers)), dtype=dtype)
-            return out, destination(out, out.shape, geometry.model.dtype)
-
-        scope = (namespace, model_fingerprint, layer_start, layer_end)
-        return self._get_pages(keys, geometry, scope, layers, new_array, shm, timeout)
-
-    def get_pages_into(
-        self,
-        keys,
-        out,
-        geometry: StoreGeometry,
-        *,
-        namespace="",
-        model_fingerprint="",
-        layer_start=0,
-        layer_end=0,
-        shm=None,
-        timeout=None,
-    ):
-        """Read pages into ``out``, the caller's ``[pages, layers, 2, kv_heads, chunk_tokens, head_dim]`` buffer for
-        exactly the layers ``[layer_start, layer_end)``: a C-contiguous numpy array (bfloat16 as uint16) or torch tensor
-        (the geometry's dtype) in host memory, pinned or not, or on a CUDA device; returns ``out``.
-
-        Each extent is copied once, straight into ``out`` (a device through a pinned staging window), from the
-        shared-memory arena (``shm``, default: when a session is open) or from the stream's frames: no whole-batch
-        copy is made.  A wrong type, shape, dtype or layout is ValueError before anything is asked; if the read
-        fails the contents of ``out`` are undefined."""
-        keys = page_wire.as_keys(keys)
-        layers = page_wire.requested_layers(geometry, layer_start, layer_end)
-        if layers is not None:  # else the daemon refuses the range, naming the field
-            dest = destination(out, page_wire.page_shape(geometry, len(keys), len(layers)), geometry.model.dtype)
-        else:
-            dest = None
-
-        def given(num_pages, layers):
-            if num_pages != len(keys) or dest is None:
-                raise ValueError(f"GetPages answered {num_pages} pages for {len(keys)} keys")
-            return out, dest
-
-        scope = (namespace, model_fingerprint, layer_start, layer_end)
-        return self._get_pages(keys, geometry, scope, layers, given, shm, timeout)
-
-    def _get_pages(self, keys, geometry, scope, layers, dest_for, shm, timeout):
-        """One GetPages into ``dest_for``'s buffer; a shm session the daemon no longer knows is reopened, and the
-        call sent again, once, within its deadline."""
-        use_shm = self.shm if shm is None else shm
-        if use_shm and not self.shm:
-            raise ValueError("no shared-memory session is open")
-        namespace, model_fingerprint, layer_start, layer_end = scope
-        req = pb.GetPagesRequest(
-            namespace=namespace,
-            model_fingerprint=model_fingerprint,
-            geometry=geometry_to_pb(geometry),
-            keys=keys,
-            layer_start=layer_start,
-            layer_end=layer_end,
-        )
-        deadline = time.monotonic() + (self.deadline_s if timeout is None else timeout)
-        for last_try in (False, True):
-            session = self.session if use_shm else None
-            req.shm_session = session.session_id if session is not None else 0
-            responses = stream(self.stub.GetPages, req, **self._kw(max(deadline - time.monotonic(), 0.001)))
-            try:
-                return page_wire.collect_pages(responses, geometry, layers, dest_for, session)
-            except KVStoreRpcError as exc:
-                if last_try or session is None or not names_stale_session(exc.code.name, exc.message):
-                    raise
-                self._reopen_session(session, deadline)
-
     # ------------------------------------------------------------ admin
     def inspect(self, prefix_id: str, *, timeout=None) -> dict:
         return json.loads(call(self.admin.Inspect, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)).json)
@@ -523,15 +404,3 @@ def _put_stream(header: pb.PutHeader, kv: np.ndarray, geo: StoreGeometry, first_
             for off in range(0, len(ext), FRAME_BYTES):
                 frame = pb.ExtentFrame(group=g, chunk=j, offset=off, data=bytes(ext[off : off + FRAME_BYTES]))
                 yield pb.PutPrefixRequest(extent=frame)
-
-
-def _with_put_retries(attempt):
-    """``attempt()`` up to ``PUT_ATTEMPTS`` times: a put stream that fails retryably is sent again whole,
-    after a fresh look at what is stored (the lookup or existence check is part of the attempt)."""
-    for n in range(1, PUT_ATTEMPTS + 1):
-        try:
-            return attempt()
-        except KVStoreRpcError as exc:
-            if not retryable(exc) or n == PUT_ATTEMPTS:
-                raise
-        time.sleep(backoff(n))

@@ -54,26 +54,64 @@ def _status(quarantined: str | None) -> str:
 
 
 # ------------------------------------------------------------ commands
+def page_objects(entries: list[dict]) -> list[dict]:
+    """Prefixes as they are, and the page batches of one namespace and model as ONE object: each PutPages
+    stores its new pages as a batch of its own, but what an engine stored is the pages of its model."""
+    out, pages = [], {}
+    for p in sorted(entries, key=lambda p: p["created"]):
+        if (p.get("kind") or "prefix") != "pages":
+            out.append(p)
+            continue
+        key = (p["namespace"], p["model_fingerprint"])
+        obj = pages.get(key)
+        if obj is None:
+            obj = pages[key] = {
+                "kind": "pages",
+                "namespace": p["namespace"],
+                "model_fingerprint": p["model_fingerprint"],
+                "num_pages": 0,
+                "num_tokens": 0,
+                "num_segments": 0,
+                "num_batches": 0,
+                "quarantined_batches": 0,
+                "created": p["created"],
+                "updated": p["created"],
+                "batches": [],
+            }
+            out.append(obj)
+        obj["num_pages"] += p["num_chunks"]
+        obj["num_tokens"] += p["num_tokens"]
+        obj["num_segments"] += p["num_segments"]
+        obj["num_batches"] += 1
+        obj["quarantined_batches"] += bool(p["quarantined"])
+        obj["updated"] = max(obj["updated"], p["created"])
+        obj["batches"].append(p["prefix_id"])
+    return out
+
+
 def cmd_ls(admin, args) -> tuple[object, str, int]:
-    items = sorted(admin.list_prefixes(), key=lambda p: p["created"])
-    rows = [
-        [
-            p["prefix_id"][:SHORT_ID_CHARS],
-            p.get("kind") or "prefix",
-            p["num_tokens"],
-            p["num_chunks"],
-            p["num_segments"],
-            p["namespace"] or "-",
-            p["model_fingerprint"] or "-",
-            _when(p["created"]),
-            _status(p["quarantined"]),
-        ]
-        for p in items
-    ]
-    # KIND "pages": a PutPages batch, its TOKENS pages x chunk tokens
+    entries = sorted(admin.list_prefixes(), key=lambda p: p["created"])
+    items = entries if getattr(args, "batches", False) else page_objects(entries)
+    rows = []
+    for p in items:
+        if "batches" in p:  # the pages of one namespace and model
+            n, bad = p["num_batches"], p["quarantined_batches"]
+            ident = f"({n} batch{'es' if n != 1 else ''})"
+            rows.append([ident, "pages", p["num_tokens"], p["num_pages"], p["num_segments"]])
+            status = "ok" if not bad else f"QUARANTINED: {bad} of {n} batches"
+            when = p["updated"]
+        else:
+            rows.append([p["prefix_id"][:SHORT_ID_CHARS], p.get("kind") or "prefix", p["num_tokens"], p["num_chunks"], p["num_segments"]])
+            status, when = _status(p["quarantined"]), p["created"]
+        rows[-1] += [p["namespace"] or "-", p["model_fingerprint"] or "-", _when(when), status]
+    # KIND "pages": every PutPages batch of one namespace and model in one row (ls --batches: each), CHUNKS its pages
     headers = ["PREFIX", "KIND", "TOKENS", "CHUNKS", "SEGMENTS", "NAMESPACE", "MODEL", "CREATED", "STATUS"]
-    text = format_table(headers, rows, right={2, 3, 4}) + f"\n{len(items)} prefixes"
-    return items, text, 0
+    num_prefixes = sum(1 for p in entries if (p.get("kind") or "prefix") != "pages")
+    tail = f"{num_prefixes} prefixes"
+    if len(entries) > num_prefixes:
+        objects = len({(p["namespace"], p["model_fingerprint"]) for p in entries if p.get("kind") == "pages"})
+        tail += f", pages of {objects} model{'s' if objects != 1 else ''} in {len(entries) - num_prefixes} batches"
+    return items, format_table(headers, rows, right={2, 3, 4}) + "\n" + tail, 0
 
 
 def _kv_bytes(info: dict) -> str:
@@ -272,7 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--no-progress", dest="progress", action="store_false", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
     cli_flags.add_log_level(common, None, hidden=True)
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("ls", parents=[common], help="list stored prefixes")
+    sub.add_parser("ls", parents=[common], help="list stored prefixes, and stored pages by namespace and model").add_argument(
+        "--batches", action="store_true", help="list each PutPages batch on its own row"
+    )
     sub.add_parser("inspect", parents=[common], help="show one prefix and its segments").add_argument(
         "prefix", help="prefix id or a unique leading part of it (8+ hex digits)"
     )
