@@ -32,6 +32,8 @@ from ..store.pages import READ_BATCH_BYTES, PageLocation, not_stored
 from ..wire import geometry_from_pb, geometry_to_pb, groups_for_layers
 from .auth import namespaces_of
 
+DIRECT_HOLDERS = 2  # a shared-memory read of one group's pages from this many batches or fewer lands in leases directly
+
 
 @dataclass
 class BatchOut:
@@ -100,18 +102,16 @@ class PageBatches:
             hits = self.tiers.pin_resident([u[g] for u in units for g in self.groups]) if units else {}
             pins.extend(hits)
             datas = self._read_misses(locs, units, hits, out)  # (page in batch, group) -> bytes
+            if hits:
+                datas.update(self._residents(units, hits, out))
             for k in range(len(locs)):
                 for g in self.groups:
                     unit = units[k][g] if units else None
-                    if unit is None:
-                        continue
-                    if unit in hits:
-                        datas[(k, g)] = self._resident(hits[unit], out)
-                        out.hits += 1
-                    else:
+                    if unit is not None and unit not in hits:
                         out.misses += 1
                         if self.tiers.admit(unit, datas[(k, g)]) is not None:
                             pins.append(unit)  # admitted pinned: let go below
+            out.hits = len(hits)
             out.bytes_useful = sum(d.size for d in datas.values())
             self._messages(pages.start, len(locs), datas, out)
         except BaseException:
@@ -135,21 +135,36 @@ class PageBatches:
             out.leases.clear()
 
     def _read_misses(self, locs, units, hits, out: BatchOut) -> dict:
-        """The extents not resident, read from disk: (page in batch, group) -> bytes."""
+        """The extents not resident, read from disk: (page in batch, group) -> bytes.
+
+        On shared memory a group's extents go into leases: straight from the disk when they come from one or two
+        batches, else through host memory into one lease (a lease takes whole arena slots, so one per read of a
+        page or two would not fit the lease space)."""
         datas: dict = {}
-        alloc = self._lease_alloc(out) if self.session else None
         missing = {g: [k for k in range(len(locs)) if units is None or units[k][g] not in hits] for g in self.groups}
         if not self.session and all(len(ks) == len(locs) for ks in missing.values()):  # nothing resident: one read
             reads = [(list(range(len(locs))), self.groups)]
         else:  # a lease holds one group's extents, so the client can give it back with that group's message
             reads = [(ks, [g]) for g, ks in missing.items() if ks]
         for ks, groups in reads:
-            res = self.pages.read([locs[k] for k in ks], groups, alloc=alloc)
+            sub = [locs[k] for k in ks]
+            direct = self.session and len({loc.view.prefix_id for loc in sub}) <= DIRECT_HOLDERS
+            res = self.pages.read(sub, groups, alloc=self._lease_alloc(out) if direct else None)
+            out.bytes_disk += res.bytes_read
+            out.num_reads += res.num_reads
+            if self.session and not direct:
+                (g,) = groups
+                extents = [res.extent_bytes(g, n) for n in range(len(ks))]
+                buf = np.frombuffer(self._lease_alloc(out)(sum(e.size for e in extents)), np.uint8)
+                at = 0
+                for k, e in zip(ks, extents):
+                    datas[(k, g)] = buf[at : at + e.size]
+                    datas[(k, g)][:] = e
+                    at += e.size
+                continue
             for g in groups:
                 for n, k in enumerate(ks):
                     datas[(k, g)] = res.extent_bytes(g, n)
-            out.bytes_disk += res.bytes_read
-            out.num_reads += res.num_reads
         return datas
 
     def _lease_alloc(self, out: BatchOut):
@@ -163,17 +178,30 @@ class PageBatches:
 
         return alloc
 
-    def _resident(self, res, out: BatchOut) -> np.ndarray:
-        """A hit's bytes: the CPU tier's in place (frames copy them), else a copy in a lease or host memory."""
-        out.bytes_tier[res.tier] += res.length
-        if res.tier == "cpu" and not self.session:
-            return self.tiers.cpu_view(res)
-        dst = np.frombuffer(self._lease_alloc(out)(res.length), np.uint8) if self.session else np.empty(res.length, np.uint8)
-        if res.tier == "cpu":
-            dst[:] = self.tiers.cpu_view(res)
-        else:
-            self.tiers.read_gpu(res, dst)
-        return dst
+    def _residents(self, units, hits: dict, out: BatchOut) -> dict:
+        """The hits' bytes, (page in batch, group) -> bytes: the CPU tier's in place on the bytes path (frames
+        copy them), else copied into one lease per group (shared memory) or host memory (a GPU hit)."""
+        datas = {}
+        for g in self.groups:
+            found = [(k, hits[u[g]]) for k, u in enumerate(units) if u[g] in hits]
+            if not found:
+                continue
+            if self.session:
+                buf = np.frombuffer(self._lease_alloc(out)(sum(res.length for _, res in found)), np.uint8)
+            at = 0
+            for k, res in found:
+                out.bytes_tier[res.tier] += res.length
+                if res.tier == "cpu" and not self.session:
+                    datas[(k, g)] = self.tiers.cpu_view(res)
+                    continue
+                dst = buf[at : at + res.length] if self.session else np.empty(res.length, np.uint8)
+                at += res.length
+                if res.tier == "cpu":
+                    dst[:] = self.tiers.cpu_view(res)
+                else:
+                    self.tiers.read_gpu(res, dst)
+                datas[(k, g)] = dst
+        return datas
 
     def _messages(self, first_page: int, num_pages: int, datas: dict, out: BatchOut) -> None:
         if self.session:

@@ -192,3 +192,31 @@ def _leased_settle(client, timeout_s: float = 10.0) -> int:
     while (leased := client.stats().shm_leased_bytes) and time.monotonic() < deadline:
         time.sleep(0.02)
     return leased
+
+
+def test_many_small_pages_read_again_from_the_tier_over_shared_memory(daemon):
+    """128-byte extents: hits of a group share one lease (a lease per extent would take a 64 KiB slot each)."""
+    pages, keys = make_pages(GEO, 600, 10), page_keys(600, 10)
+    with KVStoreClient(daemon.target, shm=True) as client:
+        client.put_pages(keys, pages, GEO)
+        np.testing.assert_array_equal(client.get_pages(keys, GEO), pages)
+        before = client.stats()
+        t0 = time.monotonic()
+        np.testing.assert_array_equal(client.get_pages(keys, GEO, timeout=20), pages)
+        assert time.monotonic() - t0 < 10
+        after = client.stats()
+        assert after.tier_hit_units - before.tier_hit_units == 600 * GEO.num_groups
+        assert _leased_settle(client) == 0
+
+
+def test_pages_of_many_small_batches_read_cold_over_shared_memory(daemon):
+    """300 batches of two pages, read at once from disk: one lease per group, not one per batch and group."""
+    pages, keys = make_pages(GEO, 600, 11), page_keys(600, 11)
+    with KVStoreClient(daemon.target, shm=True, put_coalesce=False) as client:
+        for i in range(0, 600, 2):
+            client.put_pages(keys[i : i + 2], pages[i : i + 2], GEO, namespace="cold")
+        assert len(client.list_prefixes("cold")) == 300
+        before = client.stats()
+        np.testing.assert_array_equal(client.get_pages(keys, GEO, namespace="cold", timeout=20), pages)
+        assert client.stats().tier_miss_units - before.tier_miss_units == 600 * GEO.num_groups
+        assert _leased_settle(client) == 0
