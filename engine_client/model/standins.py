@@ -115,3 +115,23 @@ def _check(prof: StandinLayers, fingerprint, num_layers) -> None:
         )
     if num_layers is not None and depth != num_layers:
         raise ProfileError(f"stand-in layers file has gains for {depth} layers, the model {num_layers}")
+
+
+PACKAGED = Path(__file__).with_name("calibrations")  # calibrations shipped with the package, ``<model>-<dtype>.standin_layers.json``
+
+
+def packaged_standins(model) -> StandinLayers | None:
+    """The stand-in layers shipped for ``model`` (a ``Decoder``, matched by fingerprint), or None.
+
+    A model whose calibration ships with the package (SmolLM2-135M in float32,
+    ``calibrate-standins`` on NIAH at 2048 tokens) gets the accurate default
+    with nothing to run first.
+    """
+    for path in sorted(PACKAGED.glob("*.standin_layers.json")):
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if raw.get("model_fingerprint") == model.fingerprint:
+            return StandinLayers.load(path, model=model)
+    return None

@@ -329,15 +329,19 @@ def streaming_heads(pm: PretrainedModel):
 
 
 def standin_layers(decoder, checkpoint_dir, path=None):
-    """The stand-in layers (``model.standins``) of ``path``, by default the file next to the model's checkpoint.
+    """The stand-in layers (``model.standins``) of ``path``, by default the file next to the model's checkpoint,
+    else the calibration shipped with the package for this model (``standins.packaged_standins``).
 
     Raises ``ProfileError`` naming the command that makes them when there are none.
     """
-    from .standins import PROFILE_FILE, ProfileError, StandinLayers
+    from .standins import PROFILE_FILE, ProfileError, StandinLayers, packaged_standins
 
     if path is None:
         path = Path(checkpoint_dir) / PROFILE_FILE
         if not path.is_file():
+            shipped = packaged_standins(decoder)
+            if shipped is not None:
+                return shipped
             name = next((n for n in MODELS if Path(checkpoint_dir).name.startswith(f"{n}-")), "NAME")
             raise ProfileError(f"no stand-in layers for this model ({path}); run: python -m tools.models calibrate-standins {name}")
     return StandinLayers.load(path, model=decoder)

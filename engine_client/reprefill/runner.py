@@ -24,6 +24,7 @@ from kvstore.wire import InvalidArgument
 
 from ..client import KVStoreClient, as_numpy_kv
 from ..model.decoder import Decoder
+from ..model.standins import packaged_standins
 from ..prefill import chunked_prefill
 from ..selection import Budget, PeriodPlan, plan_periods
 from ..stream_tail import has_tail, left_out_heads, put_tail, tail_pairs
@@ -73,7 +74,7 @@ class ModelRunner:
         group_layers: int = 1,
         probe_bits: int = 4,
         streaming_heads=None,
-        standin_layers=None,
+        standin_layers="shipped",
         kv_quant: str = "",
         streaming_layout: bool = False,
         device=None,
@@ -85,7 +86,9 @@ class ModelRunner:
         ``kv_quant``: the prefixes it stores hold their KV quantized (``StoreGeometry.kv_quant``); every
         read dequantizes to the model's dtype.
         ``streaming_heads`` (``model.streaming.StreamingHeads``): what ``AttentionConfig.streaming`` uses.
-        ``standin_layers`` (``model.standins.StandinLayers``): the calibrated layers "auto" and "calibrated" read.
+        ``standin_layers`` (``model.standins.StandinLayers``): the calibrated layers "auto" and "calibrated" read;
+        by default ("shipped") the calibration the package ships for this model (matched by fingerprint), if any;
+        None: none.
         ``streaming_layout``: the prefixes it stores keep only the sink and recent rows of the streaming
         heads (LServe's second layout, ``stream_tail``); they serve streaming requests only.
         ``device``: where the runner computes and keeps its state; the model's (its weights') by default,
@@ -94,7 +97,8 @@ class ModelRunner:
         self.model = model
         self.device = resolve_device(model.device, device)
         self.streaming_heads = streaming_heads
-        self.standin_profile = standin_layers
+        # the calibrated layers "auto" and "calibrated" read: by default those shipped for this model, if any
+        self.standin_profile = packaged_standins(model) if standin_layers == "shipped" else standin_layers
         self.client = client
         self.namespace = namespace
         if streaming_layout and streaming_heads is None:

@@ -105,3 +105,22 @@ def test_calibrate_standins_refuses_bad_flags_in_one_line(flags, message):
         [sys.executable, "-m", "tools.models", "calibrate-standins", "smollm2-135m", *flags], capture_output=True, text=True
     )
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_calibration_shipped_for_smollm2_is_found_without_a_file_next_to_the_checkpoint(tmp_path):
+    """A fresh machine has no calibration next to the model: the default system still gets its stand-ins."""
+    import torch
+
+    from engine_client.model.standins import packaged_standins
+    from engine_client.reprefill import ModelRunner
+
+    pm = zoo.load("smollm2-135m", dtype=torch.float32)
+    shipped = packaged_standins(pm.decoder)
+    assert shipped is not None and shipped.layers == (19,) and shipped.calibration["task"] == "niah"
+    assert zoo.standin_layers(pm.decoder, tmp_path / "smollm2-135m-float32-elsewhere") == shipped
+    assert ModelRunner(pm.decoder, client=None).standin_profile == shipped
+    # another dtype is another model (another fingerprint): nothing shipped, and the command is named
+    bf16 = zoo.load("smollm2-135m", dtype=torch.bfloat16)
+    assert packaged_standins(bf16.decoder) is None
+    with pytest.raises(ProfileError, match="calibrate-standins smollm2-135m"):
+        zoo.standin_layers(bf16.decoder, tmp_path / "smollm2-135m-bfloat16-elsewhere")
