@@ -208,3 +208,13 @@ def test_a_named_profile_has_no_choice_row_and_says_why(replays):
     report = replays[0]
     assert "recompute" in report["systems"] and not any(k.startswith("choice@") for k in report["systems"])
     assert "no disk rate" in report["choice_note"] and "kvstore-bench calibrate" in report["choice_note"]
+
+
+def test_the_storage_paths_fixed_cost_is_its_own_column(replays):
+    """fetch + other: what a request spends outside disk waits, selection and compute; zero for modelled recompute."""
+    for key, row in replays[0]["systems"].items():
+        assert row["storage_fixed_mean_s"] == pytest.approx(row["fetch_mean_s"] + row["other_mean_s"])
+        if key == "recompute":
+            assert row["storage_fixed_mean_s"] == 0
+        else:
+            assert row["storage_fixed_mean_s"] > 0  # a replayed request always pays its round trips
