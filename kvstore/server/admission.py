@@ -51,10 +51,12 @@ class Admissions:
         self._lock = threading.Lock()
         self._grants: dict[int, list[Grant]] = {}  # period -> its grants
         self._ended = False
+        self._loop: asyncio.AbstractEventLoop | None = None  # the call's loop: grants' futures and tasks live there
 
     def grant(self, period: int) -> Grant:
         """A new grant for ``period``: add reads' space with ``need``, then ``open``."""
-        g = Grant(period, asyncio.get_running_loop().create_future())
+        self._loop = asyncio.get_running_loop()
+        g = Grant(period, self._loop.create_future())
         with self._lock:
             self._grants.setdefault(period, []).append(g)
         return g
@@ -94,7 +96,13 @@ class Admissions:
         return self.arena.carve(res, nbytes) if res is not None else None
 
     def close(self, first: int, last: int) -> None:
-        """No more reads carve from periods ``first..last``: their unused space goes back."""
+        """No more reads carve from periods ``first..last``: their unused space goes back.
+
+        Safe from any thread (a call's end may be seen off its loop): the futures are touched on the loop."""
+        if self._loop is not None and not _running_in(self._loop):
+            if not self._loop.is_closed():
+                self._loop.call_soon_threadsafe(self.close, first, last)
+            return
         with self._lock:
             grants = [g for p in [p for p in self._grants if first <= p <= last] for g in self._grants.pop(p)]
             for g in grants:
@@ -116,3 +124,10 @@ class Admissions:
             periods = list(self._grants)
         if periods:
             self.close(min(periods), max(periods))
+
+
+def _running_in(loop: asyncio.AbstractEventLoop) -> bool:
+    try:
+        return asyncio.get_running_loop() is loop
+    except RuntimeError:  # no loop runs in this thread
+        return False

@@ -194,3 +194,38 @@ def test_every_request_that_fits_is_served_in_arrival_order(sizes, seed):
     assert served == list(range(len(sizes)))  # they arrive in index order, and are granted in it
     assert arena.leased_bytes == 0 and arena.num_waiting == 0
     arena.close()
+
+
+def test_admissions_closed_from_another_thread_give_everything_back_on_their_loop():
+    """A call's end may be seen off its event loop: closing from there must not touch the loop's futures directly."""
+    import threading
+
+    from kvstore.geometry import ModelSpec, StoreGeometry
+    from kvstore.server.admission import Admissions
+
+    arena = make(8)
+    geo = StoreGeometry(ModelSpec(1, 1, 1024, "float32"), chunk_tokens=1, group_layers=1)  # 8 KiB extents: 2 slots
+
+    async def go():
+        adm = Admissions(arena, 1, geo)
+        held = adm.grant(0)
+        adm.need(held, 0, 4)  # all 8 slots
+        adm.open(held, 5)
+        await held.ready
+        waiting = adm.grant(1)
+        adm.need(waiting, 0, 1)
+        adm.open(waiting, 5)  # queued behind nothing, but no room
+        await asyncio.sleep(0.01)
+        assert arena.num_waiting == 1
+        t = threading.Thread(target=adm.close_all)
+        t.start()
+        t.join()
+        for _ in range(50):
+            await asyncio.sleep(0.01)
+            if arena.leased_bytes == 0 and arena.num_waiting == 0:
+                break
+        assert waiting.ready.cancelled()
+
+    run(go())
+    assert arena.leased_bytes == 0 and arena.num_waiting == 0
+    arena.close()
