@@ -21,7 +21,9 @@ pytest.importorskip("accelerate", reason="transformers loads GGUF files only wit
 
 from pretrained import needs_gemma3, real_text  # noqa: E402
 
-pytestmark = needs_gemma3
+# the real 270M model: its export (~40 s on a fresh machine) and the transformers reference (~70 s) cost more
+# than the default suite can give; the tiny random Gemma 3 in tests/unit/test_gemma3.py runs by default
+pytestmark = [needs_gemma3, pytest.mark.slow]
 NAME = "gemma3-270m"
 LONG_TOKENS = 700  # past the sliding window (512)
 NEW_TOKENS = 16

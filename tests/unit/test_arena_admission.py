@@ -167,7 +167,7 @@ def test_a_grant_from_another_thread_reaches_the_waiting_loop():
     arena.close()
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(st.lists(st.integers(1, 8), min_size=1, max_size=24), st.integers(0, 2**31))
 def test_every_request_that_fits_is_served_in_arrival_order(sizes, seed):
     """Many concurrent readers, each holding its whole reservation for a moment: all served, FIFO, nothing leaked."""
