@@ -28,18 +28,9 @@ import numpy as np
 from kvstore.geometry import ModelSpec, StoreGeometry
 
 from .io_jobs import BenchError
+from .replay_cli import streams_arg
 
 GEOMETRY = StoreGeometry(ModelSpec(24, 2, 64, "bfloat16"), chunk_tokens=16, group_layers=8)
-
-
-def _levels(text: str) -> list[int]:
-    try:
-        levels = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}") from None
-    if not levels or levels[0] < 1 or levels[-1] > 64:
-        raise argparse.ArgumentTypeError(f"each level must be in [1, 64], got {text!r}")
-    return levels
 
 
 def _loads(text: str) -> list[float]:
@@ -71,7 +62,7 @@ def add_contention_parser(sub) -> None:
     from .plots import add_plot_flag
 
     p = sub.add_parser("contention", help="concurrent readers on the shared-memory arena: requests/s, p50/p99, failures")
-    p.add_argument("--streams", type=_levels, default=[1, 2, 4, 8, 16], help="comma-separated numbers of concurrent clients")
+    p.add_argument("--streams", type=streams_arg, default=[1, 2, 4, 8, 16], help="comma-separated numbers of concurrent clients")
     p.add_argument("--loads", type=_loads, default=[1.0, 0.05], help="comma-separated fractions of the chunks each request reads")
     p.add_argument("--requests", type=_positive(int), default=8, help="requests per client per level")
     p.add_argument("--call", choices=("read", "prefetch"), default="read", help="ReadChunks, or a Prefetch stream over every period")

@@ -42,7 +42,7 @@ def add_replay_parser(sub) -> None:
     p.add_argument("--io-queue-depth", dest="iodepth", type=int, default=16)
     p.add_argument(
         "--concurrency",
-        type=_streams_arg,
+        type=streams_arg,
         default=[1],
         help="comma-separated numbers of clients replaying the timed requests at once on each system's daemon (e.g. 1,2,4,8)",
     )
@@ -53,7 +53,8 @@ def add_replay_parser(sub) -> None:
     p.set_defaults(run=command_replay)
 
 
-def _streams_arg(text: str) -> list[int]:
+def streams_arg(text: str) -> list[int]:
+    """Comma-separated numbers of concurrent clients, each in [1, 64] (``--concurrency``, ``contention --streams``)."""
     try:
         levels = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
