@@ -19,6 +19,7 @@ the generation).  This is the one module of the product that imports ``transform
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -166,25 +167,39 @@ class KVStorePrefixCache:
         )
 
     # ------------------------------------------------------------ inputs
-    def token_ids(self, input_ids) -> torch.Tensor:
-        """One prompt as a 1-D int64 CPU tensor: text (with a tokenizer), ids, ``[tokens]`` or ``[1, tokens]``."""
+    def token_ids(self, input_ids, field_name: str = "input_ids") -> torch.Tensor:
+        """One prompt as a 1-D int64 CPU tensor: text (with a tokenizer), ids, ``[tokens]`` or ``[1, tokens]``, or a
+        tokenizer's output (its ``input_ids``, unpadded);
+        ``InvalidArgument`` naming ``field_name`` for anything else."""
         if isinstance(input_ids, str):
             if self.tokenizer is None:
-                raise InvalidArgument("input_ids", "is text and the cache has no tokenizer (KVStorePrefixCache(..., tokenizer))")
+                raise InvalidArgument(field_name, "is text and the cache has no tokenizer (KVStorePrefixCache(..., tokenizer))")
             input_ids = self.tokenizer.encode(input_ids)
-        ids = torch.as_tensor(input_ids).detach().cpu()
+        if isinstance(input_ids, Mapping):  # a tokenizer's output (BatchEncoding)
+            mask = input_ids.get("attention_mask")
+            if mask is not None and not bool(torch.as_tensor(mask).all()):
+                raise InvalidArgument(field_name, "has padding (zeros in its attention_mask): one unpadded prompt at a time")
+            if "input_ids" not in input_ids:
+                raise InvalidArgument(field_name, f"is a mapping without input_ids (keys {sorted(input_ids)})")
+            input_ids = input_ids["input_ids"]
+        try:
+            ids = torch.as_tensor(input_ids).detach().cpu()
+        except (TypeError, ValueError, RuntimeError):
+            raise InvalidArgument(
+                field_name, f"must be token ids (a list, a tensor, a tokenizer's output), got {type(input_ids).__name__}"
+            ) from None
         if ids.ndim == 2 and ids.shape[0] == 1:
             ids = ids[0]
         if ids.ndim != 1:
-            raise InvalidArgument("input_ids", f"must be one prompt, [tokens] or [1, tokens], got shape {list(ids.shape)}")
+            raise InvalidArgument(field_name, f"must be one prompt, [tokens] or [1, tokens], got shape {list(ids.shape)}")
         if ids.numel() == 0:
-            raise InvalidArgument("input_ids", "must not be empty")
+            raise InvalidArgument(field_name, "must not be empty")
         if ids.dtype.is_floating_point or ids.dtype == torch.bool or ids.is_complex():
-            raise InvalidArgument("input_ids", f"must be integer token ids, got {ids.dtype}")
+            raise InvalidArgument(field_name, f"must be integer token ids, got {ids.dtype}")
         lo, hi = int(ids.min()), int(ids.max())
         if lo < 0 or hi >= self.config.vocab_size:
             bad = lo if lo < 0 else hi
-            raise InvalidArgument("input_ids", f"token id {bad} is outside the model's vocabulary [0, {self.config.vocab_size})")
+            raise InvalidArgument(field_name, f"token id {bad} is outside the model's vocabulary [0, {self.config.vocab_size})")
         return ids.long()
 
 

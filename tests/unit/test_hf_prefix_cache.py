@@ -122,6 +122,8 @@ def test_prompts_are_one_sequence_of_the_models_token_ids():
     assert cache.token_ids([3, 4, 5]).tolist() == [3, 4, 5]
     assert cache.token_ids(torch.tensor([[3, 4]])).tolist() == [3, 4]
     assert cache.token_ids("t7 t8").tolist() == [7, 8]
+    assert cache.token_ids(cache.tokenizer("t7 t9")).tolist() == [7, 9]  # a tokenizer's output (BatchEncoding)
+    assert cache.token_ids(cache.tokenizer("t7 t9", return_tensors="pt")).tolist() == [7, 9]
     for bad, words in (
         ([], ["input_ids:", "empty"]),
         (torch.zeros(1, 0, dtype=torch.long), ["input_ids:", "empty"]),
@@ -129,6 +131,9 @@ def test_prompts_are_one_sequence_of_the_models_token_ids():
         ([1.5, 2.0], ["input_ids:", "float"]),
         ([3, 64], ["input_ids:", "64", "[0, 64)"]),
         ([-1, 3], ["input_ids:", "-1"]),
+        ({"input_ids": [[3, 4]], "attention_mask": [[0, 1]]}, ["input_ids:", "padding"]),
+        ({"ids": [3, 4]}, ["input_ids:", "without input_ids"]),
+        (object(), ["input_ids:", "token ids", "object"]),
     ):
         with pytest.raises(InvalidArgument) as e:
             cache.token_ids(bad)
@@ -158,3 +163,46 @@ def test_cache_kv_takes_the_prompts_rows_of_a_layered_cache():
     with pytest.raises(InvalidArgument) as e:
         cache_kv(object(), 3, config, torch.float32)
     one_line(e, "past_key_values:", "no layers")
+
+
+# ------------------------------------------------------------------ the sparse path's own pieces
+
+
+def test_the_sparse_paths_queries_are_the_attentions():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    from engine_client.integrations.transformers_sparse import rotated_queries
+
+    model = toy_llama()
+    attn = model.model.layers[1].self_attn
+    hidden = torch.randn(1, 5, 16)
+    positions = torch.arange(40, 45)[None]  # after a prefix: not the rows' own count
+    cos, sin = model.model.rotary_emb(hidden, positions)
+    with torch.no_grad():
+        q = attn.q_proj(hidden).view(1, 5, 2, 8).transpose(1, 2)
+        want, _ = apply_rotary_pos_emb(q, q, cos, sin)
+        got = rotated_queries(attn, hidden, (cos, sin))
+    assert got.shape == (2, 5, 8) and torch.equal(got, want[0])
+
+
+def test_the_suffix_sees_every_loaded_row_and_itself_causally():
+    from engine_client.integrations.transformers_sparse import suffix_mask
+
+    mask = suffix_mask(2, 3, torch.float32, "cpu")  # [1, 1, s, rows + s]
+    visible = (mask[0, 0] == 0).tolist()
+    assert visible == [[True, True, True, False, False], [True, True, True, True, False], [True, True, True, True, True]]
+    assert mask.min() == torch.finfo(torch.float32).min
+
+
+def test_the_sparse_path_names_what_it_does_not_run():
+    from engine_client.integrations.transformers_sparse import SparseReprefill, unsupported
+    from engine_client.reprefill import ReprefillConfig
+
+    assert unsupported(ReprefillConfig()) is None
+    for field, value in (("per_head", True), ("streaming", True), ("prefill_alpha", 0.9), ("reselect_every", 4)):
+        assert unsupported(ReprefillConfig().replace(**{field: value}))[0] == field
+    model = toy_llama()
+    model.config._attn_implementation = "flex_attention"
+    with pytest.raises(InvalidArgument) as e:
+        SparseReprefill(KVStorePrefixCache(NoClient(), model))
+    one_line(e, "model:", "flex_attention", "sdpa")
