@@ -142,6 +142,9 @@ class KVStorePrefixCache:
         for name in _OWN_KWARGS:
             if name in generate_kwargs:
                 raise InvalidArgument(name, "is set by the prefix cache (one unpadded prompt, its stored prefix in the cache)")
+        for name in ("num_beams", "num_return_sequences"):
+            if generate_kwargs.get(name, 1) != 1:
+                raise InvalidArgument(name, "must be 1: the cache holds one sequence's rows (transformers does not expand a given cache)")
         generate_kwargs.setdefault("do_sample", False)
         load = self.prepare(input_ids)
         ids = load.input_ids
@@ -154,6 +157,8 @@ class KVStorePrefixCache:
                 max_new_tokens=max_new_tokens,
                 **generate_kwargs,
             )
+        if not isinstance(sequences, torch.Tensor):  # return_dict_in_generate=True
+            sequences = sequences.sequences
         stored = None if load.fully_stored else self.store(ids[0], load.past_key_values)
         new = sequences[0, ids.shape[1] :].tolist()
         return CachedGeneration(

@@ -199,3 +199,5 @@ def test_qwen2_generation_is_token_identical_and_shares_the_runners_entries(daem
         for prompt in prompts:  # every prompt the cache stored is the runner's full hit
             h = runner.store_prefix(prompt)
             assert h.cache_hit and h.prefix_id == cache.lookup(prompt).prefix_id
+        out = cache.generate(prompts[1], max_new_tokens=NEW_TOKENS, return_dict_in_generate=True, output_scores=True)
+        assert out.new_tokens == reference(model, prompts[1]) and out.computed_tokens == 1

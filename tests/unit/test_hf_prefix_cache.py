@@ -144,6 +144,9 @@ def test_prompts_are_one_sequence_of_the_models_token_ids():
     with pytest.raises(InvalidArgument) as e:
         cache.generate([1, 2], max_new_tokens=2, past_key_values=None)
     one_line(e, "past_key_values:", "set by the prefix cache")
+    with pytest.raises(InvalidArgument) as e:
+        cache.generate([1, 2], max_new_tokens=2, num_beams=3)
+    one_line(e, "num_beams:", "must be 1")
 
 
 def test_cache_kv_takes_the_prompts_rows_of_a_layered_cache():
