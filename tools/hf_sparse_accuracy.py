@@ -72,7 +72,8 @@ def run(args, client, models=None) -> dict:
     cache = KVStorePrefixCache(client, hf, tok)
     runner = ModelRunner(pm.decoder, client)
     sparse = SparseReprefill(cache, standin_layers=runner.standin_profile)
-    report = {"system": args.system, "tokens": args.tokens, "budgets": args.budgets, "tasks": {}}
+    standins = list(getattr(runner.standin_profile, "layers", ()))  # what "auto" stand-ins read (ReprefillConfig())
+    report = {"system": args.system, "tokens": args.tokens, "budgets": args.budgets, "calibrated_standins": standins, "tasks": {}}
     for task in args.task:
         rows = []
         for ex in text.examples(task, pm.tokenizer, args.examples, args.tokens, start=args.start):
@@ -104,7 +105,11 @@ def run(args, client, models=None) -> dict:
 
 
 def summary(report: dict) -> str:
-    lines = [f"system {report['system']}, {report['tokens']} prefix tokens, float32, greedy {NEW_TOKENS} tokens"]
+    standins = report.get("calibrated_standins") or "none"
+    lines = [
+        f"system {report['system']} (calibrated stand-in layers: {standins}), {report['tokens']} prefix tokens, "
+        f"float32, greedy {NEW_TOKENS} tokens"
+    ]
     lines.append("task      path                    correct (Wilson 95%)        KV loaded  sets equal  tokens equal  max logit diff")
     for task, rows in report["tasks"].items():
         n = len(rows)

@@ -26,12 +26,14 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from kvstore.geometry import StoreGeometry
 from kvstore.wire import InvalidArgument, LookupResult, PutResult
 
 from ..client import KVStoreClient
 from ..tensors import to_torch
 from .hf_model import CHUNK_TOKENS, GROUP_LAYERS, PROBE_BITS, hf_fingerprint, hf_geometry, hf_model_config
 
+READ_BYTES = 32 << 20  # rows one ReadChunks of a long prefix carries (layer_batches)
 # generate() keywords the cache sets itself
 _OWN_KWARGS = ("past_key_values", "attention_mask", "use_cache")
 
@@ -125,10 +127,11 @@ class KVStorePrefixCache:
     def read_rows(self, prefix_id: str, num_tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """The first ``num_tokens`` rows of a stored prefix, per layer ``(keys, values)`` ``[1, kv_heads, num_tokens, head_dim]``."""
         chunks = np.arange(self.geometry.num_chunks(num_tokens))
-        with self.client.read_chunks(prefix_id, chunks) as read:
-            kv = to_torch(read.to_kv(), self.dtype)[:, :, :, :num_tokens]  # [layers, 2, kv_heads, tokens, head_dim] (a copy)
-        kv = kv.to(self.model.device)
-        return [(kv[layer, 0][None], kv[layer, 1][None]) for layer in range(kv.shape[0])]
+        rows = []
+        for start, end in layer_batches(self.geometry, num_tokens, 0, self.config.num_hidden_layers):
+            kv = read_kv(self.client, prefix_id, chunks, start, end, self.dtype)[:, :, :, :num_tokens].to(self.model.device)
+            rows += [(kv[i, 0][None], kv[i, 1][None]) for i in range(end - start)]
+        return rows
 
     def store(self, input_ids, past_key_values) -> PutResult:
         """Put the prompt's KV (the first rows of ``past_key_values``, which may hold generated tokens after them)."""
@@ -206,6 +209,25 @@ class KVStorePrefixCache:
             bad = lo if lo < 0 else hi
             raise InvalidArgument(field_name, f"token id {bad} is outside the model's vocabulary [0, {self.config.vocab_size})")
         return ids.long()
+
+
+def layer_batches(geometry: StoreGeometry, num_tokens: int, layer_start: int, layer_end: int, max_bytes: int = READ_BYTES):
+    """``[layer_start, layer_end)`` cut into ranges of whole stored groups of about ``max_bytes`` of ``num_tokens`` rows each
+    (one group at least): what one ``ReadChunks`` of a long prefix carries."""
+    per_group = geometry.group_layers * num_tokens * geometry.model.token_layer_bytes
+    step = geometry.group_layers * max(1, max_bytes // max(1, per_group))
+    first = layer_start - layer_start % geometry.group_layers
+    return [(max(a, layer_start), min(a + step, layer_end)) for a in range(first, layer_end, step)]
+
+
+def read_kv(client: KVStoreClient, prefix_id: str, chunks, layer_start: int, layer_end: int, dtype: torch.dtype) -> torch.Tensor:
+    """The rows of ``chunks`` for layers ``[layer_start, layer_end)``: ``[layers, 2, kv_heads, rows, head_dim]`` on the host.
+
+    Read with the bytes in the stream (``shm=False``): a whole prefix's rows are copied into the caller's
+    cache anyway, and a daemon's shared-memory lease space (a fraction of ``shm_arena_bytes``) may be
+    smaller than one long read."""
+    with client.read_chunks(prefix_id, np.asarray(chunks), layer_start=layer_start, layer_end=layer_end, shm=False) as read:
+        return to_torch(read.to_kv(), dtype)  # a copy
 
 
 def check_tokenizer(tokenizer, vocab_size: int, model) -> None:

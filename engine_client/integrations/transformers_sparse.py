@@ -45,8 +45,7 @@ from ..reprefill.select import PeriodSelection
 from ..reprefill.state import ResidentState
 from ..selection import Budget, plan_periods
 from ..standin import standin_kv
-from ..tensors import to_torch
-from .transformers_cache import KVStorePrefixCache
+from .transformers_cache import KVStorePrefixCache, layer_batches, read_kv
 
 ATTENTION_KERNELS = ("sdpa", "eager")  # transformers' attention implementations that take a 4D additive mask
 
@@ -59,7 +58,7 @@ class SparseGeneration:
     text: str | None  # decoded without special tokens, with the cache's tokenizer
     logits: torch.Tensor  # [vocab] float32: the first token's
     stop: str  # "eos" | "length"
-    reprefill: ReprefillResult  # the chunks each Period loaded (selected), tokens_loaded, kv_fraction, bytes, stand-in rows
+    reprefill: ReprefillResult  # the chunks each Period loaded (selected), tokens_loaded, kv_fraction, bytes_useful, stand-in rows
 
 
 def unsupported(cfg: ReprefillConfig) -> tuple[str, str] | None:
@@ -216,12 +215,13 @@ class SparseRequest:
     def read(self, chunks: torch.Tensor, l0: int, num_layers: int) -> torch.Tensor:
         """The chunks' rows of layers ``[l0, l0 + num_layers)``: ``[layers, 2, Hkv, rows, d]`` on the model's device."""
         t0 = time.perf_counter()
-        with self.owner.client.read_chunks(self.prefix_id, chunks.numpy(), layer_start=l0, layer_end=l0 + num_layers) as read:
-            rows = to_torch(read.to_kv(), self.owner.cache.dtype).to(self.owner.device)
-            self.out.bytes_read += read.bytes_read
-            self.out.bytes_useful += read.bytes_useful
-            self.out.num_reads += read.num_reads
-        tokens = rows.shape[3]
+        tokens = int(self.geometry.chunk_token_counts(self.n)[chunks.numpy()].sum())
+        parts = [
+            read_kv(self.owner.client, self.prefix_id, chunks, a, b, self.owner.cache.dtype)
+            for a, b in layer_batches(self.geometry, tokens, l0, l0 + num_layers)
+        ]
+        rows = torch.cat(parts).to(self.owner.device)
+        self.out.bytes_useful += rows.numel() * rows.element_size()
         self.out.tokens_loaded += tokens
         self.out.kv_fraction += tokens * num_layers / (self.n * self.num_layers)
         self.out.io_wait_s += time.perf_counter() - t0

@@ -21,7 +21,7 @@ from engine_client.client import KVStoreClient
 transformers = pytest.importorskip("transformers", reason="needs the test extra: pip install -e '.[test]' (transformers)")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate: pip install -e '.[test]'")
 
-from pretrained import installed  # noqa: E402
+from pretrained import installed, real_text  # noqa: E402
 
 from engine_client.integrations.transformers_cache import KVStorePrefixCache  # noqa: E402
 from engine_client.model import zoo  # noqa: E402
@@ -161,6 +161,20 @@ def test_smollm2_entries_are_the_runners_both_ways(daemon, smollm2):
         out = cache.generate(by_cache, max_new_tokens=NEW_TOKENS)
         again = runner.store_prefix(by_cache)
         assert again.cache_hit and again.prefix_id == out.prefix_id == out.stored.prefix_id and again.bytes_written == 0
+
+
+@needs_smollm2
+def test_smollm2_a_prefix_larger_than_the_arenas_lease_space_loads(daemon, smollm2):
+    """400 tokens of prose are 18 MiB of float32 KV (9 MiB in bfloat16), more than the test daemon's shared-memory
+    lease space (8 MiB of its 32 MiB arena): the rows come in reads of whole layers, with the bytes in the stream."""
+    model, tok, pm = smollm2
+    prose = pm.tokenizer.encode(real_text())[:400]
+    question = tok.encode(" In one word, this text is a")
+    with KVStoreClient(daemon.target) as client:
+        cache = KVStorePrefixCache(client, model, tok)
+        assert cache.generate(prose, max_new_tokens=1).stored.bytes_written > 8 << 20
+        out = cache.generate(prose + question, max_new_tokens=NEW_TOKENS)
+    assert (out.loaded_tokens, out.computed_tokens) == (400, len(question)) and out.new_tokens == reference(model, prose + question)
 
 
 # ------------------------------------------------------------------ a Qwen2-shaped checkpoint

@@ -209,3 +209,15 @@ def test_the_sparse_path_names_what_it_does_not_run():
     with pytest.raises(InvalidArgument) as e:
         SparseReprefill(KVStorePrefixCache(NoClient(), model))
     one_line(e, "model:", "flex_attention", "sdpa")
+
+
+def test_long_reads_are_cut_into_whole_groups_of_about_32_mib():
+    from engine_client.integrations.transformers_cache import layer_batches
+    from kvstore.geometry import ModelSpec, StoreGeometry
+
+    smol = ModelSpec(30, 3, 64, "float32")  # 3 MiB per layer of 2048 tokens
+    assert layer_batches(StoreGeometry(smol, group_layers=1), 2048, 0, 30) == [(0, 10), (10, 20), (20, 30)]
+    assert layer_batches(StoreGeometry(smol, group_layers=4), 2048, 0, 30) == [(0, 8), (8, 16), (16, 24), (24, 30)]
+    assert layer_batches(StoreGeometry(smol, group_layers=4), 1 << 20, 0, 30)[:2] == [(0, 4), (4, 8)]  # one group at least
+    assert layer_batches(StoreGeometry(smol, group_layers=1), 100, 8, 16) == [(8, 16)]  # a Period's layers
+    assert layer_batches(StoreGeometry(smol, group_layers=1), 2048, 0, 30, max_bytes=1) == [(i, i + 1) for i in range(30)]
