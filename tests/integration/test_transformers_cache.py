@@ -30,7 +30,7 @@ from engine_client.reprefill import ModelRunner  # noqa: E402
 NEW_TOKENS = 8
 CHUNK = 16
 SYSTEM = "You are a careful assistant who answers questions about the sea, ships and the weather in plain words."
-QUESTIONS = ["Describe the sea in two sentences.", "Why is the sea salty?", "What makes waves form on a lake?"]
+QUESTIONS = ["Describe the sea in two sentences.", "Why is the sea salty?"]
 MORE = " Think about it step by step, then answer."
 needs_smollm2 = pytest.mark.skipif(not installed("smollm2-135m"), reason=f"needs {zoo.MODELS['smollm2-135m'].install_command}")
 
