@@ -25,6 +25,7 @@ from contextlib import ExitStack
 
 import numpy as np
 
+from kvstore.cli_flags import fractions_arg
 from kvstore.geometry import ModelSpec, StoreGeometry
 
 from .io_jobs import BenchError
@@ -34,13 +35,11 @@ GEOMETRY = StoreGeometry(ModelSpec(24, 2, 64, "bfloat16"), chunk_tokens=16, grou
 
 
 def _loads(text: str) -> list[float]:
+    """``--loads``: the shared fractions parser, its refusal worded for this flag."""
     try:
-        loads = [float(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated fractions in (0, 1], got {text!r}") from None
-    if not loads or any(not 0 < f <= 1 for f in loads):
-        raise argparse.ArgumentTypeError(f"each load must be a fraction of the chunks in (0, 1], got {text!r}")
-    return loads
+        return fractions_arg(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"each load must be a fraction of the chunks in (0, 1], got {text!r}") from None
 
 
 def _positive(kind):
