@@ -6,7 +6,7 @@
 ``get_probe_keys``), scores (``report_attention``, ``get_scores``), pages
 (``pages_exist``, ``put_pages``, ``get_pages``, ``get_pages_into``) and
 admin (``inspect``, ``verify``, ``evict``, ``compact``), each a coroutine
-with the same arguments, the same answers (values of ``kvstore.wire``,
+with the same arguments, the same answers (values of ``kvstore.contract``,
 numpy arrays, the caller's buffer), the same errors (``KVStoreRpcError``),
 the same deadlines (``deadline_s``; a put's grows with its payload) and the
 same retries (``aio_rpc``: unary calls and streams until their first
@@ -39,8 +39,7 @@ import time
 import grpc
 import numpy as np
 
-from kvstore.geometry import StoreGeometry
-from kvstore.wire import (
+from kvstore.contract import (
     MAX_MESSAGE_BYTES,
     ChunkScores,
     CompactResult,
@@ -69,7 +68,8 @@ from kvstore.wire import (
     segment_report_from_pb,
     stats_from_pb,
 )
-from kvstore.wire.rpc import KVStoreAdminStub, KVStoreStub
+from kvstore.contract.geometry import StoreGeometry
+from kvstore.contract.rpc import KVStoreAdminStub, KVStoreStub
 
 from . import pages as page_wire
 from .aio_rpc import acall, acall_once, astream, with_put_retries

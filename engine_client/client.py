@@ -11,7 +11,7 @@ its payload, ``put_floor_bytes_s``); errors, retries and reconnecting are
 session the daemon no longer knows (it restarted) opens a new session and
 is sent again, once.
 
-Every call answers with a value of ``kvstore.wire`` (``LookupResult``,
+Every call answers with a value of ``kvstore.contract`` (``LookupResult``,
 ``PutResult``, ``PrefixDescription``, ``StoreStats``, ``ReadResult``,
 ``ConversationInfo`` (the conversation calls, ``conversations``), ...)
 or a numpy array, never a protobuf message; the messages themselves are
@@ -33,8 +33,7 @@ import time
 import grpc
 import numpy as np
 
-from kvstore.geometry import StoreGeometry
-from kvstore.wire import (
+from kvstore.contract import (
     MAX_MESSAGE_BYTES,
     ChunkScores,
     CompactResult,
@@ -59,7 +58,8 @@ from kvstore.wire import (
     segment_report_from_pb,
     stats_from_pb,
 )
-from kvstore.wire.rpc import KVStoreAdminStub, KVStoreStub
+from kvstore.contract.geometry import StoreGeometry
+from kvstore.contract.rpc import KVStoreAdminStub, KVStoreStub
 
 from .conversations import ConversationCalls
 from .data_channel import DataPool, read_groups_data
@@ -354,7 +354,7 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
         ``probe_bits`` 0: ``[kv_heads, tokens, head_dim]`` in the KV dtype
         (bfloat16 as raw uint16).  4 or 8: packed quantized rows
         ``[kv_heads, tokens, head_dim * bits // 8 + 4]`` uint8, codes then a
-        float32 scale (``kvstore.wire.probes``; ``QuantizedKeys.from_packed``).
+        float32 scale (``kvstore.contract.probes``; ``QuantizedKeys.from_packed``).
         """
         req = pb.GetProbeKeysRequest(prefix_id=prefix_id, group=group)
         return array_from_frames(stream(self.stub.GetProbeKeys, req, **self._kw(timeout)))

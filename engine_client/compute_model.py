@@ -40,7 +40,7 @@ import numbers
 from dataclasses import dataclass, fields
 
 from engine_client.model.config import ModelConfig
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 _EFFICIENCIES = ("matmul_efficiency", "mem_efficiency")
 _OPTIONAL = ("pageable_h2d_bytes_per_s", "disk_bytes_per_s", "period_overhead_s")

@@ -7,7 +7,7 @@ leading chunks are the previous turn's and are not sent again, then
 worker stored (any geometry, e.g. quantized or with merged layers) and how
 to restore it; ``delete_conversation`` drops the record and, if asked, the
 prefixes no other conversation names.  Every call answers with a value of
-``kvstore.wire`` (``ConversationInfo``, ``ConversationDeleted``); errors are
+``kvstore.contract`` (``ConversationInfo``, ``ConversationDeleted``); errors are
 ``KVStoreRpcError`` as for every call.
 """
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 
-from kvstore.wire import ConversationDeleted, ConversationInfo, conversation_deleted_from_pb, conversation_from_pb, pb
+from kvstore.contract import ConversationDeleted, ConversationInfo, conversation_deleted_from_pb, conversation_from_pb, pb
 
 from .rpc import call
 

@@ -16,8 +16,8 @@ import threading
 import grpc
 import numpy as np
 
-from kvstore.wire import read_from_header
-from kvstore.wire.data_frames import FRAME, FRAME_MAGIC, HELLO, HELLO_MAGIC, VERSION
+from kvstore.contract import read_from_header
+from kvstore.contract.data_frames import FRAME, FRAME_MAGIC, HELLO, HELLO_MAGIC, VERSION
 
 from .rpc import KVStoreRpcError
 

@@ -15,8 +15,8 @@ import time
 
 import numpy as np
 
-from kvstore.geometry import StoreGeometry
-from kvstore.wire import PagesPresent, PagesPutResult, geometry_to_pb, pages_present_from_pb, pages_put_from_pb, pb
+from kvstore.contract import PagesPresent, PagesPutResult, geometry_to_pb, pages_present_from_pb, pages_put_from_pb, pb
+from kvstore.contract.geometry import StoreGeometry
 
 from . import pages as page_wire
 from .put_batching import MergedPages, PutEntry, merge, split, timeout_of

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstore.geometry import StoreGeometry
-from kvstore.wire import InvalidArgument, groups_for_layers, pb
+from kvstore.contract import InvalidArgument, groups_for_layers, pb
+from kvstore.contract.geometry import StoreGeometry
 
 from .tensors import block_index, to_torch
 

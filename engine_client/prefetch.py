@@ -5,7 +5,7 @@
             stream.send(p, chunks)                # this period's selection
             for group, kv in stream.groups(p):    # as each SubPeriod arrives
                 ...                               # compute its layers
-    stream.stats                                  # the daemon's figures (kvstore.wire.PrefetchStats)
+    stream.stats                                  # the daemon's figures (kvstore.contract.PrefetchStats)
 
 Group KV arrays are copies (``[layers_in_group, 2, kv_heads, rows, d]``),
 so they stay valid after the stream ends; the stream's pins and buffers in
@@ -28,7 +28,7 @@ import time
 import grpc
 import numpy as np
 
-from kvstore.wire import PrefetchStats, geometry_from_pb, pb, prefetch_stats_from_pb
+from kvstore.contract import PrefetchStats, geometry_from_pb, pb, prefetch_stats_from_pb
 
 from .rpc import KVStoreRpcError
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import grpc
 import numpy as np
 
-from kvstore.wire import PagesPutResult
+from kvstore.contract import PagesPutResult
 
 from .rpc import KVStoreRpcError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from kvstore.wire import ReadResult, read_from_header
+from kvstore.contract import ReadResult, read_from_header
 
 from .rpc import KVStoreRpcError
 from .shm import ShmSession

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from .generation import LayerKV, attended_rows, grown_mask, hidden_count
 from .model.decoder import Decoder

@@ -11,8 +11,8 @@ loads it already tracks and forwards the request to ``result.node_id``
 
 from __future__ import annotations
 
-from kvstore.geometry import StoreGeometry
-from kvstore.wire.routing import RouteResult, route_from_pb, route_request
+from kvstore.contract.geometry import StoreGeometry
+from kvstore.contract.routing import RouteResult, route_from_pb, route_request
 
 from .rpc import call
 

@@ -1,6 +1,6 @@
 """The streaming heads' sink and recent rows of a stored prefix, kept as pages (LServe's second layout).
 
-A geometry with ``streaming_heads`` (``kvstore.geometry``) stores each
+A geometry with ``streaming_heads`` (``kvstore.contract.geometry``) stores each
 chunk's extents without those heads' rows: a streaming head reads only the
 first ``sink_tokens`` rows of a prefix and its last ``recent_tokens``.  Which
 rows are the last depends on where the prefix ends, and a chunk is shared by
@@ -38,8 +38,8 @@ import grpc
 import numpy as np
 import torch
 
-from kvstore.geometry import ModelSpec, StoreGeometry
-from kvstore.wire import NotFound
+from kvstore.contract import NotFound
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 from .rpc import KVStoreRpcError
 

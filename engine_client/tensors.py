@@ -2,7 +2,7 @@
 
 - ``as_numpy_kv`` / ``to_torch``: a KV array as numpy (bfloat16 as raw
   uint16) and back, with no copy on the host; a dtype is a torch dtype or
-  its name, everywhere (``kvstore.geometry.dtype_name``).
+  its name, everywhere (``kvstore.contract.geometry.dtype_name``).
 - ``block_index``: block ids (a list, range, numpy array or tensor) as the
   one type the paged-cache helpers index with, checked against the cache.
 - ``Destination``: a caller's buffer (numpy array, or torch tensor on the
@@ -16,7 +16,7 @@ import math
 
 import numpy as np
 
-from kvstore.geometry import dtype_name
+from kvstore.contract.geometry import dtype_name
 
 STAGING_BYTES = 32 << 20  # a CUDA destination is filled through a pinned host window of this size (at least one page)
 

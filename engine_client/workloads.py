@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 
 @dataclass(frozen=True)

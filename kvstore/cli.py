@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvstore.contract.errors import KVStoreError
+
 from . import cli_flags
 from .config import OneLineErrorParser
-from .errors import KVStoreError
 
 
 def _serve(args) -> int:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import string
 
-from .errors import FailedPrecondition, InvalidArgument, NotFound
+from kvstore.contract.errors import FailedPrecondition, InvalidArgument, NotFound
+
 from .hashing import MAX_NAMESPACE_BYTES, validate_label
 from .index import conversation_key
 from .records import PREFIX, PrefixView

@@ -22,7 +22,8 @@ import struct
 import time
 from dataclasses import asdict, dataclass
 
-from .errors import IndexDamaged, StoreLocked
+from kvstore.contract.errors import IndexDamaged, StoreLocked
+
 from .file_modes import FILE_MODE
 
 FORMAT_VERSION = 2

@@ -35,7 +35,8 @@ from typing import TypeVar
 
 import lmdb
 
-from .errors import IndexDamaged, InvalidArgument, StoreFull
+from kvstore.contract.errors import IndexDamaged, InvalidArgument, StoreFull
+
 from .file_modes import FILE_MODE, make_dirs
 from .identity import (
     FORMAT_VERSION,

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from .errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
+from kvstore.contract.results import ReadResult as ReadResult  # what ChunkStore.read returns, the client's read type too
+
 from .io import IOBackend, aligned_buffer
 from .io.inflight import InFlight
 from .io.plan import coalesce
 from .records import PrefixView, SegmentInfo
 from .segment_files import SegmentFiles
-from .wire.results import ReadResult as ReadResult  # what ChunkStore.read returns, the client's read type too
 
 
 @dataclass

@@ -23,11 +23,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
+from kvstore.contract.errors import IndexDamaged
+
 from . import index as ix
 from .conversation_files import DIRECTORY as CONVERSATIONS_DIR
 from .conversation_files import SUFFIX, ConversationFiles, file_name
 from .conversation_rules import check_record
-from .errors import IndexDamaged
 from .identity import StoreIdentity, lock_data_dir, read_store_id_file, write_store_id_file
 from .manifest_files import ManifestFiles
 from .records import SegmentInfo

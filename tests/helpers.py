@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 
 def make_kv(geometry: StoreGeometry, num_tokens: int, seed: int) -> np.ndarray:

@@ -29,7 +29,7 @@ from dataclasses import asdict
 
 from kvstore import cli_flags
 from kvstore.config import HelpFormatter, StoreConfig, parse_bytes, parse_host_port
-from kvstore.errors import InvalidArgument, KVStoreError
+from kvstore.contract.errors import InvalidArgument, KVStoreError
 from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.rebuild import rebuild_index
 from tools.admin_conversations import cmd_conversation, cmd_conversations

@@ -16,8 +16,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from kvstore.errors import FailedPrecondition, InvalidArgument
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.errors import FailedPrecondition, InvalidArgument
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from tools.fmt import format_table, human_bytes
 
 REMOTE_FIELDS = (

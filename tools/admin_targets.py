@@ -14,7 +14,7 @@ from dataclasses import asdict, fields
 
 from kvstore import cli_flags
 from kvstore.config import StoreConfig
-from kvstore.errors import KVStoreError, NotFound
+from kvstore.contract.errors import KVStoreError, NotFound
 from kvstore.progress import progress
 from kvstore.store import ChunkStore
 
@@ -144,7 +144,7 @@ class RemoteAdmin:
 
 
 def _scalars(value, **overrides) -> dict:
-    """The scalar fields of a ``kvstore.wire`` result, in their order (tuples and nested values left out), then ``overrides``."""
+    """The scalar fields of a ``kvstore.contract`` result, in their order (tuples and nested values left out), then ``overrides``."""
     out = {f.name: getattr(value, f.name) for f in fields(value)}
     out = {k: v for k, v in out.items() if isinstance(v, (int, float, str, bool))}
     out.update(overrides)

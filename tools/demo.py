@@ -27,8 +27,8 @@ from engine_client.rounding import fraction_count
 from kvstore import cli_flags
 from kvstore.cli_flags import fractions_arg, one_fraction_arg, positive_int
 from kvstore.config import OneLineErrorParser, StoreConfig, add_config_args, load_config
-from kvstore.errors import KVStoreError
-from kvstore.geometry import DTYPE_BYTES, ModelSpec, StoreGeometry
+from kvstore.contract.errors import KVStoreError
+from kvstore.contract.geometry import DTYPE_BYTES, ModelSpec, StoreGeometry
 from kvstore.server import sockets
 from kvstore.server.config import ServerConfig
 from kvstore.store import ChunkStore

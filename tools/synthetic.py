@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstore.geometry import DTYPE_BYTES
+from kvstore.contract.geometry import DTYPE_BYTES
 
 
 def synthetic_kv(rng: np.random.Generator, shape: tuple[int, ...], dtype: str) -> np.ndarray:

@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvstore.geometry import StoreGeometry
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
+from kvstore.contract.geometry import StoreGeometry
 
 from ..model.config import ModelConfig, UnsupportedModel, model_fingerprint
 from ..model.loader import expected_tensors

@@ -26,8 +26,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from kvstore.geometry import StoreGeometry
-from kvstore.wire import InvalidArgument, LookupResult, PutResult
+from kvstore.contract import InvalidArgument, LookupResult, PutResult
+from kvstore.contract.geometry import StoreGeometry
 
 from ..client import KVStoreClient
 from ..tensors import to_torch

@@ -34,7 +34,7 @@ from types import SimpleNamespace
 import torch
 from transformers import DynamicCache
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..generation import check_max_new_tokens, eos_ids
 from ..reprefill.checks import check_prefix, check_runner, describe, resolve_layers

@@ -7,7 +7,7 @@ import numbers
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 
 def check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> int:

@@ -46,7 +46,7 @@ import time
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._checks import check_int
 from .sketch import AttentionSketch, AttentionStats

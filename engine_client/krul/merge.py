@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._checks import check_real, check_tensor
 

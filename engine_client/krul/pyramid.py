@@ -62,7 +62,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._checks import check_int, check_real
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvstore.geometry import StoreGeometry
+from kvstore.contract.geometry import StoreGeometry
 
 from ..client import to_torch
 from .pyramid import HardwareProfile, RestorePlan, check_plan, recompute_flops

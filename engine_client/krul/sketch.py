@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._checks import check_int, check_tensor
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..rounding import fraction_floor
 from ._checks import check_int, check_real

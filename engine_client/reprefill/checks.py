@@ -14,8 +14,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import torch
 
-from kvstore.geometry import StoreGeometry
-from kvstore.wire import InvalidArgument, NotFound
+from kvstore.contract import InvalidArgument, NotFound
+from kvstore.contract.geometry import StoreGeometry
 
 from ..rpc import KVStoreRpcError
 from ..selection import PROBE_KEYS, SELECTORS

@@ -33,7 +33,7 @@ import math
 import numbers
 from dataclasses import dataclass, field, fields, replace
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..reselect import check_every
 from ..selection import PROBE_KEYS, SELECTORS, Budget, check_aggregation

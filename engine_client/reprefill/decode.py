@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..generation import GenerationResult, LayerKV, check_max_new_tokens, decode_greedy, eos_ids
 from ..reselect import WorkingSet, decode_reselecting

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..client import to_torch
 

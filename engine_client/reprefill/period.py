@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvstore.geometry import StoreGeometry
+from kvstore.contract.geometry import StoreGeometry
 
 from ..sparse_prefill import pattern
 from ..standin import standin_kv

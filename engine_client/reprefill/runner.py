@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from kvstore.geometry import ModelSpec, StoreGeometry
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 from ..client import KVStoreClient, as_numpy_kv
 from ..model.decoder import Decoder
@@ -46,7 +46,7 @@ def model_geometry(
 ) -> StoreGeometry:
     """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod),
     probe keys in the KV dtype or, with ``probe_bits`` 4 or 8, quantized by the daemon;
-    ``kv_quant`` ("kv8", "kv4", ...): the KV itself stored quantized (``kvstore.kvquant``);
+    ``kv_quant`` ("kv8", "kv4", ...): the KV itself stored quantized (``kvstore.contract.kvquant``);
     ``streaming_heads`` (``model.streaming.StreamingHeads``): extents without those heads' rows
     (``StoreGeometry.streaming_heads``, their sink and recent rows kept by ``stream_tail``)."""
     c = model.config

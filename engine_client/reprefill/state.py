@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from kvstore.geometry import StoreGeometry
+from kvstore.contract.geometry import StoreGeometry
 
 from ..selection.probes import QuantizedKeys, quantize_keys
 from ..standin import value_sum

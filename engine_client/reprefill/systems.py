@@ -32,7 +32,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..selection import Budget
 from .config import AUTO, CALIBRATED, AttentionConfig, DecodeConfig, ReprefillConfig, ScheduleConfig, SelectionConfig

@@ -11,7 +11,7 @@ a budget into chunk ids, sink and local chunks always included.
 
 from __future__ import annotations
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._common import summaries_for_layer
 from .base import KEY_SUMMARIES, PROBE_KEYS, PeriodInputs, Selector

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 # Largest float32 score block materialised at once (64 MiB); callers may
 # lower it (tests do, to exercise the blocking).

@@ -17,7 +17,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._common import num_chunks, summaries_for_layer
 from .budget import select_chunks

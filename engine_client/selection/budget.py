@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..rounding import fraction_count
 

@@ -13,7 +13,7 @@ import math
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, check_queries, group_queries, num_chunks, row_blocks
 from .base import PROBE_KEYS, PeriodInputs, Selector

@@ -26,7 +26,7 @@ import math
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._common import check_queries, num_chunks
 

@@ -14,7 +14,7 @@ tokens, ten tuning prompts, every layer selecting with ``follow=1`` at 5%):
 4-bit probes kept the answer in 10 of 10, as the exact keys did; the min/max
 summaries kept 3, a 16-of-64-channel subset 6.
 
-The format is the store's (``kvstore.wire.probes``): a prefix stored with
+The format is the store's (``kvstore.contract.probes``): a prefix stored with
 ``StoreGeometry.probe_bits`` hands its probe keys over already packed, and
 ``QuantizedKeys.from_packed`` takes them as they come.
 """
@@ -26,9 +26,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvstore.geometry import PROBE_BITS  # 0: full-precision probe keys fetched at every Period
-from kvstore.wire import InvalidArgument
-from kvstore.wire.probes import quantize_probe_keys, unpack_probe_rows
+from kvstore.contract import InvalidArgument
+from kvstore.contract.geometry import PROBE_BITS  # 0: full-precision probe keys fetched at every Period
+from kvstore.contract.probes import quantize_probe_keys, unpack_probe_rows
 
 
 def check_probe_bits(bits: object) -> int:
@@ -88,7 +88,7 @@ def quantize_keys(keys: torch.Tensor, bits: int) -> QuantizedKeys:
 
     Every element is within half a step (``scale / 2``) of its key, the step
     being the row's largest magnitude over ``2**(bits-1) - 1``.  The codes
-    are ``kvstore.wire.probes``' (the store's), on the device of ``keys``.
+    are ``kvstore.contract.probes``' (the store's), on the device of ``keys``.
     """
     if keys.dim() != 3:
         raise InvalidArgument("probe_keys", f"expected [kv_heads, tokens, even head_dim], got {tuple(keys.shape)}")

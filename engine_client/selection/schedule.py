@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..rounding import fraction_count
 from .budget import Budget, _check_count, budget_amount, budget_count

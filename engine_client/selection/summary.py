@@ -22,7 +22,7 @@ import math
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ._common import DEFAULT_BLOCK_ELEMS, check_queries, group_queries, row_blocks
 from .base import KEY_SUMMARIES, PeriodInputs, Selector

@@ -34,7 +34,7 @@ import numbers
 
 import torch
 
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 from ..rounding import fraction_count
 from ._common import DEFAULT_BLOCK_ELEMS, num_chunks, row_blocks

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import logging
 
-from ..errors import BackendUnavailable, InvalidArgument
+from kvstore.contract.errors import BackendUnavailable, InvalidArgument
+
 from .base import FileHandle, IOBackend, IOFuture, aligned_buffer, check_aligned
 from .posix import PosixBackend
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..geometry import ALIGN_BYTES
+from kvstore.contract.geometry import ALIGN_BYTES
 
 
 class IOFuture(Protocol):

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
+
 from .base import CachePolicy
 
 

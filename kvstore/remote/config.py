@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kvstore.contract.errors import InvalidArgument
+
 from ..config import MiB, _opt, check_field_types
-from ..errors import InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -16,15 +16,16 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from kvstore.contract import MAX_MESSAGE_BYTES
+from kvstore.contract.errors import BackendUnavailable, InvalidArgument, KVStoreError, StartupError
+
 from .. import faults
 from .._proto import kvstore_pb2, kvstore_pb2_grpc
 from ..config import StoreConfig
-from ..errors import BackendUnavailable, InvalidArgument, KVStoreError, StartupError
 from ..file_modes import FILE_MODE
 from ..remote import RemoteConfig
 from ..remote.router import Router
 from ..store import ChunkStore
-from ..wire import MAX_MESSAGE_BYTES
 from . import sockets
 from .arena import Arena
 from .auth import BearerTokenInterceptor, read_auth_token_file

@@ -43,7 +43,8 @@ import threading
 import time
 from dataclasses import dataclass
 
-from ..errors import NotFound
+from kvstore.contract.errors import NotFound
+
 from .status import ArenaExhausted
 
 log = logging.getLogger(__name__)

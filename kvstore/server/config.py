@@ -6,8 +6,9 @@ import os
 from dataclasses import dataclass
 from typing import ClassVar
 
+from kvstore.contract.errors import InvalidArgument
+
 from ..config import MiB, _opt, check_field_types, one_of, parse_host_port
-from ..errors import InvalidArgument
 from ..logs import FORMATS, LEVELS
 
 

@@ -5,7 +5,7 @@ its best (256 KiB to 4 MiB messages, nothing else running); a ReadChunks
 call with 256 KiB ExtentData frames reached ~150 MB/s, each frame copied
 into a ``bytes``, a protobuf, a gRPC slice and back on the other side.  A
 plain socket moves 2.5-4 GB/s on the same loopback.  So a TCP client may
-open data connections (``kvstore.wire.data_frames`` has the format): the
+open data connections (``kvstore.contract.data_frames`` has the format): the
 daemon greets each with its id and a random secret; a ReadChunks call that
 names both gets every extent written there with ``sendmsg`` straight from
 the read buffer (no copy in the daemon), and its gRPC stream carries only
@@ -33,8 +33,8 @@ import selectors
 import socket
 import threading
 
-from ..errors import FailedPrecondition, PermissionDenied
-from ..wire.data_frames import FRAME, FRAME_MAGIC, HELLO, HELLO_MAGIC, VERSION
+from kvstore.contract.data_frames import FRAME, FRAME_MAGIC, HELLO, HELLO_MAGIC, VERSION
+from kvstore.contract.errors import FailedPrecondition, PermissionDenied
 
 log = logging.getLogger(__name__)
 

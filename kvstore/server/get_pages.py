@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from kvstore.contract import geometry_from_pb, geometry_to_pb, groups_for_layers
+from kvstore.contract.errors import InvalidArgument
+
 from .._proto import kvstore_pb2 as pb
-from ..errors import InvalidArgument
 from ..store.pages import READ_BATCH_BYTES, PageLocation, not_stored
-from ..wire import geometry_from_pb, geometry_to_pb, groups_for_layers
 from .auth import namespaces_of
 
 DIRECT_HOLDERS = 2  # a shared-memory read of one group's pages from this many batches or fewer lands in leases directly

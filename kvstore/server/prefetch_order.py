@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from ..errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
+
 from .status import Backpressure
 
 

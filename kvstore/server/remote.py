@@ -19,7 +19,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ..errors import StartupError
+from kvstore.contract.errors import StartupError
+
 from ..remote import RemoteConfig, RemoteRefused, RemoteTier, RemoteUnavailable, make_tier
 
 log = logging.getLogger("kvstore.remote")

@@ -13,12 +13,13 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
+from kvstore.contract import array_frames, geometry_from_pb, geometry_to_pb, tokens_from_pb
+from kvstore.contract.errors import InvalidArgument, NotFound, PermissionDenied
+
 from .. import __version__
 from .._proto import kvstore_pb2 as pb
 from .._proto import kvstore_pb2_grpc as pb_grpc
-from ..errors import InvalidArgument, NotFound, PermissionDenied
 from ..store import ChunkStore
-from ..wire import array_frames, geometry_from_pb, geometry_to_pb, tokens_from_pb
 from .arena import Arena
 from .auth import check_namespace, namespaces_of
 from .config import ServerConfig

@@ -26,7 +26,8 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from ..errors import FailedPrecondition, InvalidArgument
+from kvstore.contract.errors import FailedPrecondition, InvalidArgument
+
 from . import sockets
 from .arena import Arena, new_owner
 

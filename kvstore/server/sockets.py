@@ -20,7 +20,8 @@ import socket
 import stat
 import struct
 
-from ..errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
+
 from ..file_modes import DIR_MODE, make_dirs
 
 PROBE_TIMEOUT_S = 2.0

@@ -18,7 +18,7 @@ import logging
 
 import grpc
 
-from .. import errors
+from kvstore.contract import errors
 
 log = logging.getLogger(__name__)
 

@@ -15,13 +15,15 @@ import threading
 
 import numpy as np
 
+from kvstore.contract.errors import NotFound
+from kvstore.contract.geometry import StoreGeometry
+from kvstore.contract.results import LookupResult
+
 from .. import index as ix
 from ..config import StoreConfig
 from ..conversation_files import DIRECTORY as CONVERSATIONS_DIR
 from ..conversation_files import ConversationFiles
-from ..errors import NotFound
 from ..file_modes import make_dirs
-from ..geometry import StoreGeometry
 from ..hashing import chunk_hashes, validate_tokens
 from ..holds import PrefixHolds
 from ..identity import lock_data_dir
@@ -35,7 +37,6 @@ from ..remote.config import RemoteConfig
 from ..remote.records import is_hash_hex
 from ..scores import ScoreTable
 from ..segment_files import SegmentFiles
-from ..wire.results import LookupResult
 from . import opening
 from .admin import Admin
 from .capacity import DiskCapacity

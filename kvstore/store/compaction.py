@@ -24,9 +24,10 @@ from collections import defaultdict
 import numpy as np
 import xxhash
 
-from ..errors import NotFound, StoreFull
+from kvstore.contract.errors import NotFound, StoreFull
+from kvstore.contract.geometry import SegmentLayout
+
 from ..faults import crash_point
-from ..geometry import SegmentLayout
 from ..holds import PrefixHolds
 from ..io import aligned_buffer
 from ..manifest_files import ManifestFiles

@@ -46,10 +46,11 @@ import time
 
 import lmdb
 
+from kvstore.contract.errors import InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
+
 from .. import index_ops as ops
 from ..conversation_files import SUFFIX, ConversationFiles, encode, file_name
 from ..conversation_rules import appended, check_format, check_key, held_prefix_id, marked_inactive, parse_strategy, prefix_ids
-from ..errors import InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
 from ..faults import crash_point
 from ..hashing import MAX_NAMESPACE_BYTES, validate_label
 from ..holds import PrefixHolds

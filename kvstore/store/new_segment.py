@@ -15,8 +15,9 @@ import errno
 import os
 import time
 
-from ..errors import ReadOnly
-from ..geometry import StoreGeometry
+from kvstore.contract.errors import ReadOnly
+from kvstore.contract.geometry import StoreGeometry
+
 from ..identity import fsync_dir
 from ..io import IOBackend, aligned_buffer
 from ..records import Piece

@@ -33,14 +33,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import Conflict, InvalidArgument, NotFound
-from ..geometry import StoreGeometry
+from kvstore.contract.errors import Conflict, InvalidArgument, NotFound
+from kvstore.contract.geometry import StoreGeometry
+from kvstore.contract.results import PagesPresent, PagesPutResult, ReadResult
+
 from ..hashing import page_hashes
 from ..holds import PrefixHolds
 from ..reader import validate_groups
 from ..records import PAGES, PrefixView
 from ..scores import Unit
-from ..wire.results import PagesPresent, PagesPutResult, ReadResult
 from .catalogue import Catalogue
 from .pending_pages import PendingPages, validate_skip
 from .pending_put import put_with_retries

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import Conflict, InvalidArgument
-from ..wire.results import PagesPutResult
+from kvstore.contract.errors import Conflict, InvalidArgument
+from kvstore.contract.results import PagesPutResult
+
 from .catalogue import Catalogue
 from .pending_put import PendingPut
 

@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import Conflict, InvalidArgument, StoreFull
+from kvstore.contract.errors import Conflict, InvalidArgument, StoreFull
+from kvstore.contract.results import PutResult
+
 from ..faults import crash_point
 from ..holds import PrefixHold
 from ..manifest_files import ManifestFiles
 from ..records import PREFIX, Piece
-from ..wire.results import PutResult
 from ..writer import SegmentImage
 from .catalogue import Catalogue
 from .new_segment import NewSegment, SegmentSink, is_full, put_manifest, segment_record

@@ -12,9 +12,10 @@ import os
 
 import numpy as np
 
-from ..errors import Conflict, InvalidArgument, StoreFull
+from kvstore.contract.errors import Conflict, InvalidArgument, StoreFull
+from kvstore.contract.geometry import SegmentLayout, StoreGeometry
+
 from ..faults import crash_point
-from ..geometry import SegmentLayout, StoreGeometry
 from ..hashing import chunk_hashes, validate_tokens
 from ..holds import PrefixHolds
 from ..writer import SegmentImage

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-from ..errors import DataLoss, InvalidArgument
-from ..geometry import StoreGeometry, align_up
+from kvstore.contract.errors import DataLoss, InvalidArgument
+from kvstore.contract.geometry import StoreGeometry, align_up
+
 from ..holds import PrefixHolds
 from ..io import IOBackend, aligned_buffer
 from ..io.inflight import InFlight
@@ -105,7 +106,7 @@ class Reader:
     def read_probe_keys(self, prefix_id: str, group: int) -> np.ndarray:
         """Keys of the group's first layer: ``[kv_heads, tokens, head_dim]`` in the KV dtype, or, for a
         geometry with ``probe_bits``, their packed rows ``[kv_heads, tokens, row_bytes]`` uint8
-        (``kvstore.wire.probes``)."""
+        (``kvstore.contract.probes``)."""
         with self._holds.hold(prefix_id):
             view = self._catalogue.describe(prefix_id)
             geo = view.geometry

@@ -28,8 +28,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from ..errors import DataLoss, KVStoreError
-from ..geometry import StoreGeometry
+from kvstore.contract.errors import DataLoss, KVStoreError
+from kvstore.contract.geometry import StoreGeometry
+
 from ..policy.remote import ttl_seconds
 from ..records import PAGES, PREFIX
 from ..remote.base import RemoteUnavailable

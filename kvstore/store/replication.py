@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import KVStoreError, NotFound
+from kvstore.contract.errors import KVStoreError, NotFound
+
 from ..holds import PrefixHolds
 from ..policy.remote import ttl_seconds
 from ..records import PREFIX, PrefixView

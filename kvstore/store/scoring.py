@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from kvstore.contract.errors import InvalidArgument
+
 from .. import index_ops as ops
-from ..errors import InvalidArgument
 from ..index import Index
 from ..reader import validate_chunks
 from ..scores import ScoreTable

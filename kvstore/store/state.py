@@ -14,8 +14,9 @@ import threading
 
 import lmdb
 
+from kvstore.contract.errors import DataLoss, ReadOnly, StoreFull
+
 from .. import index_ops as ops
-from ..errors import DataLoss, ReadOnly, StoreFull
 from ..index import Index
 from ..records import PrefixView
 

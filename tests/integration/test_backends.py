@@ -24,7 +24,7 @@ import pytest
 from helpers import HAS_CUDA
 
 from kvstore.config import StoreConfig
-from kvstore.errors import BackendUnavailable, InvalidArgument
+from kvstore.contract.errors import BackendUnavailable, InvalidArgument
 from kvstore.io import FileHandle, PosixBackend, aligned_buffer, make_backend, resolve_backend
 from kvstore.io import uring as uring_module
 from kvstore.io.inflight import InFlight
@@ -423,7 +423,7 @@ prog = (Filter * 4)(
 libc = ctypes.CDLL(None, use_errno=True)
 assert libc.prctl(38, 1, 0, 0, 0) == 0  # PR_SET_NO_NEW_PRIVS
 assert libc.prctl(22, 2, ctypes.byref(Prog(4, prog)), 0, 0) == 0, ctypes.get_errno()  # PR_SET_SECCOMP, filter
-from kvstore.errors import BackendUnavailable
+from kvstore.contract.errors import BackendUnavailable
 from kvstore.io import make_backend
 with make_backend("auto") as b:
     print("chose", b.name)

@@ -6,7 +6,7 @@ import pytest
 from helpers import run_bench
 
 from engine_client.compute_model import AcceleratorProfile, parse_profile
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 
 @pytest.mark.timeout(240)

@@ -7,8 +7,8 @@ import pytest
 from helpers import make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.errors import InvalidArgument, StoreFull
-from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.errors import InvalidArgument, StoreFull
+from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
 from kvstore.store import ChunkStore
 
 GEO = StoreGeometry(ModelSpec(4, 1, 16, "float16"), chunk_tokens=16, group_layers=2)
@@ -201,7 +201,7 @@ def test_eviction_unlocks_a_segment_only_shared_prefixes_reference(store_config)
 def test_compaction_rewrites_quantized_probe_keys_bit_exact(store_config):
     from dataclasses import replace
 
-    from kvstore.wire.probes import quantize_probe_rows
+    from kvstore.contract.probes import quantize_probe_rows
 
     geo = replace(GEO, probe_bits=4)  # 4-bit probe rows, quantized per token: a copied span's rows are unchanged
     with ChunkStore(store_config) as store:

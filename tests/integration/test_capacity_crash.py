@@ -18,7 +18,7 @@ import pytest
 from helpers import data_root, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
 from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
 

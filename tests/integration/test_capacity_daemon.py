@@ -9,7 +9,7 @@ import numpy as np
 from helpers import data_root, make_kv, make_tokens
 
 from engine_client.client import KVStoreClient
-from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
 
 GEO = StoreGeometry(ModelSpec(4, 1, 16, "float16"), chunk_tokens=16, group_layers=2)
 TOKENS = 256

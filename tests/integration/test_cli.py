@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import assert_png
 
-from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
 from kvstore.io import resolve_backend
 from kvstore.store import ChunkStore
 from tools.bench.chunked import run_chunked

@@ -14,8 +14,8 @@ from helpers import make_kv, make_tokens
 from engine_client.client import KVStoreClient, KVStoreRpcError
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.geometry import ModelSpec, StoreGeometry
-from kvstore.wire import geometry_to_pb
+from kvstore.contract import geometry_to_pb
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 GEO = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=16, group_layers=2)
 UNKNOWN = "ab" * 32

@@ -16,7 +16,7 @@ import pytest
 from helpers import make_kv, make_tokens
 
 from engine_client.client import KVStoreClient, KVStoreRpcError
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 # 1024 tokens of 8 layers, 2 heads, head dim 64, float32: 8 MiB a read, long enough to be caught in flight
 GEO = StoreGeometry(ModelSpec(8, 2, 64, "float32"), chunk_tokens=16, group_layers=2)

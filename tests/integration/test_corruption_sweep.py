@@ -22,10 +22,10 @@ import pytest
 from helpers import GEOMETRIES, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.errors import DataLoss, NotFound
-from kvstore.geometry import StoreGeometry, keys_as_float32
+from kvstore.contract.errors import DataLoss, NotFound
+from kvstore.contract.geometry import StoreGeometry, keys_as_float32
+from kvstore.contract.probes import quantize_probe_rows
 from kvstore.store import ChunkStore
-from kvstore.wire.probes import quantize_probe_rows
 
 GEO = GEOMETRIES[0]  # 5 layers in groups of 2, one head, head dim 1, bf16: small files, odd sizes
 QUANTIZED = replace(GEO, probe_bits=8)  # the same, probe keys stored as 8-bit rows (head dim 1: 1 code + a scale)

@@ -12,7 +12,7 @@ import pytest
 from helpers import data_root, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.hashing import chunk_hashes
 from kvstore.store import ChunkStore
 
@@ -167,8 +167,8 @@ SWEEP_WRITER = textwrap.dedent(
     sys.path[:0] = [{root!r}, {root!r} + "/tests", {tests!r}]
     from test_crash import SWEEP_GEO, sweep_inputs, sweep_plan
     from kvstore.config import StoreConfig
-    from kvstore.errors import NotFound
-    from kvstore.geometry import SegmentLayout
+    from kvstore.contract.errors import NotFound
+    from kvstore.contract.geometry import SegmentLayout
     from kvstore.hashing import chunk_hashes
     from kvstore.store import ChunkStore
 

@@ -21,9 +21,9 @@ from helpers import GEOMETRIES, data_root, ids, make_kv, make_tokens
 
 from engine_client.client import KVStoreClient, KVStoreRpcError, to_torch
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract import geometry_to_pb
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.io import resolve_backend
-from kvstore.wire import geometry_to_pb
 
 GEO = GEOMETRIES[2]  # 4 layers, 2 heads, dim 64, fp16, one period group
 

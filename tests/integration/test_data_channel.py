@@ -10,7 +10,7 @@ from helpers import make_kv, make_tokens
 from engine_client.client import KVStoreClient
 from engine_client.data_channel import DataConn
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 TOKEN = "data-channel-token-0123456789"
 GEO = StoreGeometry(ModelSpec(4, 2, 16, "float32"), chunk_tokens=4, group_layers=2)  # two groups

@@ -10,8 +10,8 @@ import sys
 from helpers import data_root, make_kv, make_tokens
 
 from engine_client.client import KVStoreClient
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.file_modes import DIR_MODE, FILE_MODE
-from kvstore.geometry import ModelSpec, StoreGeometry
 
 GEO = StoreGeometry(ModelSpec(4, 2, 8, "float16"), chunk_tokens=16, group_layers=2)
 

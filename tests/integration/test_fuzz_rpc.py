@@ -27,7 +27,7 @@ from test_pages import make_pages, page_keys
 
 from engine_client.client import KVStoreClient
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.wire import geometry_to_pb
+from kvstore.contract import geometry_to_pb
 
 GEO = GEOMETRIES[0]  # 5 layers, 1 head, head dim 1: small extents, 3 groups
 PAGE_KEYS = page_keys(6, 11)  # pages stored before each method is fuzzed; the fuzzer knows their keys

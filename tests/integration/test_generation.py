@@ -12,7 +12,7 @@ from engine_client.model import zoo
 from engine_client.prefill import chunked_prefill
 from engine_client.reprefill import ModelRunner
 from engine_client.tasks import text
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 pytestmark = needs_smollm2
 

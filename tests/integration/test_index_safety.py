@@ -11,7 +11,7 @@ import pytest
 from helpers import GEOMETRIES, data_root, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.errors import IndexDamaged
+from kvstore.contract.errors import IndexDamaged
 from kvstore.store import ChunkStore
 
 GEO = GEOMETRIES[2]  # 4 layers, 2 heads, dim 64, fp16, chunks of 16 tokens

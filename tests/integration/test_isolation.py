@@ -20,7 +20,7 @@ from helpers import GEOMETRIES, data_root, make_kv, make_tokens, settled
 
 from engine_client.client import KVStoreClient
 from kvstore._proto import kvstore_pb2 as pb
-from kvstore.wire import geometry_to_pb
+from kvstore.contract import geometry_to_pb
 
 GEO24 = GEOMETRIES[3]  # 24 layers in groups of 8: 3 periods of one group
 

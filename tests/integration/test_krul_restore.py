@@ -19,7 +19,7 @@ from engine_client.krul.pyramid import RestoreCosts
 from engine_client.krul.restoration import bytes_per_token_layer, measure_profile, restore_kv
 from engine_client.prefill import chunked_prefill
 from engine_client.runner import model_geometry
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 N = 70  # four whole chunks and a short one
 

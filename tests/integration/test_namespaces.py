@@ -7,7 +7,7 @@ import pytest
 from helpers import make_kv, make_tokens
 
 from engine_client.client import KVStoreClient, KVStoreRpcError
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 GEO = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=4, group_layers=2)
 TENANT_A = "tenant-a-token-0123456789"

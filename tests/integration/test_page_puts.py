@@ -12,7 +12,7 @@ from test_pages import make_pages, page_keys
 
 from engine_client.aio import AsyncKVStoreClient
 from engine_client.client import KVStoreClient
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 GEO = StoreGeometry(ModelSpec(4, 2, 8, "bfloat16"), chunk_tokens=16, group_layers=2)
 

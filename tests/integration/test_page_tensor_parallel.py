@@ -6,7 +6,7 @@ from test_pages import make_pages, page_keys
 
 from engine_client.client import KVStoreClient
 from engine_client.pages import rank_fingerprint
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 FULL = StoreGeometry(ModelSpec(6, 4, 8, "bfloat16"), chunk_tokens=16, group_layers=4)  # 4 KV heads in all
 TP = 2

@@ -17,11 +17,11 @@ from engine_client import rpc
 from engine_client.client import KVStoreClient, KVStoreRpcError
 from kvstore._proto import kvstore_pb2 as pb
 from kvstore.config import StoreConfig
-from kvstore.errors import Conflict
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract import geometry_to_pb
+from kvstore.contract.errors import Conflict
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
-from kvstore.wire import geometry_to_pb
 
 GEO = GEOMETRIES[0]  # 5 layers in groups of 2, one head, head dim 1, bf16: 3 groups of odd sizes
 GEO24 = GEOMETRIES[3]  # 24 layers x 2 heads x 64 dim bf16, chunk 16: 96 KiB pages

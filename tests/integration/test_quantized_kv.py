@@ -8,7 +8,7 @@ from helpers import GEOMETRIES, make_kv, make_tokens
 from test_admin_cli import admin
 
 from engine_client.client import KVStoreClient, KVStoreRpcError
-from kvstore.geometry import StoreGeometry
+from kvstore.contract.geometry import StoreGeometry
 
 PLAIN = GEOMETRIES[3]  # 24 layers, 2 heads, dim 64, bfloat16, groups of 8
 

@@ -9,9 +9,9 @@ from helpers import flat_config, make_kv, make_tokens
 
 from engine_client.client import KVStoreClient
 from engine_client.reprefill import ModelRunner, parse_system
-from kvstore.errors import InvalidArgument
-from kvstore.geometry import ModelSpec, StoreGeometry, keys_as_float32
-from kvstore.wire.probes import dequantize_probe_rows, quantize_probe_rows, unpack_probe_rows
+from kvstore.contract.errors import InvalidArgument
+from kvstore.contract.geometry import ModelSpec, StoreGeometry, keys_as_float32
+from kvstore.contract.probes import dequantize_probe_rows, quantize_probe_rows, unpack_probe_rows
 
 # odd sizes: 5 layers in groups of 2 (2, 2, 1), 150 tokens (the last chunk short)
 GEO = StoreGeometry(ModelSpec(5, 2, 16, "bfloat16"), chunk_tokens=16, group_layers=2, probe_bits=4)

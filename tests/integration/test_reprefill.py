@@ -12,7 +12,7 @@ from engine_client.generation import suffix_over_prefix
 from engine_client.prefill import chunked_prefill
 from engine_client.reprefill import ModelRunner, ReprefillConfig
 from engine_client.selection import exact_chunk_scores
-from kvstore.errors import InvalidArgument, NotFound
+from kvstore.contract.errors import InvalidArgument, NotFound
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ from torch.overrides import TorchFunctionMode
 import engine_client.reprefill.pipeline as pipeline
 import engine_client.selection.budget as budget
 from engine_client.reprefill import ModelRunner, ReprefillConfig
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 PREFIX = torch.arange(5, 305)  # 19 chunks: 2 per layer at 5%, sink and local
 SUFFIX = [3, 4, 5]

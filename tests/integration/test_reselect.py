@@ -8,7 +8,7 @@ from helpers import flat_config
 from engine_client.generation import LayerKV, dense_generate
 from engine_client.prefill import chunked_prefill
 from engine_client.reselect import WorkingSet, decode_reselecting
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ import pytest
 import torch
 from helpers import flat_config
 
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 CFG = flat_config(budget=0.25, period_layers=1, selector="exact", probe_bits=4, head_aggregation="max", report_attention=False)
 N = 301

@@ -7,7 +7,7 @@ from helpers import calibrated_layers, flat_config
 from engine_client.prefill import chunked_prefill
 from engine_client.selection.probes import quantize_keys
 from engine_client.standin import standin_kv, value_sum
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 CFG = flat_config(budget=0.25, period_layers=1, selector="exact", probe_bits=4, head_aggregation="max", report_attention=False)
 

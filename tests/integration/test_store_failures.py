@@ -10,8 +10,8 @@ import pytest
 from helpers import GEOMETRIES, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.errors import DataLoss, InvalidArgument, NotFound, ReadOnly, StoreFull
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.errors import DataLoss, InvalidArgument, NotFound, ReadOnly, StoreFull
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.io.posix import PosixBackend
 from kvstore.segment_files import segment_file_name
 from kvstore.store import ChunkStore
@@ -80,7 +80,7 @@ def test_verify_finds_corruption_in_summaries_without_a_read(store_config):
 def test_corrupt_quantized_probe_keys_are_found_by_verify_and_refused_by_reads(store_config):
     from dataclasses import replace
 
-    from kvstore.wire.probes import quantize_probe_rows
+    from kvstore.contract.probes import quantize_probe_rows
 
     geo = replace(GEO, group_layers=2, probe_bits=4)  # two groups, each with its 4-bit probe region
     kv = make_kv(geo, 40, 4)

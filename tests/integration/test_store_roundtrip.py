@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from helpers import GEOMETRIES, ids, make_kv, make_tokens
 
-from kvstore import kvquant
-from kvstore.errors import InvalidArgument, NotFound, StoreLocked
-from kvstore.geometry import SegmentLayout, StoreGeometry, key_summary, split_extents
+from kvstore.contract import kvquant
+from kvstore.contract.errors import InvalidArgument, NotFound, StoreLocked
+from kvstore.contract.geometry import SegmentLayout, StoreGeometry, key_summary, split_extents
 from kvstore.store import ChunkStore
 
 

@@ -12,7 +12,7 @@ from engine_client.model.loader import load_checkpoint
 from engine_client.prefill import chunked_prefill
 from engine_client.reprefill import ModelRunner
 from engine_client.stream_tail import TailMissing, tail_keys
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 from tools.make_checkpoint import make_checkpoint
 
 

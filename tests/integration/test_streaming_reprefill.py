@@ -7,7 +7,7 @@ from pretrained import needs_smollm2
 
 from engine_client.generation import dense_generate
 from engine_client.model.streaming import StreamingHeads
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 
 def profile(model, streaming, *, sink=16, recent=16):

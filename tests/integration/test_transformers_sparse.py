@@ -24,7 +24,7 @@ from engine_client.integrations.transformers_sparse import SparseReprefill  # no
 from engine_client.model import zoo  # noqa: E402
 from engine_client.reprefill import Budget, ModelRunner, ReprefillConfig, parse_system  # noqa: E402
 from engine_client.tasks import text  # noqa: E402
-from kvstore.wire import InvalidArgument, NotFound  # noqa: E402
+from kvstore.contract import InvalidArgument, NotFound  # noqa: E402
 
 NEW_TOKENS = 8
 LOGITS_ATOL = 1e-3  # float32 on both sides; measured about 4e-5 on SmolLM2

@@ -5,7 +5,7 @@ import torch
 from helpers import calibrated_layers, flat_config
 
 from engine_client.prefill import chunked_prefill
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 CFG = flat_config(budget=0.25, period_layers=1, selector="exact", probe_bits=4, head_aggregation="max", report_attention=False)
 N = 301  # 19 chunks, the last one short

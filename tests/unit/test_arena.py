@@ -2,7 +2,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore.errors import NotFound
+from kvstore.contract.errors import NotFound
 from kvstore.server.arena import Arena, SlotAllocator
 from kvstore.server.status import ArenaExhausted
 

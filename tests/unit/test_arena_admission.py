@@ -200,7 +200,7 @@ def test_admissions_closed_from_another_thread_give_everything_back_on_their_loo
     """A call's end may be seen off its event loop: closing from there must not touch the loop's futures directly."""
     import threading
 
-    from kvstore.geometry import ModelSpec, StoreGeometry
+    from kvstore.contract.geometry import ModelSpec, StoreGeometry
     from kvstore.server.admission import Admissions
 
     arena = make(8)

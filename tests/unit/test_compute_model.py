@@ -17,7 +17,7 @@ from engine_client.compute_model import (
 )
 from engine_client.model.config import ModelConfig
 from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights, _gqa_attention
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 
 def tiny_config(attention_bias: bool) -> ModelConfig:

@@ -3,7 +3,7 @@ import re
 import pytest
 
 from kvstore.config import StoreConfig, parse_bool, parse_bytes
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 from kvstore.server.config import ServerConfig
 
 

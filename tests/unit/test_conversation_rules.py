@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from kvstore.contract.errors import FailedPrecondition, InvalidArgument, NotFound
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.conversation_rules import INACTIVE, appended, check_format, check_key, marked_inactive, parse_strategy, prefix_ids
-from kvstore.errors import FailedPrecondition, InvalidArgument, NotFound
-from kvstore.geometry import ModelSpec, StoreGeometry
 from kvstore.hashing import chunk_hashes
 from kvstore.records import PrefixView
 

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore.errors import InvalidArgument
-from kvstore.geometry import ALIGN_BYTES, ModelSpec, SegmentLayout, StoreGeometry, key_summary, split_extents
+from kvstore.contract.errors import InvalidArgument
+from kvstore.contract.geometry import ALIGN_BYTES, ModelSpec, SegmentLayout, StoreGeometry, key_summary, split_extents
 
 
 def test_token_bytes_of_qwen7b_bf16_is_2kib_per_layer():

@@ -3,8 +3,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvstore.errors import InvalidArgument
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.errors import InvalidArgument
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.hashing import chunk_hashes, validate_tokens
 from kvstore.io.plan import coalesce
 

@@ -14,7 +14,7 @@ transformers = pytest.importorskip("transformers", reason="needs the test extra:
 from engine_client.integrations.hf_model import gguf_float, hf_fingerprint, hf_geometry, hf_model_config  # noqa: E402
 from engine_client.integrations.transformers_cache import KVStorePrefixCache, cache_kv, rows_to_load  # noqa: E402
 from engine_client.model.config import UnsupportedModel  # noqa: E402
-from kvstore.wire import InvalidArgument  # noqa: E402
+from kvstore.contract import InvalidArgument  # noqa: E402
 
 TOY = dict(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1)
 
@@ -213,7 +213,7 @@ def test_the_sparse_path_names_what_it_does_not_run():
 
 def test_long_reads_are_cut_into_whole_groups_of_about_32_mib():
     from engine_client.integrations.transformers_cache import layer_batches
-    from kvstore.geometry import ModelSpec, StoreGeometry
+    from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
     smol = ModelSpec(30, 3, 64, "float32")  # 3 MiB per layer of 2048 tokens
     assert layer_batches(StoreGeometry(smol, group_layers=1), 2048, 0, 30) == [(0, 10), (10, 20), (20, 30)]

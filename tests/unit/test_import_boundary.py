@@ -2,7 +2,8 @@
 
 - the daemon (``kvstore``) imports nothing of the client or the tools;
 - the client (``engine_client``) reaches the daemon's package only through
-  its wire contract, ``kvstore.wire``, and ``kvstore.geometry``;
+  the contract both sides import, ``kvstore.contract`` (the wire, geometry,
+  quantization and errors);
 - no two files import each other, directly or around a loop, counting every
   ``import`` and ``from ... import``: relative ones, ones inside functions (a
   lazy import still runs) and ones under ``if TYPE_CHECKING:`` (they never
@@ -24,7 +25,7 @@ import sys
 from helpers import data_root
 
 PACKAGES = ("kvstore", "engine_client", "tools")
-CLIENT_MAY_IMPORT = ("kvstore.wire", "kvstore.geometry")
+CLIENT_MAY_IMPORT = ("kvstore.contract",)
 MAX_LINES = 400
 PARTS = ("kvstore/store/",)  # modules whose objects touch no other object's _private attributes
 GENERATED = ("kvstore/_proto/",)  # python -m tools.gen_proto writes them; nobody reads them for their length
@@ -66,7 +67,7 @@ def imported_names(module: str, path: str) -> list[tuple[str, int]]:
 
 
 def resolve(name: str, known: dict[str, str]) -> str | None:
-    """The longest known module ``name`` is or is inside (``kvstore.wire.pb`` -> ``kvstore.wire``)."""
+    """The longest known module ``name`` is or is inside (``kvstore.contract.pb`` -> ``kvstore.contract``)."""
     parts = name.split(".")
     for end in range(len(parts), 0, -1):
         if ".".join(parts[:end]) in known:
@@ -184,7 +185,7 @@ def test_the_daemon_imports_neither_the_client_nor_the_tools():
     assert daemon_imports_upward(data_root()) == []
 
 
-def test_the_client_reaches_the_daemon_only_through_the_wire_and_geometry():
+def test_the_client_reaches_the_daemon_only_through_the_contract():
     assert client_imports_beyond_the_wire(data_root()) == []
 
 
@@ -228,12 +229,12 @@ def test_each_check_catches_what_it_is_for(tmp_path):
     root = _tree(
         tmp_path,
         {
-            "kvstore/wire/__init__.py": "",
-            "kvstore/geometry.py": "",
+            "kvstore/contract/__init__.py": "",
+            "kvstore/contract/geometry.py": "",
             "kvstore/store.py": "def f():\n    from engine_client import client\n",
             "kvstore/cli.py": "import tools.demo\n",
             "kvstore/reader.py": "",
-            "engine_client/client.py": "from kvstore.wire import pb\nfrom kvstore import geometry\nfrom kvstore.reader import ReadResult\n",
+            "engine_client/client.py": "from kvstore.contract import pb\nfrom kvstore.contract import geometry\nfrom kvstore.reader import ReadResult\n",
             "engine_client/runner.py": "def g():\n    import kvstore\n",
             "tools/demo.py": "from .fmt import human_bytes\n",
             "tools/fmt.py": "def h():\n    from . import demo\n",

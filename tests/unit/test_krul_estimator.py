@@ -9,7 +9,7 @@ from engine_client.generation import dense_generate
 from engine_client.krul import AttentionEstimator, AttentionSketch
 from engine_client.model.loader import load_checkpoint
 from engine_client.prefill import prefill_with_attention
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 from tools.make_checkpoint import make_checkpoint
 
 

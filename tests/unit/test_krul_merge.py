@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from engine_client.krul import merge_pair, restore
 from engine_client.krul.merge import angle, slerp
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 
 def pair(heads: int, tokens: int, d: int, noise: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from engine_client.krul import HardwareProfile, RestoreCosts, check_plan, make_plan, plan_restore, recompute_flops, repair
 from engine_client.model.config import ModelConfig
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 
 def loop_times(costs: RestoreCosts, counts) -> tuple[float, float]:

@@ -18,7 +18,7 @@ from engine_client.krul import (
     pooled_attention,
     record_strategy,
 )
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 
 def causal_map(heads: int, n: int, seed: int) -> torch.Tensor:

@@ -5,9 +5,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore import kvquant
-from kvstore.errors import InvalidArgument
-from kvstore.geometry import ModelSpec, SegmentLayout, StoreGeometry, float32_as_kv, keys_as_float32
+from kvstore.contract import kvquant
+from kvstore.contract.errors import InvalidArgument
+from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry, float32_as_kv, keys_as_float32
 
 SCHEMES = list(kvquant.KV_QUANT)
 

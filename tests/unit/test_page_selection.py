@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from engine_client.selection import budget_count, select_chunks
 from engine_client.selection.budget import page_scores
-from kvstore.wire import InvalidArgument
+from kvstore.contract import InvalidArgument
 
 
 def _brute_force(scores: list[float], count: int, page: int, sink: int, local: int) -> list[int]:

@@ -7,8 +7,8 @@ import torch
 from engine_client.client import to_torch
 from engine_client.pages import PageFrames, gather_pages, scatter_pages
 from engine_client.tensors import block_index, destination
-from kvstore.errors import InvalidArgument
-from kvstore.geometry import ModelSpec, StoreGeometry, dtype_name
+from kvstore.contract.errors import InvalidArgument
+from kvstore.contract.geometry import ModelSpec, StoreGeometry, dtype_name
 
 
 @pytest.mark.parametrize(

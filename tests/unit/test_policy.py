@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 from kvstore.policy import POLICIES, IndexedMinHeap, TierPair, make_policy
 from kvstore.scores import UnitScore
 

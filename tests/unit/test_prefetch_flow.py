@@ -2,7 +2,7 @@
 
 import pytest
 
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 from kvstore.server.prefetch_order import PeriodOrder
 from kvstore.server.status import Backpressure
 

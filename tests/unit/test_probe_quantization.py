@@ -1,4 +1,4 @@
-"""Quantized probe keys: the shared format (kvstore.wire.probes) and the client's resident keys (engine_client.selection.probes)."""
+"""Quantized probe keys: the shared format (kvstore.contract.probes) and the client's resident keys (engine_client.selection.probes)."""
 
 import numpy as np
 import pytest
@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 
 from engine_client.selection import exact_chunk_scores
 from engine_client.selection.probes import QuantizedKeys, check_probe_bits, quantize_keys
-from kvstore.errors import InvalidArgument
-from kvstore.wire.probes import dequantize_probe_rows, quantize_probe_rows
+from kvstore.contract.errors import InvalidArgument
+from kvstore.contract.probes import dequantize_probe_rows, quantize_probe_rows
 
 
 def torch_reference(keys: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:

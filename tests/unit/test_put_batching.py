@@ -10,7 +10,7 @@ import pytest
 
 from engine_client.put_batching import AsyncPutQueue, MergedPages, PutEntry, PutQueue, merge, split, take
 from engine_client.rpc import KVStoreRpcError
-from kvstore.wire import PagesPutResult
+from kvstore.contract import PagesPutResult
 
 
 def entry(keys: str, first: int = 0) -> PutEntry:

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 from tools.bench.recall import chunk_summaries, needle_recall, period_recall
 from tools.bench.text_accuracy import check_store_probe_bits, parse_paths
 

@@ -6,7 +6,7 @@ from helpers import GEOMETRIES
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 from kvstore.policy.remote import MAX_STRETCH, ttl_seconds
 from kvstore.policy.routing import LEAST_LOADED, LOCAL, REMOTE, choose_node, leading_run
 from kvstore.remote.config import RemoteConfig

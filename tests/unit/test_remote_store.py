@@ -10,7 +10,7 @@ import pytest
 from helpers import GEOMETRIES, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.errors import DataLoss, NotFound
+from kvstore.contract.errors import DataLoss, NotFound
 from kvstore.hashing import chunk_hashes
 from kvstore.remote.config import RemoteConfig
 from kvstore.remote.memory import MemoryTier

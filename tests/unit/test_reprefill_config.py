@@ -10,7 +10,7 @@ from engine_client.reprefill import DEFAULT_SYSTEM, Budget, ReprefillConfig, par
 from engine_client.reprefill.config import AttentionConfig, SelectionConfig
 from engine_client.reprefill.systems import ALIASES, BASES, canonical, is_system, known_systems
 from engine_client.selection import SELECTORS, PeriodInputs, budget_count, plan_periods
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 
 def test_a_budget_says_whether_it_is_a_fraction_or_a_count():

@@ -18,7 +18,7 @@ from engine_client.selection import (
     summary_head_chunk_scores,
 )
 from engine_client.selection.heads import kv_head_scores
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 
 def _min_max(keys, c):

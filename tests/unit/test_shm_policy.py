@@ -2,7 +2,7 @@ import os
 
 import pytest
 
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 from kvstore.server.config import ServerConfig
 from kvstore.server.shm_sessions import PeerPolicy
 

@@ -23,7 +23,7 @@ from engine_client.selection.tokens import (
     token_cap,
 )
 from kvstore import progress as bars
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 from tools.make_checkpoint import make_checkpoint
 
 

@@ -5,8 +5,7 @@ from dataclasses import fields
 import numpy as np
 import pytest
 
-from kvstore.geometry import ModelSpec, StoreGeometry
-from kvstore.wire import (
+from kvstore.contract import (
     ChunkScores,
     CompactResult,
     CompressedForm,
@@ -35,6 +34,7 @@ from kvstore.wire import (
     read_from_header,
     stats_from_pb,
 )
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 PAIRS = [
     (LookupResult, pb.LookupResponse),
@@ -86,8 +86,8 @@ def test_array_frames_round_trip():
 def test_geometry_carries_probe_bits_both_ways_and_refuses_bad_ones_by_name():
     from dataclasses import replace
 
-    from kvstore.errors import InvalidArgument
-    from kvstore.wire import geometry_from_pb
+    from kvstore.contract import geometry_from_pb
+    from kvstore.contract.errors import InvalidArgument
 
     for bits in (0, 4, 8):
         geo = replace(GEO, probe_bits=bits)

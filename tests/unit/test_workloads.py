@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from engine_client.workloads import conversation_trace, zipf_probabilities, zipf_requests
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 
 def zipf(seed, **kw):

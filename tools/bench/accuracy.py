@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from kvstore.kvquant import KV_QUANT
+from kvstore.contract.kvquant import KV_QUANT
 from kvstore.progress import progress
 
 from .eval_common import (
@@ -299,7 +299,7 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
         "--store-kv-quant",
         choices=("", *KV_QUANT),
         default="",
-        help="--model: store each prefix's KV quantized (kvstore.kvquant; '': in the KV dtype); 'full' stays unquantized",
+        help="--model: store each prefix's KV quantized (kvstore.contract.kvquant; '': in the KV dtype); 'full' stays unquantized",
     )
     p.add_argument("--examples", type=int, default=200, help="held-out examples")
     p.add_argument("--tokens", type=int, default=2048, help="prefix + suffix tokens of each example")

@@ -270,7 +270,7 @@ def _disk_rate(args) -> float:
 def _request_overhead(args) -> float:
     import numpy as np
 
-    from kvstore.geometry import ModelSpec, StoreGeometry
+    from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
     from .daemon_io import private_daemon_client
 

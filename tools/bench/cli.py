@@ -40,9 +40,9 @@ import threading
 from kvstore import cli_flags
 from kvstore.cli_flags import fractions_arg, one_fraction_arg
 from kvstore.config import BoolFlag, HelpFormatter
-from kvstore.errors import KVStoreError
+from kvstore.contract.errors import KVStoreError
+from kvstore.contract.kvquant import KV_QUANT
 from kvstore.io import BACKENDS
-from kvstore.kvquant import KV_QUANT
 from kvstore.progress import add_progress_flag, set_enabled
 
 from .fio import compare_with_fio, format_comparison
@@ -131,7 +131,7 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     chk.add_argument("--chunk-tokens", type=int)
     chk.add_argument("--group-layers", type=int, help="layers per stored group (the SubPeriod)")
     cli_flags.add_alias(chk, "--period-layers", "group_layers", type=int)  # its older name
-    chk.add_argument("--kv-quant", choices=("", *KV_QUANT), help="store the KV quantized (kvstore.kvquant)")
+    chk.add_argument("--kv-quant", choices=("", *KV_QUANT), help="store the KV quantized (kvstore.contract.kvquant)")
     chk.add_argument("--selection", choices=("random", "runs", "both"))
     chk.add_argument("--groups", choices=("all", "period"), help="one read for all period groups, or one per group")
     chk.add_argument(

@@ -33,7 +33,7 @@ from contextlib import ExitStack
 
 import numpy as np
 
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 from .io_jobs import BenchError
 

@@ -26,7 +26,7 @@ from contextlib import ExitStack
 import numpy as np
 
 from kvstore.cli_flags import fractions_arg
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 from .io_jobs import BenchError
 from .replay_cli import streams_arg

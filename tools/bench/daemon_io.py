@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kvstore.config import StoreConfig
-from kvstore.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.store import ChunkStore
 
 from .fio import find_fio, fio_command, fio_version, parse_fio_json

@@ -79,8 +79,8 @@ def run_estimator(args) -> dict:
     from engine_client.generation import dense_generate
     from engine_client.krul import AttentionEstimator, choose_strategy
     from engine_client.tasks import text
+    from kvstore.contract import InvalidArgument
     from kvstore.progress import progress
-    from kvstore.wire import InvalidArgument
 
     pm = load_pretrained(args.model, args.threads, bench_device(args))
     try:

@@ -53,7 +53,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from kvstore.geometry import ALIGN_BYTES
+from kvstore.contract.geometry import ALIGN_BYTES
 from kvstore.io import aligned_buffer, make_backend
 
 from .machine import machine_info

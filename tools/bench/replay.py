@@ -59,7 +59,7 @@ import time
 import numpy as np
 
 from engine_client.compute_model import h2d_seconds, layer_seconds, lm_head_seconds, parse_profile, query_seconds, score_seconds
-from kvstore.errors import InvalidArgument
+from kvstore.contract.errors import InvalidArgument
 
 from .io_jobs import BenchError
 from .replay_choice import choice_rows, recompute_rows
@@ -106,7 +106,7 @@ def selection_cost(system: dict, config, profile, suffix: int, num_tokens: int, 
 
 
 def _geometry(system: dict):
-    from kvstore.geometry import ModelSpec, StoreGeometry
+    from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
     g = dict(system["geometry"])
     return StoreGeometry(ModelSpec(**g.pop("model")), **g)

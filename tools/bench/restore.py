@@ -55,7 +55,7 @@ import numpy as np
 import torch
 
 from kvstore.cli_flags import add_alias
-from kvstore.kvquant import KV_QUANT
+from kvstore.contract.kvquant import KV_QUANT
 
 from .eval_common import add_device_flag, bench_device, check_strategy_flags, load_pretrained
 from .io_jobs import BenchError
@@ -81,7 +81,7 @@ def add_restore_parser(sub) -> None:
     )
     p.add_argument("--stream", choices=("eval", "tune"), default="eval", help="seed stream of the examples")
     p.add_argument("--start", type=int, default=0, help="first seed's offset in the stream")
-    p.add_argument("--kv-quant", choices=QUANT, default="kv8", help="the compressed form's quantization (kvstore.kvquant)")
+    p.add_argument("--kv-quant", choices=QUANT, default="kv8", help="the compressed form's quantization (kvstore.contract.kvquant)")
     p.add_argument("--group-layers", type=int, default=4, help="layers per stored group (a load is one call per group)")
     p.add_argument("--threads", type=int, default=2, help="torch threads")
     p.add_argument("--max-new-tokens", type=int, default=0, help="tokens to decode (default: the task's)")

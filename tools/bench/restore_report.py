@@ -81,7 +81,7 @@ def _paper_plans(args, model, examples) -> dict:
     cost model's times, nothing measured.  Stored bytes in 16 bits as a GPU keeps KV, quantized as stored."""
     from engine_client.krul import HardwareProfile, plan_restore, recompute_flops
     from engine_client.runner import model_geometry
-    from kvstore.geometry import ModelSpec, StoreGeometry
+    from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
     n = int(np.mean([ex.num_prefix_tokens for ex in examples]))
     profile = HardwareProfile(args.paper.flops_per_s, args.paper_load_gbps * 1e9)

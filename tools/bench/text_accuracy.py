@@ -21,7 +21,7 @@ Paths (several, comma-separated, share each example's prefill and store):
 ``--store-probe-bits 4|8`` stores each prefix's probe keys quantized
 (``StoreGeometry.probe_bits``): exact paths at that width read them as
 stored, and ``probe_bytes`` counts the packed rows.  ``--store-kv-quant
-kv8|kv4|kv8t|kv4t`` stores each prefix's KV quantized (``kvstore.kvquant``):
+kv8|kv4|kv8t|kv4t`` stores each prefix's KV quantized (``kvstore.contract.kvquant``):
 every daemon path then reads it dequantized (``exact@1.0`` is the full KV as
 stored), while ``full`` stays the unquantized reference.
 

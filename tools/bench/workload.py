@@ -485,7 +485,7 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, token
 def probe_state_bytes(geo, num_tokens: int, bits: int) -> int:
     """Quantized probe keys a client keeps resident for one prefix: every stored group's
     ``[Hkv, n, d]`` keys at ``bits`` bits plus one float32 scale per (head, token)."""
-    from kvstore.geometry import quantized_row_bytes
+    from kvstore.contract.geometry import quantized_row_bytes
 
     m = geo.model
     return geo.num_groups * m.num_kv_heads * num_tokens * quantized_row_bytes(m.head_dim, bits)

@@ -1,36 +1,27 @@
-"""The daemon's wire contract: everything that crosses its socket, and all a client needs of ``kvstore``.
+"""The contract both sides import: everything that crosses the daemon's socket, and all a client needs of ``kvstore``.
 
-``engine_client`` imports from the daemon's package only this package and
-``kvstore.geometry`` (``tests/unit/test_import_boundary.py``):
+``engine_client`` imports from the daemon's package only this package
+(``tests/unit/test_import_boundary.py``), and the daemon uses the same
+modules for the same things:
 
-- ``pb``: the generated messages; ``kvstore.wire.rpc``: the gRPC stubs
+- ``pb``: the generated messages; ``kvstore.contract.rpc``: the gRPC stubs
   (apart, so that only a gRPC caller loads grpc);
-- the error vocabulary: each class is one status code (``KVStoreError.code``,
-  mapped by ``kvstore.server.status``);
+- ``geometry``: a model's KV shape and the store's layout of it (every
+  on-disk and on-wire size); ``kvquant``: the stored KV's quantization;
+  ``probes``: the probe keys' format;
+- ``errors``: the error vocabulary, each class one status code
+  (``KVStoreError.code``, mapped by ``kvstore.server.status``);
 - ``codec``: geometry, tokens, array frames and layer ranges both ways, and
   every reply read into a value of ``results``;
 - ``results``: what the calls answer (``LookupResult``, ``PutResult``,
   ``PrefixDescription``, ``StoreStats``, ``ReadResult``, ...), and
-  ``conversations``: what the conversation calls answer
+  ``conversation_results``: what the conversation calls answer
   (``ConversationInfo``, ``ConversationDeleted``);
+- ``routing``, ``data_frames``: the cluster route and the data connection's framing;
 - ``MAX_MESSAGE_BYTES``, the message size limit of both sides.
 """
 
 from .._proto import kvstore_pb2 as pb
-from ..errors import (
-    BackendUnavailable,
-    Conflict,
-    DataLoss,
-    FailedPrecondition,
-    IndexDamaged,
-    InvalidArgument,
-    KVStoreError,
-    NotFound,
-    PermissionDenied,
-    ReadOnly,
-    StoreFull,
-    StoreLocked,
-)
 from .codec import (
     MAX_MESSAGE_BYTES,
     array_frames,
@@ -55,7 +46,21 @@ from .codec import (
     stats_from_pb,
     tokens_from_pb,
 )
-from .conversations import CompressedForm, ConversationDeleted, ConversationInfo, ConversationTurn, PrefixKept
+from .conversation_results import CompressedForm, ConversationDeleted, ConversationInfo, ConversationTurn, PrefixKept
+from .errors import (
+    BackendUnavailable,
+    Conflict,
+    DataLoss,
+    FailedPrecondition,
+    IndexDamaged,
+    InvalidArgument,
+    KVStoreError,
+    NotFound,
+    PermissionDenied,
+    ReadOnly,
+    StoreFull,
+    StoreLocked,
+)
 from .results import (
     ChunkScores,
     CompactResult,

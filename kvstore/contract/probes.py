@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import InvalidArgument
-from ..geometry import PROBE_SCALE_BYTES, quantized_row_bytes
+from .errors import InvalidArgument
+from .geometry import PROBE_SCALE_BYTES, quantized_row_bytes
 
 QUANTIZED_BITS = (4, 8)
 _SCALE_DTYPE = np.dtype("<f4")

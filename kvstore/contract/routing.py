@@ -7,8 +7,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .._proto import kvstore_pb2 as pb
-from ..geometry import StoreGeometry
 from .codec import geometry_to_pb
+from .geometry import StoreGeometry
 
 
 @dataclass(frozen=True)

@@ -22,12 +22,12 @@ A **segment** is a run of consecutive chunks written in one data file::
 
 The probe keys are the keys of each group's first layer.  With ``probe_bits``
 4 or 8 they are stored quantized instead, each (head, token) row packed as
-``[codes (d*bits/8 bytes) | scale (float32)]`` (``kvstore.wire.probes``), so
+``[codes (d*bits/8 bytes) | scale (float32)]`` (``kvstore.contract.probes``), so
 a group's region is ``[head][token][row_bytes]`` uint8, still sliced by token.
 
 With ``kv_quant`` (``"kv8"``, ``"kv4"``, ``"kv8t"``, ``"kv4t"``, ``"kv8h"``,
 ``"kv4h"``) an extent holds each layer's K and V as quantized codes with
-float16 scales and zero points (``kvstore.kvquant``), still one chunk of one group: ``extent_bytes``,
+float16 scales and zero points (``kvstore.contract.kvquant``), still one chunk of one group: ``extent_bytes``,
 ``extent_payload`` (what a put stores) and ``extent_array`` (what a read
 returns, dequantized to the KV dtype) are the only places that know.
 
@@ -75,7 +75,7 @@ MAX_KV_HEADS = 1024
 MAX_HEAD_DIM = 4096
 MAX_CHUNK_TOKENS = 65536
 
-PROBE_BITS = (0, 4, 8)  # 0: probe keys in the KV dtype; 4 or 8: quantized (kvstore.wire.probes)
+PROBE_BITS = (0, 4, 8)  # 0: probe keys in the KV dtype; 4 or 8: quantized (kvstore.contract.probes)
 PROBE_SCALE_BYTES = 4  # the float32 scale closing each quantized probe row
 
 
@@ -186,7 +186,7 @@ class StoreGeometry:
     probe_keys: bool = True
     # 4 or 8: probe keys stored quantized to that many bits (module docstring); 0: in the KV dtype
     probe_bits: int = 0
-    # "kv8", "kv4", "kv8t", "kv4t", "kv8h", "kv4h": extents hold the KV quantized (``kvstore.kvquant``); "": in the KV dtype
+    # "kv8", "kv4", "kv8t", "kv4t", "kv8h", "kv4h": extents hold the KV quantized (``kvstore.contract.kvquant``); "": in the KV dtype
     kv_quant: str = ""
     # per layer, the KV heads whose rows extents leave out (module docstring); (): every head stored
     streaming_heads: tuple[tuple[int, ...], ...] = ()

@@ -15,9 +15,9 @@ from dataclasses import fields
 import numpy as np
 
 from .._proto import kvstore_pb2 as pb
-from ..errors import InvalidArgument
-from ..geometry import ModelSpec, StoreGeometry
-from .conversations import CompressedForm, ConversationDeleted, ConversationInfo, ConversationTurn, PrefixKept
+from .conversation_results import CompressedForm, ConversationDeleted, ConversationInfo, ConversationTurn, PrefixKept
+from .errors import InvalidArgument
+from .geometry import ModelSpec, StoreGeometry
 from .results import (
     ChunkScores,
     CompactResult,

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..geometry import StoreGeometry
+from .geometry import StoreGeometry
 
 
 @dataclass(frozen=True)
