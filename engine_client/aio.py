@@ -223,10 +223,10 @@ class AsyncKVStoreClient:
         return await with_put_retries(attempt)
 
     async def describe(self, prefix_id: str, *, timeout=None) -> PrefixDescription:
-        return description_from_pb(await acall(self.stub.Describe, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)))
+        return description_from_pb(await acall(self.stub.Describe, pb.DescribeRequest(prefix_id=prefix_id), **self._kw(timeout)))
 
     async def delete(self, prefix_id: str, *, timeout=None) -> str:
-        return (await acall(self.stub.Delete, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout))).prefix_id
+        return (await acall(self.stub.Delete, pb.DeleteRequest(prefix_id=prefix_id), **self._kw(timeout))).prefix_id
 
     async def list_prefixes(self, namespace: str = "", *, timeout=None) -> list[PrefixInfo]:
         res = await acall(self.stub.ListPrefixes, pb.ListPrefixesRequest(namespace=namespace), **self._kw(timeout))
@@ -284,14 +284,13 @@ class AsyncKVStoreClient:
 
     async def get_summaries(self, prefix_id: str, *, timeout=None) -> np.ndarray:
         """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
-        return array_from_frames(
-            await _collect(astream(self.stub.GetSummaries, pb.GetSummariesRequest(prefix_id=prefix_id), **self._kw(timeout)))
-        )
+        req = pb.GetSummariesRequest(prefix_id=prefix_id)
+        return array_from_frames(r.frame for r in await _collect(astream(self.stub.GetSummaries, req, **self._kw(timeout))))
 
     async def get_probe_keys(self, prefix_id: str, group: int, *, timeout=None) -> np.ndarray:
         """Keys of the group's first layer, as the prefix's geometry stores them (``KVStoreClient.get_probe_keys``)."""
         req = pb.GetProbeKeysRequest(prefix_id=prefix_id, group=group)
-        return array_from_frames(await _collect(astream(self.stub.GetProbeKeys, req, **self._kw(timeout))))
+        return array_from_frames(r.frame for r in await _collect(astream(self.stub.GetProbeKeys, req, **self._kw(timeout))))
 
     # ------------------------------------------------------------ scores
     async def report_attention(self, prefix_id: str, group: int, chunks, attention, *, timeout=None) -> int:
@@ -408,7 +407,7 @@ class AsyncKVStoreClient:
 
     # ------------------------------------------------------------ admin
     async def inspect(self, prefix_id: str, *, timeout=None) -> dict:
-        return json.loads((await acall(self.admin.Inspect, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout))).json)
+        return json.loads((await acall(self.admin.Inspect, pb.InspectRequest(prefix_id=prefix_id), **self._kw(timeout))).json)
 
     async def verify(self, prefix_id: str = "", *, timeout=None) -> list[SegmentReport]:
         res = await acall(self.admin.Verify, pb.VerifyRequest(prefix_id=prefix_id), **self._kw(timeout))

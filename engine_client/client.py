@@ -201,10 +201,10 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
 
     def describe(self, prefix_id: str, *, timeout=None) -> PrefixDescription:
         """Geometry, token count and model of a stored prefix (NOT_FOUND if unknown)."""
-        return description_from_pb(call(self.stub.Describe, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)))
+        return description_from_pb(call(self.stub.Describe, pb.DescribeRequest(prefix_id=prefix_id), **self._kw(timeout)))
 
     def delete(self, prefix_id: str, *, timeout=None) -> str:
-        return call(self.stub.Delete, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)).prefix_id
+        return call(self.stub.Delete, pb.DeleteRequest(prefix_id=prefix_id), **self._kw(timeout)).prefix_id
 
     def list_prefixes(self, namespace: str = "", *, timeout=None) -> list[PrefixInfo]:
         res = call(self.stub.ListPrefixes, pb.ListPrefixesRequest(namespace=namespace), **self._kw(timeout))
@@ -346,7 +346,8 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
 
     def get_summaries(self, prefix_id: str, *, timeout=None) -> np.ndarray:
         """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
-        return array_from_frames(stream(self.stub.GetSummaries, pb.GetSummariesRequest(prefix_id=prefix_id), **self._kw(timeout)))
+        req = pb.GetSummariesRequest(prefix_id=prefix_id)
+        return array_from_frames(r.frame for r in stream(self.stub.GetSummaries, req, **self._kw(timeout)))
 
     def get_probe_keys(self, prefix_id: str, group: int, *, timeout=None) -> np.ndarray:
         """Keys of the group's first layer, as the prefix's geometry stores them.
@@ -357,7 +358,7 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
         float32 scale (``kvstore.contract.probes``; ``QuantizedKeys.from_packed``).
         """
         req = pb.GetProbeKeysRequest(prefix_id=prefix_id, group=group)
-        return array_from_frames(stream(self.stub.GetProbeKeys, req, **self._kw(timeout)))
+        return array_from_frames(r.frame for r in stream(self.stub.GetProbeKeys, req, **self._kw(timeout)))
 
     # ------------------------------------------------------------ scores
     def report_attention(self, prefix_id: str, group: int, chunks, attention, *, timeout=None) -> int:
@@ -373,7 +374,7 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
 
     # ------------------------------------------------------------ admin
     def inspect(self, prefix_id: str, *, timeout=None) -> dict:
-        return json.loads(call(self.admin.Inspect, pb.PrefixRequest(prefix_id=prefix_id), **self._kw(timeout)).json)
+        return json.loads(call(self.admin.Inspect, pb.InspectRequest(prefix_id=prefix_id), **self._kw(timeout)).json)
 
     def verify(self, prefix_id: str = "", *, timeout=None) -> list[SegmentReport]:
         res = call(self.admin.Verify, pb.VerifyRequest(prefix_id=prefix_id), **self._kw(timeout))

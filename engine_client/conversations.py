@@ -26,7 +26,7 @@ class ConversationCalls:
     def append_turn(self, conversation_id: str, turn: int, prefix_id: str, *, namespace: str = "", timeout=None) -> ConversationInfo:
         """Record ``turn`` (0 creates the conversation); retrying the last turn with the same prefix is a no-op."""
         req = pb.AppendTurnRequest(namespace=namespace, conversation_id=conversation_id, turn=turn, prefix_id=prefix_id)
-        return conversation_from_pb(call(self.stub.AppendTurn, req, **self._kw(timeout)))
+        return conversation_from_pb(call(self.stub.AppendTurn, req, **self._kw(timeout)).conversation)
 
     def mark_inactive(
         self,
@@ -48,11 +48,11 @@ class ConversationCalls:
             format=format,
             strategy_json=strategy_json,
         )
-        return conversation_from_pb(call(self.stub.MarkInactive, req, **self._kw(timeout)))
+        return conversation_from_pb(call(self.stub.MarkInactive, req, **self._kw(timeout)).conversation)
 
     def get_conversation(self, conversation_id: str, *, namespace: str = "", timeout=None) -> ConversationInfo:
-        req = pb.ConversationRequest(namespace=namespace, conversation_id=conversation_id)
-        return conversation_from_pb(call(self.stub.GetConversation, req, **self._kw(timeout)))
+        req = pb.GetConversationRequest(namespace=namespace, conversation_id=conversation_id)
+        return conversation_from_pb(call(self.stub.GetConversation, req, **self._kw(timeout)).conversation)
 
     def list_conversations(self, namespace: str = "", *, timeout=None) -> list[ConversationInfo]:
         """Every conversation of ``namespace`` ("" = every namespace this client may use), without per-turn detail."""

@@ -9,10 +9,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from kvstore.contract.errors import KVStoreError
-
 from . import cli_flags
 from .config import OneLineErrorParser
+from .contract.errors import KVStoreError
 
 
 def _serve(args) -> int:

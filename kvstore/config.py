@@ -18,7 +18,7 @@ import tomllib
 import typing
 from dataclasses import dataclass, field
 
-from kvstore.contract.errors import InvalidArgument
+from .contract.errors import InvalidArgument
 
 MiB = 1 << 20
 GiB = 1 << 30

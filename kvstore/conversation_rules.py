@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import string
 
-from kvstore.contract.errors import FailedPrecondition, InvalidArgument, NotFound
-
+from .contract.errors import FailedPrecondition, InvalidArgument, NotFound
 from .hashing import MAX_NAMESPACE_BYTES, validate_label
 from .index import conversation_key
 from .records import PREFIX, PrefixView

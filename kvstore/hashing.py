@@ -14,8 +14,8 @@ import hashlib
 
 import numpy as np
 
-from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import StoreGeometry
+from .contract.errors import InvalidArgument
+from .contract.geometry import StoreGeometry
 
 MAX_TOKEN_ID = (1 << 32) - 1
 MAX_NAMESPACE_BYTES = 256

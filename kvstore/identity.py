@@ -22,8 +22,7 @@ import struct
 import time
 from dataclasses import asdict, dataclass
 
-from kvstore.contract.errors import IndexDamaged, StoreLocked
-
+from .contract.errors import IndexDamaged, StoreLocked
 from .file_modes import FILE_MODE
 
 FORMAT_VERSION = 2

@@ -35,8 +35,7 @@ from typing import TypeVar
 
 import lmdb
 
-from kvstore.contract.errors import IndexDamaged, InvalidArgument, StoreFull
-
+from .contract.errors import IndexDamaged, InvalidArgument, StoreFull
 from .file_modes import FILE_MODE, make_dirs
 from .identity import (
     FORMAT_VERSION,

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from kvstore.contract.errors import Conflict, NotFound
-
 from . import index as ix
+from .contract.errors import Conflict, NotFound
 from .index import Index
 from .scores import Unit, UnitScore, unit_key
 from .scores import decode as decode_score

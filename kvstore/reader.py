@@ -9,9 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.results import ReadResult as ReadResult  # what ChunkStore.read returns, the client's read type too
-
+from .contract.errors import InvalidArgument
+from .contract.results import ReadResult as ReadResult  # what ChunkStore.read returns, the client's read type too
 from .io import IOBackend, aligned_buffer
 from .io.inflight import InFlight
 from .io.plan import coalesce

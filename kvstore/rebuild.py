@@ -23,9 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import xxhash
 
-from kvstore.contract.errors import IndexDamaged
-
 from . import index as ix
+from .contract.errors import IndexDamaged
 from .conversation_files import DIRECTORY as CONVERSATIONS_DIR
 from .conversation_files import SUFFIX, ConversationFiles, file_name
 from .conversation_rules import check_record

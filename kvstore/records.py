@@ -8,7 +8,7 @@ from functools import cached_property
 
 import numpy as np
 
-from kvstore.contract.geometry import SegmentLayout, StoreGeometry
+from .contract.geometry import SegmentLayout, StoreGeometry
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ import struct
 
 import xxhash
 
-from kvstore.contract.geometry import ALIGN_BYTES, align_up
+from .contract.geometry import ALIGN_BYTES, align_up
 
 _HEAD = struct.Struct("<8sIQ")
 _FOOT = struct.Struct("<Q8s")

@@ -14,10 +14,9 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import SUMMARY_DTYPE, SegmentLayout, key_summary, keys_as_float32
-from kvstore.contract.probes import quantize_probe_rows
-
+from .contract.errors import InvalidArgument
+from .contract.geometry import SUMMARY_DTYPE, SegmentLayout, key_summary, keys_as_float32
+from .contract.probes import quantize_probe_rows
 from .io import aligned_buffer
 
 

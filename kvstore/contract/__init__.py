@@ -21,7 +21,7 @@ modules for the same things:
 - ``MAX_MESSAGE_BYTES``, the message size limit of both sides.
 """
 
-from .._proto import kvstore_pb2 as pb
+from . import _proto as pb
 from .codec import (
     MAX_MESSAGE_BYTES,
     array_frames,

@@ -14,7 +14,7 @@ from dataclasses import fields
 
 import numpy as np
 
-from .._proto import kvstore_pb2 as pb
+from . import _proto as pb
 from .conversation_results import CompressedForm, ConversationDeleted, ConversationInfo, ConversationTurn, PrefixKept
 from .errors import InvalidArgument
 from .geometry import ModelSpec, StoreGeometry

@@ -103,7 +103,7 @@ class LatencySummary:
 
 @dataclass(frozen=True)
 class StoreStats:
-    """The daemon's figures (Stats); see ``StatsResponse`` in proto/kvstore.proto for each one."""
+    """The daemon's figures (Stats); see ``StatsResponse`` in proto/kvstore/v1/stats.proto for each one."""
 
     backend: str
     num_prefixes: int
@@ -169,7 +169,7 @@ class StoreStats:
 
 @dataclass(frozen=True)
 class PrefetchStats:
-    """One Prefetch stream's figures, sent when it closes; see ``PrefetchStats`` in proto/kvstore.proto."""
+    """One Prefetch stream's figures, sent when it closes; see ``PrefetchStats`` in proto/kvstore/v1/reads.proto."""
 
     bytes_gpu: int
     bytes_cpu: int

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._proto import kvstore_pb2 as pb
+from . import _proto as pb
 from .codec import geometry_to_pb
 from .geometry import StoreGeometry
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from kvstore.contract.errors import BackendUnavailable, InvalidArgument
-
+from ..contract.errors import BackendUnavailable, InvalidArgument
 from .base import FileHandle, IOBackend, IOFuture, aligned_buffer, check_aligned
 from .posix import PosixBackend
 

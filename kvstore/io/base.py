@@ -16,7 +16,7 @@ from typing import Protocol
 
 import numpy as np
 
-from kvstore.contract.geometry import ALIGN_BYTES
+from ..contract.geometry import ALIGN_BYTES
 
 
 class IOFuture(Protocol):

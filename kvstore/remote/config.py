@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstore.contract.errors import InvalidArgument
-
 from ..config import MiB, _opt, check_field_types
+from ..contract.errors import InvalidArgument
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import xxhash
 
-from kvstore.contract.geometry import StoreGeometry
+from ..contract.geometry import StoreGeometry
 
 EXTENT_MAGIC = b"KVX1"
 MANIFEST_MAGIC = b"KVM1"

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kvstore.contract.geometry import StoreGeometry
-
+from ..contract.geometry import StoreGeometry
 from ..hashing import chunk_hashes, validate_tokens
 from ..policy.routing import RouteChoice, choose_node, leading_run
 from .base import RemoteTier

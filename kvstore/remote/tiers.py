@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from kvstore.contract.errors import InvalidArgument
-
+from ..contract.errors import InvalidArgument
 from .base import RemoteTier
 
 SCHEMES = ("redis-cluster", "redis-cluster+tls", "memory")

@@ -16,12 +16,10 @@ import signal
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvstore.contract import MAX_MESSAGE_BYTES
-from kvstore.contract.errors import BackendUnavailable, InvalidArgument, KVStoreError, StartupError
-
 from .. import faults
-from .._proto import kvstore_pb2, kvstore_pb2_grpc
 from ..config import StoreConfig
+from ..contract import MAX_MESSAGE_BYTES, rpc
+from ..contract.errors import BackendUnavailable, InvalidArgument, KVStoreError, StartupError
 from ..file_modes import FILE_MODE
 from ..remote import RemoteConfig
 from ..remote.router import Router
@@ -206,12 +204,12 @@ class Daemon:
         return server
 
     def _add_services(self, server: grpc.aio.Server) -> None:
-        add_service(kvstore_pb2_grpc.add_KVStoreServicer_to_server, KVStoreServicer(self.service), server)
+        add_service(rpc.add_KVStoreServicer_to_server, KVStoreServicer(self.service), server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
-        names = [kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name, health.SERVICE_NAME]
+        names = [rpc.KVSTORE_SERVICE, health.SERVICE_NAME]
         if self.config.enable_admin:
-            add_service(kvstore_pb2_grpc.add_KVStoreAdminServicer_to_server, AdminServicer(self.service), server)
-            names.append(kvstore_pb2.DESCRIPTOR.services_by_name["KVStoreAdmin"].full_name)
+            add_service(rpc.add_KVStoreAdminServicer_to_server, AdminServicer(self.service), server)
+            names.append(rpc.ADMIN_SERVICE)
         if self.config.enable_reflection:
             from grpc_reflection.v1alpha import reflection
 

@@ -43,8 +43,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from kvstore.contract.errors import NotFound
-
+from ..contract.errors import NotFound
 from .status import ArenaExhausted
 
 log = logging.getLogger(__name__)

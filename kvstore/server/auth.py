@@ -20,7 +20,7 @@ import tomllib
 
 import grpc
 
-from kvstore.contract.errors import InvalidArgument, PermissionDenied
+from ..contract.errors import InvalidArgument, PermissionDenied
 
 MIN_TOKEN_CHARS = 16
 ALL = "*"

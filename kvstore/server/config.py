@@ -6,9 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import ClassVar
 
-from kvstore.contract.errors import InvalidArgument
-
 from ..config import MiB, _opt, check_field_types, one_of, parse_host_port
+from ..contract.errors import InvalidArgument
 from ..logs import FORMATS, LEVELS
 
 

@@ -9,7 +9,7 @@ and ``ListConversations`` shows only the namespaces the token may use (as
 
 from __future__ import annotations
 
-from .._proto import kvstore_pb2 as pb
+from ..contract import pb
 from .auth import check_namespace, namespaces_of
 from .status import unary
 
@@ -39,7 +39,7 @@ class ConversationRpcs:
             request.prefix_id,
             resolve=lambda pid: svc.reach(pid, context),
         )
-        return info_to_pb(await svc.run(conv.info, record))
+        return pb.AppendTurnResponse(conversation=info_to_pb(await svc.run(conv.info, record)))
 
     @unary
     async def MarkInactive(self, request, context):
@@ -55,14 +55,14 @@ class ConversationRpcs:
             request.strategy_json,
             resolve=lambda pid: svc.reach(pid, context),
         )
-        return info_to_pb(await svc.run(conv.info, record))
+        return pb.MarkInactiveResponse(conversation=info_to_pb(await svc.run(conv.info, record)))
 
     @unary
     async def GetConversation(self, request, context):
         check_namespace(context, request.namespace)
         conv = self.svc.store.conversations
         record = await self.svc.run(conv.get, request.namespace, request.conversation_id)
-        return info_to_pb(await self.svc.run(conv.info, record))
+        return pb.GetConversationResponse(conversation=info_to_pb(await self.svc.run(conv.info, record)))
 
     @unary
     async def ListConversations(self, request, context):

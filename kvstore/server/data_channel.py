@@ -33,8 +33,8 @@ import selectors
 import socket
 import threading
 
-from kvstore.contract.data_frames import FRAME, FRAME_MAGIC, HELLO, HELLO_MAGIC, VERSION
-from kvstore.contract.errors import FailedPrecondition, PermissionDenied
+from ..contract.data_frames import FRAME, FRAME_MAGIC, HELLO, HELLO_MAGIC, VERSION
+from ..contract.errors import FailedPrecondition, PermissionDenied
 
 log = logging.getLogger(__name__)
 

@@ -26,10 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvstore.contract import geometry_from_pb, geometry_to_pb, groups_for_layers
-from kvstore.contract.errors import InvalidArgument
-
-from .._proto import kvstore_pb2 as pb
+from ..contract import geometry_from_pb, geometry_to_pb, groups_for_layers, pb
+from ..contract.errors import InvalidArgument
 from ..store.pages import READ_BATCH_BYTES, PageLocation, not_stored
 from .auth import namespaces_of
 

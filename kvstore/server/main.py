@@ -7,11 +7,10 @@ import asyncio
 import logging
 import sys
 
-from kvstore.contract.errors import InvalidArgument, KVStoreError, StartupError
-
 from .. import logs
 from ..cli_flags import add_version
 from ..config import ENV_PREFIX, OneLineErrorParser, StoreConfig, add_config_args, load_config
+from ..contract.errors import InvalidArgument, KVStoreError, StartupError
 from ..remote.config import RemoteConfig
 from .config import ServerConfig
 

@@ -37,10 +37,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore.contract import geometry_to_pb
-from kvstore.contract.errors import DataLoss, InvalidArgument
-
-from .._proto import kvstore_pb2 as pb
+from ..contract import geometry_to_pb, pb
+from ..contract.errors import DataLoss, InvalidArgument
 from ..reader import validate_chunks
 from .admission import queue_wait_seconds
 from .arena import new_owner

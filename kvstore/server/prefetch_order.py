@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from kvstore.contract.errors import InvalidArgument
-
+from ..contract.errors import InvalidArgument
 from .status import Backpressure
 
 

@@ -17,9 +17,8 @@ import logging
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import CollectorRegistry
 
-from kvstore.contract.errors import InvalidArgument
-
 from ..config import parse_host_port
+from ..contract.errors import InvalidArgument
 from .metrics import LATENCY_BUCKETS_SECONDS
 from .remote import metric_families as remote_metric_families
 

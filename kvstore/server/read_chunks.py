@@ -20,10 +20,8 @@ last; an abandoned call's buffers and leases go back (``ex.finish``).
 
 from __future__ import annotations
 
-from kvstore.contract import geometry_to_pb, groups_for_layers
-from kvstore.contract.errors import FailedPrecondition, InvalidArgument
-
-from .._proto import kvstore_pb2 as pb
+from ..contract import geometry_to_pb, groups_for_layers, pb
+from ..contract.errors import FailedPrecondition, InvalidArgument
 from ..reader import validate_chunks
 from .admission import queue_wait_seconds
 from .read_exec import ReadExecutor, Source, read_flag

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 
-from .._proto import kvstore_pb2 as pb
+from ..contract import pb
 from .admission import Admissions, Grant
 from .read_plan import InFlight
 from .status import ArenaExhausted

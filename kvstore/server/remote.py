@@ -19,8 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from kvstore.contract.errors import StartupError
-
+from ..contract.errors import StartupError
 from ..remote import RemoteConfig, RemoteRefused, RemoteTier, RemoteUnavailable, make_tier
 
 log = logging.getLogger("kvstore.remote")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-from kvstore.contract import geometry_from_pb, tokens_from_pb
-from kvstore.contract.errors import FailedPrecondition, InvalidArgument
-
-from .._proto import kvstore_pb2 as pb
+from ..contract import geometry_from_pb, pb, tokens_from_pb
+from ..contract.errors import FailedPrecondition, InvalidArgument
 from ..remote.base import RemoteUnavailable
 from .auth import check_namespace
 from .status import unary

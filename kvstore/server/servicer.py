@@ -13,12 +13,10 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
-from kvstore.contract import array_frames, geometry_from_pb, geometry_to_pb, tokens_from_pb
-from kvstore.contract.errors import InvalidArgument, NotFound, PermissionDenied
-
 from .. import __version__
-from .._proto import kvstore_pb2 as pb
-from .._proto import kvstore_pb2_grpc as pb_grpc
+from ..contract import array_frames, geometry_from_pb, geometry_to_pb, pb, tokens_from_pb
+from ..contract import rpc as pb_grpc
+from ..contract.errors import InvalidArgument, NotFound, PermissionDenied
 from ..store import ChunkStore
 from .arena import Arena
 from .auth import check_namespace, namespaces_of
@@ -282,14 +280,14 @@ class KVStoreServicer(ConversationRpcs, RouteRpcs, pb_grpc.KVStoreServicer):
         pid = await self.svc.run(self.svc.reach, request.prefix_id, context)
         arr = await self.svc.run(self.svc.store.read_summaries, pid)
         for frame in array_frames(arr, self.svc.config.frame_bytes):
-            yield frame
+            yield pb.GetSummariesResponse(frame=frame)
 
     @streaming
     async def GetProbeKeys(self, request, context):
         pid = await self.svc.run(self.svc.reach, request.prefix_id, context)
         arr = await self.svc.run(self.svc.store.read_probe_keys, pid, request.group)
         for frame in array_frames(arr, self.svc.config.frame_bytes):
-            yield frame
+            yield pb.GetProbeKeysResponse(frame=frame)
 
     @unary
     async def ReportAttention(self, request, context):

@@ -26,8 +26,7 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from kvstore.contract.errors import FailedPrecondition, InvalidArgument
-
+from ..contract.errors import FailedPrecondition, InvalidArgument
 from . import sockets
 from .arena import Arena, new_owner
 

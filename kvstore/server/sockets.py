@@ -20,8 +20,7 @@ import socket
 import stat
 import struct
 
-from kvstore.contract.errors import InvalidArgument
-
+from ..contract.errors import InvalidArgument
 from ..file_modes import DIR_MODE, make_dirs
 
 PROBE_TIMEOUT_S = 2.0

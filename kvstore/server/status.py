@@ -18,7 +18,7 @@ import logging
 
 import grpc
 
-from kvstore.contract import errors
+from ..contract import errors
 
 log = logging.getLogger(__name__)
 

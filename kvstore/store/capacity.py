@@ -17,9 +17,8 @@ import logging
 import threading
 from collections.abc import Callable
 
-from kvstore.contract.errors import NotFound
-
 from ..config import StoreConfig
+from ..contract.errors import NotFound
 from ..faults import crash_point
 from ..holds import PrefixHolds
 from ..policy.disk import PrefixCost, choose_victims

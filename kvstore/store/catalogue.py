@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from kvstore.contract.errors import InvalidArgument, NotFound
-
 from .. import index_ops as ops
+from ..contract.errors import InvalidArgument, NotFound
 from ..index import Index
 from ..reader import validate_chunks, validate_groups
 from ..records import PrefixView, SegmentInfo

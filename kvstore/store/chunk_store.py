@@ -15,12 +15,11 @@ import threading
 
 import numpy as np
 
-from kvstore.contract.errors import NotFound
-from kvstore.contract.geometry import StoreGeometry
-from kvstore.contract.results import LookupResult
-
 from .. import index as ix
 from ..config import StoreConfig
+from ..contract.errors import NotFound
+from ..contract.geometry import StoreGeometry
+from ..contract.results import LookupResult
 from ..conversation_files import DIRECTORY as CONVERSATIONS_DIR
 from ..conversation_files import ConversationFiles
 from ..file_modes import make_dirs

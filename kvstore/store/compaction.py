@@ -24,9 +24,8 @@ from collections import defaultdict
 import numpy as np
 import xxhash
 
-from kvstore.contract.errors import NotFound, StoreFull
-from kvstore.contract.geometry import SegmentLayout
-
+from ..contract.errors import NotFound, StoreFull
+from ..contract.geometry import SegmentLayout
 from ..faults import crash_point
 from ..holds import PrefixHolds
 from ..io import aligned_buffer

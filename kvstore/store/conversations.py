@@ -46,9 +46,8 @@ import time
 
 import lmdb
 
-from kvstore.contract.errors import InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
-
 from .. import index_ops as ops
+from ..contract.errors import InvalidArgument, KVStoreError, NotFound, ReadOnly, StoreFull
 from ..conversation_files import SUFFIX, ConversationFiles, encode, file_name
 from ..conversation_rules import appended, check_format, check_key, held_prefix_id, marked_inactive, parse_strategy, prefix_ids
 from ..faults import crash_point

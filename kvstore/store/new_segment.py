@@ -15,9 +15,8 @@ import errno
 import os
 import time
 
-from kvstore.contract.errors import ReadOnly
-from kvstore.contract.geometry import StoreGeometry
-
+from ..contract.errors import ReadOnly
+from ..contract.geometry import StoreGeometry
 from ..identity import fsync_dir
 from ..io import IOBackend, aligned_buffer
 from ..records import Piece

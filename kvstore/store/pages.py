@@ -33,10 +33,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvstore.contract.errors import Conflict, InvalidArgument, NotFound
-from kvstore.contract.geometry import StoreGeometry
-from kvstore.contract.results import PagesPresent, PagesPutResult, ReadResult
-
+from ..contract.errors import Conflict, InvalidArgument, NotFound
+from ..contract.geometry import StoreGeometry
+from ..contract.results import PagesPresent, PagesPutResult, ReadResult
 from ..hashing import page_hashes
 from ..holds import PrefixHolds
 from ..reader import validate_groups

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstore.contract.errors import Conflict, InvalidArgument
-from kvstore.contract.results import PagesPutResult
-
+from ..contract.errors import Conflict, InvalidArgument
+from ..contract.results import PagesPutResult
 from .catalogue import Catalogue
 from .pending_put import PendingPut
 

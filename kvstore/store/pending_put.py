@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from kvstore.contract.errors import Conflict, InvalidArgument, StoreFull
-from kvstore.contract.results import PutResult
-
+from ..contract.errors import Conflict, InvalidArgument, StoreFull
+from ..contract.results import PutResult
 from ..faults import crash_point
 from ..holds import PrefixHold
 from ..manifest_files import ManifestFiles

@@ -12,9 +12,8 @@ import os
 
 import numpy as np
 
-from kvstore.contract.errors import Conflict, InvalidArgument, StoreFull
-from kvstore.contract.geometry import SegmentLayout, StoreGeometry
-
+from ..contract.errors import Conflict, InvalidArgument, StoreFull
+from ..contract.geometry import SegmentLayout, StoreGeometry
 from ..faults import crash_point
 from ..hashing import chunk_hashes, validate_tokens
 from ..holds import PrefixHolds

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-from kvstore.contract.errors import DataLoss, InvalidArgument
-from kvstore.contract.geometry import StoreGeometry, align_up
-
+from ..contract.errors import DataLoss, InvalidArgument
+from ..contract.geometry import StoreGeometry, align_up
 from ..holds import PrefixHolds
 from ..io import IOBackend, aligned_buffer
 from ..io.inflight import InFlight

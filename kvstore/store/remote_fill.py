@@ -28,9 +28,8 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from kvstore.contract.errors import DataLoss, KVStoreError
-from kvstore.contract.geometry import StoreGeometry
-
+from ..contract.errors import DataLoss, KVStoreError
+from ..contract.geometry import StoreGeometry
 from ..policy.remote import ttl_seconds
 from ..records import PAGES, PREFIX
 from ..remote.base import RemoteUnavailable

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from kvstore.contract.errors import NotFound
-
 from .. import index as ix
+from ..contract.errors import NotFound
 from ..faults import crash_point
 from ..manifest_files import ManifestFiles
 from ..records import PrefixView

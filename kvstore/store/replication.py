@@ -33,8 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from kvstore.contract.errors import KVStoreError, NotFound
-
+from ..contract.errors import KVStoreError, NotFound
 from ..holds import PrefixHolds
 from ..policy.remote import ttl_seconds
 from ..records import PREFIX, PrefixView

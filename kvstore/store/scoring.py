@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvstore.contract.errors import InvalidArgument
-
 from .. import index_ops as ops
+from ..contract.errors import InvalidArgument
 from ..index import Index
 from ..reader import validate_chunks
 from ..scores import ScoreTable

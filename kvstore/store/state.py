@@ -14,9 +14,8 @@ import threading
 
 import lmdb
 
-from kvstore.contract.errors import DataLoss, ReadOnly, StoreFull
-
 from .. import index_ops as ops
+from ..contract.errors import DataLoss, ReadOnly, StoreFull
 from ..index import Index
 from ..records import PrefixView
 

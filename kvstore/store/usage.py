@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from kvstore.contract.errors import StoreFull
+from ..contract.errors import StoreFull
 
 
 class DiskUsage:

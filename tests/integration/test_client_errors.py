@@ -12,9 +12,8 @@ import pytest
 from helpers import make_kv, make_tokens
 
 from engine_client.client import KVStoreClient, KVStoreRpcError
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore._proto import kvstore_pb2_grpc as pb_grpc
-from kvstore.contract import geometry_to_pb
+from kvstore.contract import geometry_to_pb, pb
+from kvstore.contract import rpc as pb_grpc
 from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 GEO = StoreGeometry(ModelSpec(2, 1, 8, "float32"), chunk_tokens=16, group_layers=2)
@@ -108,7 +107,9 @@ class _FlakyStream(pb_grpc.KVStoreServicer):
         self.attempts += 1
         if self.attempts <= self.failures:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
-        yield pb.ArrayFrame(shape=[2], dtype="float32", offset=0, data=np.arange(2, dtype=np.float32).tobytes())
+        yield pb.GetSummariesResponse(
+            frame=pb.ArrayFrame(shape=[2], dtype="float32", offset=0, data=np.arange(2, dtype=np.float32).tobytes())
+        )
         if self.fail_after_frame:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the daemon is shutting down")
 

@@ -20,8 +20,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from helpers import GEOMETRIES, data_root, ids, make_kv, make_tokens
 
 from engine_client.client import KVStoreClient, KVStoreRpcError, to_torch
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore.contract import geometry_to_pb
+from kvstore.contract import geometry_to_pb, pb
 from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.io import resolve_backend
 

@@ -9,7 +9,7 @@ from helpers import make_kv, make_tokens
 
 from engine_client.client import KVStoreClient
 from engine_client.data_channel import DataConn
-from kvstore._proto import kvstore_pb2 as pb
+from kvstore.contract import pb
 from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 TOKEN = "data-channel-token-0123456789"

@@ -19,8 +19,7 @@ import pytest
 from helpers import GEOMETRIES, data_root, make_kv, make_tokens, settled
 
 from engine_client.client import KVStoreClient
-from kvstore._proto import kvstore_pb2 as pb
-from kvstore.contract import geometry_to_pb
+from kvstore.contract import geometry_to_pb, pb
 
 GEO24 = GEOMETRIES[3]  # 24 layers in groups of 8: 3 periods of one group
 
@@ -28,7 +27,7 @@ ATTACKER = """
 import json, secrets, struct, sys
 import grpc, numpy as np
 from engine_client.client import KVStoreClient
-from kvstore._proto import kvstore_pb2 as pb
+from kvstore.contract import pb
 
 target, victim_leases, other_pid = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
 codes = {}

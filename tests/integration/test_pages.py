@@ -15,9 +15,8 @@ from helpers import GEOMETRIES, data_root, ids, make_kv
 
 from engine_client import rpc
 from engine_client.client import KVStoreClient, KVStoreRpcError
-from kvstore._proto import kvstore_pb2 as pb
 from kvstore.config import StoreConfig
-from kvstore.contract import geometry_to_pb
+from kvstore.contract import geometry_to_pb, pb
 from kvstore.contract.errors import Conflict
 from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.rebuild import rebuild_index

@@ -12,7 +12,7 @@ import pytest
 from helpers import GEOMETRIES, data_root, make_kv, make_tokens, settled
 
 from engine_client.client import KVStoreClient, KVStoreRpcError
-from kvstore._proto import kvstore_pb2 as pb
+from kvstore.contract import pb
 
 GEO3 = GEOMETRIES[0]  # 5 layers in groups of 2: 3 groups, bf16, head dim 1
 GEO24 = GEOMETRIES[3]  # 24 layers in groups of 8: 3 groups, bf16

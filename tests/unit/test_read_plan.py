@@ -117,7 +117,7 @@ def test_speculation_never_loads_a_chunk_twice(guess, resident, held, inflight, 
 
 
 def test_read_options_default_on_and_honour_the_older_negated_spelling():
-    from kvstore._proto import kvstore_pb2 as pb
+    from kvstore.contract import pb
     from kvstore.server.read_exec import read_flag
 
     for msg, name, older in ((pb.PrefetchOpen, "speculation", "no_speculation"), (pb.ReadChunksRequest, "coalesce", "no_coalesce")):

@@ -3,7 +3,13 @@
 import grpc
 import warnings
 
-from kvstore._proto import kvstore_pb2 as kvstore_dot___proto_dot_kvstore__pb2
+from kvstore.contract._proto import cluster_pb2 as kvstore_dot_v1_dot_cluster__pb2
+from kvstore.contract._proto import conversations_pb2 as kvstore_dot_v1_dot_conversations__pb2
+from kvstore.contract._proto import pages_pb2 as kvstore_dot_v1_dot_pages__pb2
+from kvstore.contract._proto import prefixes_pb2 as kvstore_dot_v1_dot_prefixes__pb2
+from kvstore.contract._proto import reads_pb2 as kvstore_dot_v1_dot_reads__pb2
+from kvstore.contract._proto import scores_pb2 as kvstore_dot_v1_dot_scores__pb2
+from kvstore.contract._proto import stats_pb2 as kvstore_dot_v1_dot_stats__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +24,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in kvstore/_proto/kvstore_pb2_grpc.py depends on'
+        + ' but the generated code in kvstore/v1/kvstore_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,118 +42,118 @@ class KVStoreStub:
         """
         self.PutPrefix = channel.stream_unary(
                 '/kvstore.v1.KVStore/PutPrefix',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PutPrefixRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PutPrefixResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_prefixes__pb2.PutPrefixRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_prefixes__pb2.PutPrefixResponse.FromString,
                 _registered_method=True)
         self.Lookup = channel.unary_unary(
                 '/kvstore.v1.KVStore/Lookup',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.LookupRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.LookupResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_prefixes__pb2.LookupRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_prefixes__pb2.LookupResponse.FromString,
                 _registered_method=True)
         self.ReadChunks = channel.unary_stream(
                 '/kvstore.v1.KVStore/ReadChunks',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReadChunksRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReadChunksResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_reads__pb2.ReadChunksRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_reads__pb2.ReadChunksResponse.FromString,
                 _registered_method=True)
         self.Prefetch = channel.stream_stream(
                 '/kvstore.v1.KVStore/Prefetch',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefetchRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PrefetchResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_reads__pb2.PrefetchRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_reads__pb2.PrefetchResponse.FromString,
                 _registered_method=True)
         self.Release = channel.unary_unary(
                 '/kvstore.v1.KVStore/Release',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReleaseRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReleaseResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_reads__pb2.ReleaseRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_reads__pb2.ReleaseResponse.FromString,
                 _registered_method=True)
         self.GetSummaries = channel.unary_stream(
                 '/kvstore.v1.KVStore/GetSummaries',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetSummariesRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.FromString,
+                request_serializer=kvstore_dot_v1_dot_scores__pb2.GetSummariesRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_scores__pb2.GetSummariesResponse.FromString,
                 _registered_method=True)
         self.GetProbeKeys = channel.unary_stream(
                 '/kvstore.v1.KVStore/GetProbeKeys',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetProbeKeysRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.FromString,
+                request_serializer=kvstore_dot_v1_dot_scores__pb2.GetProbeKeysRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_scores__pb2.GetProbeKeysResponse.FromString,
                 _registered_method=True)
         self.ReportAttention = channel.unary_unary(
                 '/kvstore.v1.KVStore/ReportAttention',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_scores__pb2.ReportAttentionRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_scores__pb2.ReportAttentionResponse.FromString,
                 _registered_method=True)
         self.GetScores = channel.unary_unary(
                 '/kvstore.v1.KVStore/GetScores',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_scores__pb2.GetScoresRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_scores__pb2.GetScoresResponse.FromString,
                 _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/kvstore.v1.KVStore/Describe',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DescribeResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_prefixes__pb2.DescribeRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_prefixes__pb2.DescribeResponse.FromString,
                 _registered_method=True)
         self.Delete = channel.unary_unary(
                 '/kvstore.v1.KVStore/Delete',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_prefixes__pb2.DeleteRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_prefixes__pb2.DeleteResponse.FromString,
                 _registered_method=True)
         self.Stats = channel.unary_unary(
                 '/kvstore.v1.KVStore/Stats',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.StatsRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.StatsResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_stats__pb2.StatsRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_stats__pb2.StatsResponse.FromString,
                 _registered_method=True)
         self.ListPrefixes = channel.unary_unary(
                 '/kvstore.v1.KVStore/ListPrefixes',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_prefixes__pb2.ListPrefixesRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_prefixes__pb2.ListPrefixesResponse.FromString,
                 _registered_method=True)
         self.PagesExist = channel.unary_unary(
                 '/kvstore.v1.KVStore/PagesExist',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PagesExistRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PagesExistResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_pages__pb2.PagesExistRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_pages__pb2.PagesExistResponse.FromString,
                 _registered_method=True)
         self.PutPages = channel.stream_unary(
                 '/kvstore.v1.KVStore/PutPages',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PutPagesRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PutPagesResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_pages__pb2.PutPagesRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_pages__pb2.PutPagesResponse.FromString,
                 _registered_method=True)
         self.GetPages = channel.unary_stream(
                 '/kvstore.v1.KVStore/GetPages',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_pages__pb2.GetPagesRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_pages__pb2.GetPagesResponse.FromString,
                 _registered_method=True)
         self.DataChannel = channel.unary_unary(
                 '/kvstore.v1.KVStore/DataChannel',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_reads__pb2.DataChannelRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_reads__pb2.DataChannelResponse.FromString,
                 _registered_method=True)
         self.AppendTurn = channel.unary_unary(
                 '/kvstore.v1.KVStore/AppendTurn',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.AppendTurnRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+                request_serializer=kvstore_dot_v1_dot_conversations__pb2.AppendTurnRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_conversations__pb2.AppendTurnResponse.FromString,
                 _registered_method=True)
         self.MarkInactive = channel.unary_unary(
                 '/kvstore.v1.KVStore/MarkInactive',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.MarkInactiveRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+                request_serializer=kvstore_dot_v1_dot_conversations__pb2.MarkInactiveRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_conversations__pb2.MarkInactiveResponse.FromString,
                 _registered_method=True)
         self.GetConversation = channel.unary_unary(
                 '/kvstore.v1.KVStore/GetConversation',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+                request_serializer=kvstore_dot_v1_dot_conversations__pb2.GetConversationRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_conversations__pb2.GetConversationResponse.FromString,
                 _registered_method=True)
         self.ListConversations = channel.unary_unary(
                 '/kvstore.v1.KVStore/ListConversations',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.ListConversationsRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ListConversationsResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_conversations__pb2.ListConversationsRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_conversations__pb2.ListConversationsResponse.FromString,
                 _registered_method=True)
         self.DeleteConversation = channel.unary_unary(
                 '/kvstore.v1.KVStore/DeleteConversation',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_conversations__pb2.DeleteConversationRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_conversations__pb2.DeleteConversationResponse.FromString,
                 _registered_method=True)
         self.Route = channel.unary_unary(
                 '/kvstore.v1.KVStore/Route',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.RouteRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.RouteResponse.FromString,
+                request_serializer=kvstore_dot_v1_dot_cluster__pb2.RouteRequest.SerializeToString,
+                response_deserializer=kvstore_dot_v1_dot_cluster__pb2.RouteResponse.FromString,
                 _registered_method=True)
 
 
@@ -191,8 +197,7 @@ class KVStoreServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetProbeKeys(self, request, context):
-        """[kv_heads, tokens, head_dim] keys in the KV dtype, or packed uint8 rows [kv_heads, tokens, row_bytes] when the geometry has probe_bits
-        """
+        """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -298,118 +303,118 @@ def add_KVStoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'PutPrefix': grpc.stream_unary_rpc_method_handler(
                     servicer.PutPrefix,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PutPrefixRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.PutPrefixResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_prefixes__pb2.PutPrefixRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_prefixes__pb2.PutPrefixResponse.SerializeToString,
             ),
             'Lookup': grpc.unary_unary_rpc_method_handler(
                     servicer.Lookup,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.LookupRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.LookupResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_prefixes__pb2.LookupRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_prefixes__pb2.LookupResponse.SerializeToString,
             ),
             'ReadChunks': grpc.unary_stream_rpc_method_handler(
                     servicer.ReadChunks,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReadChunksRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReadChunksResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_reads__pb2.ReadChunksRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_reads__pb2.ReadChunksResponse.SerializeToString,
             ),
             'Prefetch': grpc.stream_stream_rpc_method_handler(
                     servicer.Prefetch,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PrefetchRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefetchResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_reads__pb2.PrefetchRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_reads__pb2.PrefetchResponse.SerializeToString,
             ),
             'Release': grpc.unary_unary_rpc_method_handler(
                     servicer.Release,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReleaseRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReleaseResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_reads__pb2.ReleaseRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_reads__pb2.ReleaseResponse.SerializeToString,
             ),
             'GetSummaries': grpc.unary_stream_rpc_method_handler(
                     servicer.GetSummaries,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetSummariesRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_scores__pb2.GetSummariesRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_scores__pb2.GetSummariesResponse.SerializeToString,
             ),
             'GetProbeKeys': grpc.unary_stream_rpc_method_handler(
                     servicer.GetProbeKeys,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetProbeKeysRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_scores__pb2.GetProbeKeysRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_scores__pb2.GetProbeKeysResponse.SerializeToString,
             ),
             'ReportAttention': grpc.unary_unary_rpc_method_handler(
                     servicer.ReportAttention,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_scores__pb2.ReportAttentionRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_scores__pb2.ReportAttentionResponse.SerializeToString,
             ),
             'GetScores': grpc.unary_unary_rpc_method_handler(
                     servicer.GetScores,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_scores__pb2.GetScoresRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_scores__pb2.GetScoresResponse.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DescribeResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_prefixes__pb2.DescribeRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_prefixes__pb2.DescribeResponse.SerializeToString,
             ),
             'Delete': grpc.unary_unary_rpc_method_handler(
                     servicer.Delete,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_prefixes__pb2.DeleteRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_prefixes__pb2.DeleteResponse.SerializeToString,
             ),
             'Stats': grpc.unary_unary_rpc_method_handler(
                     servicer.Stats,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.StatsRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.StatsResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_stats__pb2.StatsRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_stats__pb2.StatsResponse.SerializeToString,
             ),
             'ListPrefixes': grpc.unary_unary_rpc_method_handler(
                     servicer.ListPrefixes,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_prefixes__pb2.ListPrefixesRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_prefixes__pb2.ListPrefixesResponse.SerializeToString,
             ),
             'PagesExist': grpc.unary_unary_rpc_method_handler(
                     servicer.PagesExist,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PagesExistRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.PagesExistResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_pages__pb2.PagesExistRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_pages__pb2.PagesExistResponse.SerializeToString,
             ),
             'PutPages': grpc.stream_unary_rpc_method_handler(
                     servicer.PutPages,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PutPagesRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.PutPagesResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_pages__pb2.PutPagesRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_pages__pb2.PutPagesResponse.SerializeToString,
             ),
             'GetPages': grpc.unary_stream_rpc_method_handler(
                     servicer.GetPages,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_pages__pb2.GetPagesRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_pages__pb2.GetPagesResponse.SerializeToString,
             ),
             'DataChannel': grpc.unary_unary_rpc_method_handler(
                     servicer.DataChannel,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_reads__pb2.DataChannelRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_reads__pb2.DataChannelResponse.SerializeToString,
             ),
             'AppendTurn': grpc.unary_unary_rpc_method_handler(
                     servicer.AppendTurn,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.AppendTurnRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_conversations__pb2.AppendTurnRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_conversations__pb2.AppendTurnResponse.SerializeToString,
             ),
             'MarkInactive': grpc.unary_unary_rpc_method_handler(
                     servicer.MarkInactive,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.MarkInactiveRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_conversations__pb2.MarkInactiveRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_conversations__pb2.MarkInactiveResponse.SerializeToString,
             ),
             'GetConversation': grpc.unary_unary_rpc_method_handler(
                     servicer.GetConversation,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_conversations__pb2.GetConversationRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_conversations__pb2.GetConversationResponse.SerializeToString,
             ),
             'ListConversations': grpc.unary_unary_rpc_method_handler(
                     servicer.ListConversations,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.ListConversationsRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.ListConversationsResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_conversations__pb2.ListConversationsRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_conversations__pb2.ListConversationsResponse.SerializeToString,
             ),
             'DeleteConversation': grpc.unary_unary_rpc_method_handler(
                     servicer.DeleteConversation,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_conversations__pb2.DeleteConversationRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_conversations__pb2.DeleteConversationResponse.SerializeToString,
             ),
             'Route': grpc.unary_unary_rpc_method_handler(
                     servicer.Route,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.RouteRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.RouteResponse.SerializeToString,
+                    request_deserializer=kvstore_dot_v1_dot_cluster__pb2.RouteRequest.FromString,
+                    response_serializer=kvstore_dot_v1_dot_cluster__pb2.RouteResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -437,8 +442,8 @@ class KVStore:
             request_iterator,
             target,
             '/kvstore.v1.KVStore/PutPrefix',
-            kvstore_dot___proto_dot_kvstore__pb2.PutPrefixRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.PutPrefixResponse.FromString,
+            kvstore_dot_v1_dot_prefixes__pb2.PutPrefixRequest.SerializeToString,
+            kvstore_dot_v1_dot_prefixes__pb2.PutPrefixResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -464,8 +469,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/Lookup',
-            kvstore_dot___proto_dot_kvstore__pb2.LookupRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.LookupResponse.FromString,
+            kvstore_dot_v1_dot_prefixes__pb2.LookupRequest.SerializeToString,
+            kvstore_dot_v1_dot_prefixes__pb2.LookupResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -491,8 +496,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/ReadChunks',
-            kvstore_dot___proto_dot_kvstore__pb2.ReadChunksRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ReadChunksResponse.FromString,
+            kvstore_dot_v1_dot_reads__pb2.ReadChunksRequest.SerializeToString,
+            kvstore_dot_v1_dot_reads__pb2.ReadChunksResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -518,8 +523,8 @@ class KVStore:
             request_iterator,
             target,
             '/kvstore.v1.KVStore/Prefetch',
-            kvstore_dot___proto_dot_kvstore__pb2.PrefetchRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.PrefetchResponse.FromString,
+            kvstore_dot_v1_dot_reads__pb2.PrefetchRequest.SerializeToString,
+            kvstore_dot_v1_dot_reads__pb2.PrefetchResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -545,8 +550,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/Release',
-            kvstore_dot___proto_dot_kvstore__pb2.ReleaseRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ReleaseResponse.FromString,
+            kvstore_dot_v1_dot_reads__pb2.ReleaseRequest.SerializeToString,
+            kvstore_dot_v1_dot_reads__pb2.ReleaseResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -572,8 +577,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/GetSummaries',
-            kvstore_dot___proto_dot_kvstore__pb2.GetSummariesRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.FromString,
+            kvstore_dot_v1_dot_scores__pb2.GetSummariesRequest.SerializeToString,
+            kvstore_dot_v1_dot_scores__pb2.GetSummariesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -599,8 +604,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/GetProbeKeys',
-            kvstore_dot___proto_dot_kvstore__pb2.GetProbeKeysRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ArrayFrame.FromString,
+            kvstore_dot_v1_dot_scores__pb2.GetProbeKeysRequest.SerializeToString,
+            kvstore_dot_v1_dot_scores__pb2.GetProbeKeysResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -626,8 +631,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/ReportAttention',
-            kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ReportAttentionResponse.FromString,
+            kvstore_dot_v1_dot_scores__pb2.ReportAttentionRequest.SerializeToString,
+            kvstore_dot_v1_dot_scores__pb2.ReportAttentionResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -653,8 +658,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/GetScores',
-            kvstore_dot___proto_dot_kvstore__pb2.GetScoresRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.GetScoresResponse.FromString,
+            kvstore_dot_v1_dot_scores__pb2.GetScoresRequest.SerializeToString,
+            kvstore_dot_v1_dot_scores__pb2.GetScoresResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -680,8 +685,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/Describe',
-            kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.DescribeResponse.FromString,
+            kvstore_dot_v1_dot_prefixes__pb2.DescribeRequest.SerializeToString,
+            kvstore_dot_v1_dot_prefixes__pb2.DescribeResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -707,8 +712,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/Delete',
-            kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.DeleteResponse.FromString,
+            kvstore_dot_v1_dot_prefixes__pb2.DeleteRequest.SerializeToString,
+            kvstore_dot_v1_dot_prefixes__pb2.DeleteResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -734,8 +739,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/Stats',
-            kvstore_dot___proto_dot_kvstore__pb2.StatsRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.StatsResponse.FromString,
+            kvstore_dot_v1_dot_stats__pb2.StatsRequest.SerializeToString,
+            kvstore_dot_v1_dot_stats__pb2.StatsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -761,8 +766,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/ListPrefixes',
-            kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ListPrefixesResponse.FromString,
+            kvstore_dot_v1_dot_prefixes__pb2.ListPrefixesRequest.SerializeToString,
+            kvstore_dot_v1_dot_prefixes__pb2.ListPrefixesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -788,8 +793,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/PagesExist',
-            kvstore_dot___proto_dot_kvstore__pb2.PagesExistRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.PagesExistResponse.FromString,
+            kvstore_dot_v1_dot_pages__pb2.PagesExistRequest.SerializeToString,
+            kvstore_dot_v1_dot_pages__pb2.PagesExistResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -815,8 +820,8 @@ class KVStore:
             request_iterator,
             target,
             '/kvstore.v1.KVStore/PutPages',
-            kvstore_dot___proto_dot_kvstore__pb2.PutPagesRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.PutPagesResponse.FromString,
+            kvstore_dot_v1_dot_pages__pb2.PutPagesRequest.SerializeToString,
+            kvstore_dot_v1_dot_pages__pb2.PutPagesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -842,8 +847,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/GetPages',
-            kvstore_dot___proto_dot_kvstore__pb2.GetPagesRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.GetPagesResponse.FromString,
+            kvstore_dot_v1_dot_pages__pb2.GetPagesRequest.SerializeToString,
+            kvstore_dot_v1_dot_pages__pb2.GetPagesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -869,8 +874,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/DataChannel',
-            kvstore_dot___proto_dot_kvstore__pb2.DataChannelRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.DataChannelResponse.FromString,
+            kvstore_dot_v1_dot_reads__pb2.DataChannelRequest.SerializeToString,
+            kvstore_dot_v1_dot_reads__pb2.DataChannelResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -896,8 +901,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/AppendTurn',
-            kvstore_dot___proto_dot_kvstore__pb2.AppendTurnRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+            kvstore_dot_v1_dot_conversations__pb2.AppendTurnRequest.SerializeToString,
+            kvstore_dot_v1_dot_conversations__pb2.AppendTurnResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -923,8 +928,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/MarkInactive',
-            kvstore_dot___proto_dot_kvstore__pb2.MarkInactiveRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+            kvstore_dot_v1_dot_conversations__pb2.MarkInactiveRequest.SerializeToString,
+            kvstore_dot_v1_dot_conversations__pb2.MarkInactiveResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -950,8 +955,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/GetConversation',
-            kvstore_dot___proto_dot_kvstore__pb2.ConversationRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ConversationInfo.FromString,
+            kvstore_dot_v1_dot_conversations__pb2.GetConversationRequest.SerializeToString,
+            kvstore_dot_v1_dot_conversations__pb2.GetConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -977,8 +982,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/ListConversations',
-            kvstore_dot___proto_dot_kvstore__pb2.ListConversationsRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.ListConversationsResponse.FromString,
+            kvstore_dot_v1_dot_conversations__pb2.ListConversationsRequest.SerializeToString,
+            kvstore_dot_v1_dot_conversations__pb2.ListConversationsResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1004,8 +1009,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/DeleteConversation',
-            kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.DeleteConversationResponse.FromString,
+            kvstore_dot_v1_dot_conversations__pb2.DeleteConversationRequest.SerializeToString,
+            kvstore_dot_v1_dot_conversations__pb2.DeleteConversationResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -1031,212 +1036,8 @@ class KVStore:
             request,
             target,
             '/kvstore.v1.KVStore/Route',
-            kvstore_dot___proto_dot_kvstore__pb2.RouteRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.RouteResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-
-class KVStoreAdminStub:
-    """Served only where the operator enables admin RPCs.
-    """
-
-    def __init__(self, channel):
-        """Constructor.
-
-        Args:
-            channel: A grpc.Channel.
-        """
-        self.Inspect = channel.unary_unary(
-                '/kvstore.v1.KVStoreAdmin/Inspect',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.InspectResponse.FromString,
-                _registered_method=True)
-        self.Verify = channel.unary_unary(
-                '/kvstore.v1.KVStoreAdmin/Verify',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.VerifyRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.VerifyResponse.FromString,
-                _registered_method=True)
-        self.Evict = channel.unary_unary(
-                '/kvstore.v1.KVStoreAdmin/Evict',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.EvictRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.EvictResponse.FromString,
-                _registered_method=True)
-        self.Compact = channel.unary_unary(
-                '/kvstore.v1.KVStoreAdmin/Compact',
-                request_serializer=kvstore_dot___proto_dot_kvstore__pb2.CompactRequest.SerializeToString,
-                response_deserializer=kvstore_dot___proto_dot_kvstore__pb2.CompactResponse.FromString,
-                _registered_method=True)
-
-
-class KVStoreAdminServicer:
-    """Served only where the operator enables admin RPCs.
-    """
-
-    def Inspect(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Verify(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Evict(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-    def Compact(self, request, context):
-        """Missing associated documentation comment in .proto file."""
-        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
-        context.set_details('Method not implemented!')
-        raise NotImplementedError('Method not implemented!')
-
-
-def add_KVStoreAdminServicer_to_server(servicer, server):
-    rpc_method_handlers = {
-            'Inspect': grpc.unary_unary_rpc_method_handler(
-                    servicer.Inspect,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.InspectResponse.SerializeToString,
-            ),
-            'Verify': grpc.unary_unary_rpc_method_handler(
-                    servicer.Verify,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.VerifyRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.VerifyResponse.SerializeToString,
-            ),
-            'Evict': grpc.unary_unary_rpc_method_handler(
-                    servicer.Evict,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.EvictRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.EvictResponse.SerializeToString,
-            ),
-            'Compact': grpc.unary_unary_rpc_method_handler(
-                    servicer.Compact,
-                    request_deserializer=kvstore_dot___proto_dot_kvstore__pb2.CompactRequest.FromString,
-                    response_serializer=kvstore_dot___proto_dot_kvstore__pb2.CompactResponse.SerializeToString,
-            ),
-    }
-    generic_handler = grpc.method_handlers_generic_handler(
-            'kvstore.v1.KVStoreAdmin', rpc_method_handlers)
-    server.add_generic_rpc_handlers((generic_handler,))
-    server.add_registered_method_handlers('kvstore.v1.KVStoreAdmin', rpc_method_handlers)
-
-
- # This class is part of an EXPERIMENTAL API.
-class KVStoreAdmin:
-    """Served only where the operator enables admin RPCs.
-    """
-
-    @staticmethod
-    def Inspect(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kvstore.v1.KVStoreAdmin/Inspect',
-            kvstore_dot___proto_dot_kvstore__pb2.PrefixRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.InspectResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Verify(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kvstore.v1.KVStoreAdmin/Verify',
-            kvstore_dot___proto_dot_kvstore__pb2.VerifyRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.VerifyResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Evict(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kvstore.v1.KVStoreAdmin/Evict',
-            kvstore_dot___proto_dot_kvstore__pb2.EvictRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.EvictResponse.FromString,
-            options,
-            channel_credentials,
-            insecure,
-            call_credentials,
-            compression,
-            wait_for_ready,
-            timeout,
-            metadata,
-            _registered_method=True)
-
-    @staticmethod
-    def Compact(request,
-            target,
-            options=(),
-            channel_credentials=None,
-            call_credentials=None,
-            insecure=False,
-            compression=None,
-            wait_for_ready=None,
-            timeout=None,
-            metadata=None):
-        return grpc.experimental.unary_unary(
-            request,
-            target,
-            '/kvstore.v1.KVStoreAdmin/Compact',
-            kvstore_dot___proto_dot_kvstore__pb2.CompactRequest.SerializeToString,
-            kvstore_dot___proto_dot_kvstore__pb2.CompactResponse.FromString,
+            kvstore_dot_v1_dot_cluster__pb2.RouteRequest.SerializeToString,
+            kvstore_dot_v1_dot_cluster__pb2.RouteResponse.FromString,
             options,
             channel_credentials,
             insecure,
