@@ -1,6 +1,6 @@
 """``kvstore`` console script: ``serve`` (the daemon) and ``health`` (its probe).
 
-The demo is ``kvstore-demo`` (``tools/demo.py``): it is a client of the
+The demo is ``kvstore-demo`` (``kvstore_tools/demo.py``): it is a client of the
 daemon, and nothing in this package imports the client.
 """
 

@@ -59,7 +59,7 @@ def run_bench(*argv, expect=0, timeout=240):
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "tools.bench.cli", *argv],
+        [sys.executable, "-m", "kvstore_tools.bench.cli", *argv],
         capture_output=True,
         text=True,
         cwd=data_root(),

@@ -3,7 +3,7 @@
 import pytest
 
 from engine_client.model import zoo
-from tools.bench.prefill import prose_text
+from kvstore_tools.bench.prefill import prose_text
 
 
 def real_text() -> str:

@@ -9,7 +9,7 @@ sparse sets lose, and every other layer adds little; at 4096 tokens layer 8
 takes margin away, so one layer is kept by default (README, "Rows that stand
 in for the prefix").
 
-Calibration (``python -m tools.models calibrate-standins NAME``) measures it
+Calibration (``python -m kvstore_tools.models calibrate-standins NAME``) measures it
 on tuning prompts: per layer, how much loading that one layer in full raises
 the answer's weakest teacher-forced margin over the sparse sets
 (``gains``, logits, averaged over the prompts).  ``choose_layers`` keeps at

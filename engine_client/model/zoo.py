@@ -324,7 +324,7 @@ def streaming_heads(pm: PretrainedModel):
     path = pm.checkpoint_dir / PROFILE_FILE
     if not path.is_file():
         name = next((n for n, s in MODELS.items() if pm.checkpoint_dir.name.startswith(f"{n}-")), "NAME")
-        raise ProfileError(f"no streaming heads for this model ({path}); run: python -m tools.models calibrate-heads {name}")
+        raise ProfileError(f"no streaming heads for this model ({path}); run: python -m kvstore_tools.models calibrate-heads {name}")
     return StreamingHeads.load(path, model=pm.decoder)
 
 
@@ -343,5 +343,5 @@ def standin_layers(decoder, checkpoint_dir, path=None):
             if shipped is not None:
                 return shipped
             name = next((n for n in MODELS if Path(checkpoint_dir).name.startswith(f"{n}-")), "NAME")
-            raise ProfileError(f"no stand-in layers for this model ({path}); run: python -m tools.models calibrate-standins {name}")
+            raise ProfileError(f"no stand-in layers for this model ({path}); run: python -m kvstore_tools.models calibrate-standins {name}")
     return StandinLayers.load(path, model=decoder)

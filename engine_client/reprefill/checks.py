@@ -60,7 +60,7 @@ def _calibrated(value, name: str, profile) -> tuple[int, ...]:
     if profile is None:
         raise InvalidArgument(
             name,
-            "this runner has no calibrated stand-in layers (ModelRunner(standin_layers=...); python -m tools.models calibrate-standins)",
+            "this runner has no calibrated stand-in layers (ModelRunner(standin_layers=...); python -m kvstore_tools.models calibrate-standins)",
         )
     return tuple(profile.layers)
 
@@ -72,7 +72,8 @@ def check_runner(cfg: ReprefillConfig, geometry: StoreGeometry, streaming_heads)
         raise InvalidArgument("period_layers", f"must be a positive multiple of the stored group ({g} layers)")
     if cfg.attention.streaming and streaming_heads is None:
         raise InvalidArgument(
-            "streaming", "this runner has no streaming heads (ModelRunner(streaming_heads=...); python -m tools.models calibrate-heads)"
+            "streaming",
+            "this runner has no streaming heads (ModelRunner(streaming_heads=...); python -m kvstore_tools.models calibrate-heads)",
         )
     if geometry.streaming_heads and not cfg.attention.streaming:
         raise InvalidArgument(

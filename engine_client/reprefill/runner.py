@@ -178,7 +178,7 @@ class ModelRunner:
         if layers.missing_calibration and not self._said_no_standins:
             self._said_no_standins = True
             log.warning(
-                "no calibrated stand-in layers for this model (python -m tools.models calibrate-standins NAME): "
+                "no calibrated stand-in layers for this model (python -m kvstore_tools.models calibrate-standins NAME): "
                 "Re-Prefill runs without stand-in rows"
             )
         return layers

@@ -9,7 +9,7 @@ at 4 bits a token's 64-dim key takes 32 bytes plus a 4-byte scale, against
 512 bytes of float32 key and value (7%; 14% of a bfloat16 KV), fetched
 once per prefix.
 
-Measured on SmolLM2-135M (``python -m tools.selection_study``, NIAH, 4096
+Measured on SmolLM2-135M (``python -m kvstore_tools.selection_study``, NIAH, 4096
 tokens, ten tuning prompts, every layer selecting with ``follow=1`` at 5%):
 4-bit probes kept the answer in 10 of 10, as the exact keys did; the min/max
 summaries kept 3, a 16-of-64-channel subset 6.

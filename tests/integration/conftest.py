@@ -27,11 +27,11 @@ def daemon(daemon_factory):
 
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory):
-    """The 2-layer random ``tiny`` checkpoint (tools.make_checkpoint), float32."""
+    """The 2-layer random ``tiny`` checkpoint (kvstore_tools.make_checkpoint), float32."""
     import torch
 
     from engine_client.model.loader import load_checkpoint
-    from tools.make_checkpoint import make_checkpoint
+    from kvstore_tools.make_checkpoint import make_checkpoint
 
     path = tmp_path_factory.mktemp("ckpt") / "tiny"
     make_checkpoint(str(path), "tiny", 0, "float32", 1)

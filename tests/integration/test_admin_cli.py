@@ -13,7 +13,7 @@ from engine_client.client import KVStoreClient
 def admin(*argv, cwd=None, env=None):
     env = {**{k: v for k, v in os.environ.items() if k != "KVSTORE_SOCKET"}, "PYTHONPATH": data_root(), **(env or {})}
     return subprocess.run(
-        [sys.executable, "-m", "tools.admin", *argv], cwd=cwd or data_root(), env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "kvstore_tools.admin", *argv], cwd=cwd or data_root(), env=env, capture_output=True, text=True, timeout=120
     )
 
 
@@ -66,7 +66,7 @@ def test_ls_json_into_a_closed_pipe_ends_quietly(daemon):
             client.put_prefix(make_tokens(40, 10 + i), make_kv(geo, 40, 10 + i), geo)
     env = {**os.environ, "PYTHONPATH": data_root()}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.admin", "--socket-path", daemon.socket, "ls", "--json"],
+        [sys.executable, "-m", "kvstore_tools.admin", "--socket-path", daemon.socket, "ls", "--json"],
         cwd=data_root(),
         env=env,
         stdout=subprocess.PIPE,
@@ -80,7 +80,7 @@ def test_ls_json_into_a_closed_pipe_ends_quietly(daemon):
 
 def test_ls_json_piped_to_head_prints_one_line(daemon):
     put_one(daemon)
-    cmd = f"{sys.executable} -m tools.admin --socket-path {daemon.socket} ls --json | head -1"
+    cmd = f"{sys.executable} -m kvstore_tools.admin --socket-path {daemon.socket} ls --json | head -1"
     proc = subprocess.run(
         ["bash", "-o", "pipefail", "-c", cmd],
         cwd=data_root(),

@@ -17,8 +17,8 @@ from helpers import assert_png
 from kvstore.io import resolve_backend
 from kvstore.io import uring as uring_module
 from kvstore.io.kvikio_backend import unavailable_reason
-from tools.bench.cli import main
-from tools.bench.io_jobs import busy_core, format_bytes, iter_offsets, parse_size
+from kvstore_tools.bench.cli import main
+from kvstore_tools.bench.io_jobs import busy_core, format_bytes, iter_offsets, parse_size
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SMALL_JOB = ["--size", "8m", "--runtime", "1", "--bs", "64k", "--iodepth", "4", "--seed", "7"]
@@ -119,7 +119,7 @@ def test_numjobs_two_aggregates_like_group_reporting(capsys, tmp_path):
 
 
 def test_module_runs_as_a_program(tmp_path):
-    cmd = [sys.executable, "-m", "tools.bench.cli", "io", "--filename", str(tmp_path / "b.io"), *SMALL_JOB, "--json"]
+    cmd = [sys.executable, "-m", "kvstore_tools.bench.cli", "io", "--filename", str(tmp_path / "b.io"), *SMALL_JOB, "--json"]
     proc = subprocess.run(cmd, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     check_row(json.loads(proc.stdout)["ours"], 64 << 10)

@@ -6,8 +6,8 @@ import json
 import pytest
 from helpers import assert_png
 
-from tools.bench.cli import main
-from tools.bench.plots import accuracy_paths
+from kvstore_tools.bench.cli import main
+from kvstore_tools.bench.plots import accuracy_paths
 
 
 def test_accuracy_figure_of_a_toy_run(tmp_path, capsys):

@@ -6,8 +6,8 @@ from pretrained import needs_smollm2
 
 from engine_client.model import zoo
 from engine_client.model.loader import load_config
-from tools.bench import cli
-from tools.bench.prefill import _best
+from kvstore_tools.bench import cli
+from kvstore_tools.bench.prefill import _best
 
 
 def test_best_keeps_each_layers_fastest_run():

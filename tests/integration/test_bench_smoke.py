@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from helpers import assert_png, data_root, run_bench
 
-from tools.bench.plots import ttft_bars
+from kvstore_tools.bench.plots import ttft_bars
 
 SMALL_IO = ("io", "--via-daemon", "--bs", "64k", "--iodepth", "4", "--size", "8m", "--runtime", "0.5", "--json")
 
@@ -54,7 +54,7 @@ def test_a_terminated_bench_stops_its_daemon_and_removes_its_socket_directory(tm
     argv = list(SMALL_IO)
     argv[argv.index("--runtime") + 1] = "5"  # the in-process rows first, then the daemon's
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tools.bench.cli", *argv, "--directory", str(tmp_path)],
+        [sys.executable, "-m", "kvstore_tools.bench.cli", *argv, "--directory", str(tmp_path)],
         cwd=data_root(),
         env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
         stdout=subprocess.DEVNULL,
@@ -80,7 +80,7 @@ def test_a_terminated_bench_stops_its_daemon_and_removes_its_socket_directory(tm
         assert not os.path.exists(run_dir), "the daemon's socket directory was left behind"
     finally:  # a failed run leaves no process behind
         for pid in [proc.pid, *daemons]:
-            if "kvstore" in " ".join(_cmdline(pid)) or "tools.bench" in " ".join(_cmdline(pid)):
+            if "kvstore" in " ".join(_cmdline(pid)) or "kvstore_tools.bench" in " ".join(_cmdline(pid)):
                 os.kill(pid, signal.SIGKILL)
 
 

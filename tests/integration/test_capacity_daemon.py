@@ -18,7 +18,7 @@ SEG_BYTES = SegmentLayout(GEO, TOKENS).total_bytes
 
 def admin(*argv: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": data_root()}
-    cmd = [sys.executable, "-m", "tools.admin", *argv]
+    cmd = [sys.executable, "-m", "kvstore_tools.admin", *argv]
     return subprocess.run(cmd, cwd=data_root(), env=env, capture_output=True, text=True, timeout=120)
 
 

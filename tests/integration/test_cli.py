@@ -16,9 +16,9 @@ from helpers import assert_png
 from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
 from kvstore.io import resolve_backend
 from kvstore.store import ChunkStore
-from tools.bench.chunked import run_chunked
-from tools.bench.plots import plot_io
-from tools.synthetic import synthetic_kv
+from kvstore_tools.bench.chunked import run_chunked
+from kvstore_tools.bench.plots import plot_io
+from kvstore_tools.synthetic import synthetic_kv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TINY = ["--tokens", "300", "--layers", "3", "--kv-heads", "1", "--head-dim", "8", "--group-layers", "2"]
@@ -33,14 +33,14 @@ def run_module(module: str, *argv: str) -> subprocess.CompletedProcess:
 
 
 def admin(data_dir, *argv: str) -> subprocess.CompletedProcess:
-    return run_module("tools.admin", "--data-dir", str(data_dir), *argv)
+    return run_module("kvstore_tools.admin", "--data-dir", str(data_dir), *argv)
 
 
 # ------------------------------------------------------------ kvstore-demo
 def test_demo_through_a_daemon_stores_shares_reads_and_verifies(tmp_path):
     data_dir = str(tmp_path / "data")
     socket_path = os.path.join(tempfile.mkdtemp(prefix="kvdemo", dir="/tmp"), "kvstore.sock")  # short: sun_path limit
-    args = ("tools.demo", "--data-dir", data_dir, "--min-free-bytes", "0", "--socket-path", socket_path, *TINY)
+    args = ("kvstore_tools.demo", "--data-dir", data_dir, "--min-free-bytes", "0", "--socket-path", socket_path, *TINY)
     proc = run_module(*args)
     assert proc.returncode == 0, proc.stderr
     out = proc.stdout
@@ -59,14 +59,14 @@ def test_demo_through_a_daemon_stores_shares_reads_and_verifies(tmp_path):
 
 
 def test_demo_in_process(tmp_path):
-    proc = run_module("tools.demo", "--in-process", "--data-dir", str(tmp_path / "d"), "--min-free-bytes", "0", *TINY)
+    proc = run_module("kvstore_tools.demo", "--in-process", "--data-dir", str(tmp_path / "d"), "--min-free-bytes", "0", *TINY)
     assert proc.returncode == 0, proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines() if line.lstrip().startswith(("5%", "25%", "100%"))]
     assert [r[1] for r in rows] == ["in-process"] * 3 and [r[-1] for r in rows] == ["yes"] * 3
 
 
 def test_demo_bad_geometry_is_an_error(tmp_path):
-    proc = run_module("tools.demo", "--in-process", "--data-dir", str(tmp_path), *TINY, "--period-layers", "5000")
+    proc = run_module("kvstore_tools.demo", "--in-process", "--data-dir", str(tmp_path), *TINY, "--period-layers", "5000")
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith("error: group_layers")
 

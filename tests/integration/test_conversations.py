@@ -31,7 +31,7 @@ STRATEGY = {
 def admin(*argv) -> subprocess.CompletedProcess:
     env = {**{k: v for k, v in os.environ.items() if k != "KVSTORE_SOCKET"}, "PYTHONPATH": data_root()}
     return subprocess.run(
-        [sys.executable, "-m", "tools.admin", *argv], cwd=data_root(), env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "kvstore_tools.admin", *argv], cwd=data_root(), env=env, capture_output=True, text=True, timeout=120
     )
 
 

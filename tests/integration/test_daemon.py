@@ -275,7 +275,7 @@ def test_flipped_byte_is_data_loss_in_read_and_admin_verify(daemon):
 def _admin(daemon, *args):
     env = {**os.environ, "PYTHONPATH": data_root()}
     return subprocess.run(
-        [sys.executable, "-m", "tools.admin", "--socket", daemon.socket, *args],
+        [sys.executable, "-m", "kvstore_tools.admin", "--socket", daemon.socket, *args],
         capture_output=True,
         text=True,
         env=env,

@@ -47,7 +47,7 @@ def test_every_directory_is_0750_and_every_file_0640_under_a_permissive_umask(da
         assert d.stop() == 0
         env = {**{k: v for k, v in os.environ.items() if k != "KVSTORE_SOCKET"}, "PYTHONPATH": data_root()}
         rebuilt = subprocess.run(
-            [sys.executable, "-m", "tools.admin", "--data-dir", data, "rebuild-index"],
+            [sys.executable, "-m", "kvstore_tools.admin", "--data-dir", data, "rebuild-index"],
             cwd=data_root(),
             env=env,
             capture_output=True,

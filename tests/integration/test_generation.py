@@ -11,8 +11,8 @@ from engine_client.generation import answer_margins, dense_generate
 from engine_client.model import zoo
 from engine_client.prefill import chunked_prefill
 from engine_client.reprefill import ModelRunner
-from engine_client.tasks import text
 from kvstore.contract.errors import InvalidArgument
+from kvstore_tools.tasks import text
 
 pytestmark = needs_smollm2
 

@@ -48,7 +48,7 @@ def populate(data: str) -> tuple[dict[str, np.ndarray], str]:
 
 def admin(*args):
     return subprocess.run(
-        [sys.executable, "-m", "tools.admin", *args],
+        [sys.executable, "-m", "kvstore_tools.admin", *args],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": data_root()},

@@ -1,11 +1,11 @@
-"""Smoke run of ``tools.krul_ir_layers`` on SmolLM2-135M: one short prompt, every layer's map through the sketch."""
+"""Smoke run of ``kvstore_tools.krul_ir_layers`` on SmolLM2-135M: one short prompt, every layer's map through the sketch."""
 
 import re
 
 import pytest
 import torch
 
-from tools import krul_ir_layers
+from kvstore_tools import krul_ir_layers
 
 zoo = pytest.importorskip("engine_client.model.zoo")
 

@@ -42,7 +42,7 @@ def without_engine(tmp_path):
 def test_the_blocker_blocks(without_engine):
     proc = without_engine("kvstore.cli", "--version")  # the daemon's command line runs
     assert proc.returncode == 0, proc.stderr
-    probe = without_engine("tools.bench.plots")  # a module importing numpy only; then torch
+    probe = without_engine("kvstore_tools.bench.plots")  # a module importing numpy only; then torch
     assert probe.returncode == 0, probe.stderr
     blocked = without_engine("torch")
     assert blocked.returncode == 1 and "No module named 'torch'" in blocked.stderr
@@ -50,7 +50,7 @@ def test_the_blocker_blocks(without_engine):
 
 @pytest.mark.parametrize("argv", [["reprefill", "--help"], ["restore", "--tokens", "64"], ["accuracy", "--help"]])
 def test_a_subcommand_that_needs_torch_says_which_extra_in_one_line(without_engine, argv):
-    proc = without_engine("tools.bench.cli", *argv)
+    proc = without_engine("kvstore_tools.bench.cli", *argv)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith(f"kvstore-bench: error: kvstore-bench {argv[0]} needs ") and "pip install 'kvstore[engine]'" in line
@@ -70,7 +70,7 @@ def test_plot_without_matplotlib_is_refused_before_the_job_runs(without_engine, 
         "--plot",
         str(tmp_path / "x.png"),
     ]
-    proc = without_engine("tools.bench.cli", *argv, timeout=20)  # the job would take 30 s
+    proc = without_engine("kvstore_tools.bench.cli", *argv, timeout=20)  # the job would take 30 s
     assert proc.returncode == 1 and proc.stdout == "" and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert "--plot needs matplotlib" in line and "pip install 'kvstore[engine]'" in line
@@ -78,6 +78,10 @@ def test_plot_without_matplotlib_is_refused_before_the_job_runs(without_engine, 
 
 
 def test_what_needs_no_extra_still_runs(without_engine):
-    for module, argv in (("tools.bench.cli", ["io", "--help"]), ("tools.admin", ["--help"]), ("kvstore.cli", ["serve", "--help"])):
+    for module, argv in (
+        ("kvstore_tools.bench.cli", ["io", "--help"]),
+        ("kvstore_tools.admin", ["--help"]),
+        ("kvstore.cli", ["serve", "--help"]),
+    ):
         proc = without_engine(module, *argv)
         assert proc.returncode == 0, (module, proc.stderr)

@@ -16,7 +16,7 @@ import torch
 
 from engine_client.model import load_checkpoint
 from engine_client.prefill import chunked_prefill
-from tools.bench import accuracy as acc
+from kvstore_tools.bench import accuracy as acc
 
 CHECKPOINT = Path(__file__).resolve().parents[2] / "checkpoints" / "recall-small"
 SLICE = 24  # examples; the whole file stays well under a minute on two shared cores

@@ -129,7 +129,7 @@ def test_the_router_sends_a_request_where_its_prefix_is(three_nodes):
     wait_for(lambda: cb.stats().pending_prefixes == 0, what="directory update")
     wait_for(lambda: cc.route(request, GEO, loads={"a": 3.0, "b": 1.0, "c": 0.0}).node_id == "b", what="b in the directory")
     out = subprocess.run(
-        [sys.executable, "-m", "tools.admin", "--socket-path", c.socket, "--json", "route", "--tokens", ",".join(map(str, request))]
+        [sys.executable, "-m", "kvstore_tools.admin", "--socket-path", c.socket, "--json", "route", "--tokens", ",".join(map(str, request))]
         + [
             "--layers",
             "4",

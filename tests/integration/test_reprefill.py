@@ -7,12 +7,12 @@ import torch
 from helpers import flat_config
 
 from engine_client.client import KVStoreRpcError
-from engine_client.fidelity import chunk_recall, compare_logits, fidelity
 from engine_client.generation import suffix_over_prefix
 from engine_client.prefill import chunked_prefill
 from engine_client.reprefill import ModelRunner, ReprefillConfig
 from engine_client.selection import exact_chunk_scores
 from kvstore.contract.errors import InvalidArgument, NotFound
+from kvstore_tools.bench.fidelity import chunk_recall, compare_logits, fidelity
 
 
 @pytest.fixture

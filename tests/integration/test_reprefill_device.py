@@ -94,7 +94,7 @@ def test_the_host_is_reached_only_at_the_rpcs_never_per_layer(tiny_runner, monke
 def test_a_cuda_runner_selects_and_answers_as_the_cpu_one(daemon, tmp_path):
     from engine_client.client import KVStoreClient
     from engine_client.model.loader import load_checkpoint
-    from tools.make_checkpoint import make_checkpoint
+    from kvstore_tools.make_checkpoint import make_checkpoint
 
     make_checkpoint(str(tmp_path / "tiny"), "tiny", 0, "float32", 1)
     cpu = load_checkpoint(str(tmp_path / "tiny"), dtype=torch.float32)

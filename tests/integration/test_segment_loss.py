@@ -41,7 +41,7 @@ def test_lost_segment_file_is_data_loss_and_quarantined(daemon, damage):
             np.testing.assert_array_equal(got.to_kv(), other_kv)
 
     ls = subprocess.run(
-        [sys.executable, "-m", "tools.admin", "--socket", daemon.socket, "ls", "--json"],
+        [sys.executable, "-m", "kvstore_tools.admin", "--socket", daemon.socket, "ls", "--json"],
         capture_output=True,
         text=True,
         env={**os.environ, "PYTHONPATH": data_root()},

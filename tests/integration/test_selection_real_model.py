@@ -7,7 +7,7 @@ from engine_client.client import KVStoreClient
 from engine_client.reprefill import ModelRunner, parse_system
 
 zoo = pytest.importorskip("engine_client.model.zoo")
-text = pytest.importorskip("engine_client.tasks.text")
+text = pytest.importorskip("kvstore_tools.tasks.text")
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +69,7 @@ def test_perlayer_follow_keeps_the_niah_answer_in_real_prose(daemon, smollm2):
 
 def test_selection_study_answers_with_the_full_kv_and_not_without_the_needle(smollm2):
     from engine_client.prefill import chunked_prefill
-    from tools.selection_study import keeps_answer, parse_rule
+    from kvstore_tools.selection_study import keeps_answer, parse_rule
 
     (ex,) = text.examples("niah", smollm2.tokenizer, 1, 1024, stream="tune", start=0)
     _, kv = chunked_prefill(smollm2.decoder, torch.from_numpy(ex.prefix_tokens))
@@ -86,7 +86,7 @@ def test_selection_study_answers_with_the_full_kv_and_not_without_the_needle(smo
         parse_rule("P2-follow")
     # --layer-gains' ablation: with every layer whole, the margins are the full KV's, whatever the rule
     from engine_client.generation import answer_margins
-    from tools.selection_study import _teacher_forced
+    from kvstore_tools.selection_study import _teacher_forced
 
     whole = range(30)
     _, _, margins = _teacher_forced(smollm2.decoder, kv, question, answer, "P1+follow-int4", 0.05, needle, whole)

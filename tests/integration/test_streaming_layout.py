@@ -13,7 +13,7 @@ from engine_client.prefill import chunked_prefill
 from engine_client.reprefill import ModelRunner
 from engine_client.stream_tail import TailMissing, tail_keys
 from kvstore.contract.errors import InvalidArgument
-from tools.make_checkpoint import make_checkpoint
+from kvstore_tools.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="module")

@@ -87,7 +87,7 @@ def test_smollm2s_classification_keeps_a_pass_key_answer_and_calibration_runs_on
     from engine_client.model import zoo
     from engine_client.model.streaming import calibrate, local_mass
     from engine_client.prefill import chunked_prefill
-    from engine_client.tasks import text
+    from kvstore_tools.tasks import text
 
     torch.set_num_threads(1)
     pm = zoo.load("smollm2-135m", dtype=torch.float32)

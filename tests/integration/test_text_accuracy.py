@@ -6,9 +6,9 @@ import pytest
 from helpers import assert_png
 from pretrained import needs_smollm2
 
-from engine_client.tasks.text import answer_in
-from tools.bench.plots import plot_accuracy
-from tools.bench.text_accuracy import format_text_report, parse_paths, run_text_accuracy
+from kvstore_tools.bench.plots import plot_accuracy
+from kvstore_tools.bench.text_accuracy import format_text_report, parse_paths, run_text_accuracy
+from kvstore_tools.tasks.text import answer_in
 
 pytestmark = needs_smollm2
 

@@ -1,7 +1,7 @@
 """kvstore as a transformers prefix cache (``engine_client.integrations``), on the real package and a real daemon.
 
 SmolLM2-135M is loaded by transformers 5.23 from its GGUF (its own dequantizer and Llama model),
-in float32 and bfloat16; a Qwen2-shaped random checkpoint (``tools.make_checkpoint``, size
+in float32 and bfloat16; a Qwen2-shaped random checkpoint (``kvstore_tools.make_checkpoint``, size
 ``small``) from safetensors and ``config.json``.  For each, greedy generation through the cache
 is token-identical to ``model.generate`` without it, on a miss (nothing stored), on a hit (a
 longer prompt: only the tokens after the stored whole chunks run through the model, counted at
@@ -184,7 +184,7 @@ def test_smollm2_a_prefix_larger_than_the_arenas_lease_space_loads(daemon, smoll
 def qwen2(request, tmp_path_factory):
     """(transformers model, the project's decoder) of a seeded random ``small`` Qwen2 checkpoint written in that dtype."""
     from engine_client.model.loader import load_checkpoint
-    from tools.make_checkpoint import make_checkpoint
+    from kvstore_tools.make_checkpoint import make_checkpoint
 
     path = tmp_path_factory.mktemp("qwen2") / request.param
     make_checkpoint(str(path), "small", 0, request.param, 1)

@@ -23,8 +23,8 @@ from engine_client.integrations.transformers_cache import KVStorePrefixCache  # 
 from engine_client.integrations.transformers_sparse import SparseReprefill  # noqa: E402
 from engine_client.model import zoo  # noqa: E402
 from engine_client.reprefill import Budget, ModelRunner, ReprefillConfig, parse_system  # noqa: E402
-from engine_client.tasks import text  # noqa: E402
 from kvstore.contract import InvalidArgument, NotFound  # noqa: E402
+from kvstore_tools.tasks import text  # noqa: E402
 
 NEW_TOKENS = 8
 LOGITS_ATOL = 1e-3  # float32 on both sides; measured about 4e-5 on SmolLM2
@@ -89,7 +89,7 @@ def test_smollm2_sparse_path_is_the_runners(daemon, smollm2):
 
 def test_qwen2_sparse_path_is_the_runners(daemon, tmp_path):
     from engine_client.model.loader import load_checkpoint
-    from tools.make_checkpoint import make_checkpoint
+    from kvstore_tools.make_checkpoint import make_checkpoint
 
     path = make_checkpoint(tmp_path / "small", "small", 0, "float32", 1)
     with warnings.catch_warnings():
@@ -109,7 +109,7 @@ def test_qwen2_sparse_path_is_the_runners(daemon, tmp_path):
 
 
 def test_requests_it_does_not_run_are_refused_in_one_line(daemon, tmp_path):
-    from tools.make_checkpoint import make_checkpoint
+    from kvstore_tools.make_checkpoint import make_checkpoint
 
     path = make_checkpoint(tmp_path / "tiny", "tiny", 0, "float32", 1)
     with warnings.catch_warnings():
@@ -137,8 +137,8 @@ def test_requests_it_does_not_run_are_refused_in_one_line(daemon, tmp_path):
 
 @needs_smollm2
 def test_accuracy_tool_smoke(daemon, smollm2):
-    """``python -m tools.hf_sparse_accuracy`` on one short example: its report and summary."""
-    from tools.hf_sparse_accuracy import main, run, summary
+    """``python -m kvstore_tools.hf_sparse_accuracy`` on one short example: its report and summary."""
+    from kvstore_tools.hf_sparse_accuracy import main, run, summary
 
     args = argparse.Namespace(task=["passkey"], tokens=320, examples=1, start=0, budgets=[0.1], system="ckv+int4-probes")
     with KVStoreClient(daemon.target) as client:

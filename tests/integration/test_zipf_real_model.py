@@ -110,7 +110,7 @@ def _refusal(*args):
     from helpers import data_root
 
     return subprocess.run(
-        [sys.executable, "-m", "tools.bench.cli", "reprefill", "--workload", "zipf", *args],
+        [sys.executable, "-m", "kvstore_tools.bench.cli", "reprefill", "--workload", "zipf", *args],
         capture_output=True,
         text=True,
         cwd=data_root(),

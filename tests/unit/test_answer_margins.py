@@ -6,7 +6,7 @@ import torch
 from engine_client.generation import answer_margins, dense_generate
 from engine_client.model.loader import load_checkpoint
 from engine_client.prefill import chunked_prefill
-from tools.make_checkpoint import make_checkpoint
+from kvstore_tools.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="module")

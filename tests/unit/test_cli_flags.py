@@ -11,9 +11,9 @@ from kvstore import __version__
 from kvstore.cli import build_parser as kvstore_parser
 from kvstore.cli_flags import default_socket, find_socket
 from kvstore.server.config import ServerConfig
-from tools.admin import build_parser as admin_parser
-from tools.bench.cli import build_parser as bench_parser
-from tools.demo import build_parser as demo_parser
+from kvstore_tools.admin import build_parser as admin_parser
+from kvstore_tools.bench.cli import build_parser as bench_parser
+from kvstore_tools.demo import build_parser as demo_parser
 
 
 def bench(argv):
@@ -86,7 +86,7 @@ NAMES = [
 @pytest.mark.parametrize("parse, argv, attr, want", [a[1:] for a in ALIASES], ids=[a[0] for a in ALIASES])
 def test_old_spelling_is_a_working_alias(parse, argv, attr, want):
     if "accuracy" in argv:
-        from engine_client.tasks import TASKS
+        from kvstore_tools.tasks import TASKS
 
         argv = [a if a != "kv-recall" else next(iter(TASKS)) for a in argv]
     assert getattr(parse(argv), attr) == want
@@ -189,8 +189,8 @@ def test_health_defaults_to_the_socket_serve_listens_on():
         ("kvstore.cli", ["serve", "--tcp-address", "127.0.0.1:99999"], "--tcp-address"),
         ("kvstore.cli", ["serve", "--tcp-address", "localhost"], "--tcp-address"),
         ("kvstore.cli", ["serve", "--metrics-address", "127.0.0.1:65536"], "--metrics-address"),
-        ("tools.admin", ["--tcp-address", "127.0.0.1:99999", "ls"], "--tcp-address"),
-        ("tools.admin", ["ls", "--address", "127.0.0.1:-1"], "--address"),
+        ("kvstore_tools.admin", ["--tcp-address", "127.0.0.1:99999", "ls"], "--tcp-address"),
+        ("kvstore_tools.admin", ["ls", "--address", "127.0.0.1:-1"], "--address"),
     ],
 )
 def test_an_address_out_of_range_is_refused_naming_the_flag(module, argv, flag):
@@ -217,7 +217,13 @@ def test_defaults_unchanged_without_aliases():
 
 @pytest.mark.parametrize(
     "module, argv",
-    [("kvstore.cli", []), ("kvstore.cli", ["serve"]), ("tools.demo", []), ("tools.admin", []), ("tools.bench.cli", [])],
+    [
+        ("kvstore.cli", []),
+        ("kvstore.cli", ["serve"]),
+        ("kvstore_tools.demo", []),
+        ("kvstore_tools.admin", []),
+        ("kvstore_tools.bench.cli", []),
+    ],
     ids=["kvstore", "serve", "demo", "admin", "bench"],
 )
 def test_version_everywhere(module, argv):
@@ -229,7 +235,7 @@ def test_version_everywhere(module, argv):
 def test_bench_help_imports_no_torch():
     code = (
         "import sys\n"
-        "from tools.bench.cli import build_parser\n"
+        "from kvstore_tools.bench.cli import build_parser\n"
         "p = build_parser(['--help']); p.format_help(); build_parser(['io', '--help'])\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
         "assert {'io', 'reprefill', 'accuracy'} <= set(p._subparsers._group_actions[0].choices)\n"
@@ -239,7 +245,7 @@ def test_bench_help_imports_no_torch():
 
 
 def test_daemon_and_admin_import_no_torch():
-    code = "import sys, kvstore.server.app, kvstore.server.main, tools.admin, engine_client.client\nassert 'torch' not in sys.modules\n"
+    code = "import sys, kvstore.server.app, kvstore.server.main, kvstore_tools.admin, engine_client.client\nassert 'torch' not in sys.modules\n"
     proc = subprocess.run([sys.executable, "-c", code], cwd=data_root(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
@@ -263,7 +269,11 @@ def test_socket_discovery_order(tmp_path, monkeypatch):
 @pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "soon"])
 @pytest.mark.parametrize(
     "module, argv",
-    [("tools.admin", ["--timeout", "V", "ls"]), ("tools.admin", ["ls", "--timeout", "V"]), ("kvstore.cli", ["health", "--timeout", "V"])],
+    [
+        ("kvstore_tools.admin", ["--timeout", "V", "ls"]),
+        ("kvstore_tools.admin", ["ls", "--timeout", "V"]),
+        ("kvstore.cli", ["health", "--timeout", "V"]),
+    ],
 )
 def test_a_timeout_that_is_not_positive_seconds_is_refused_in_one_line(module, argv, value):
     argv = [value if a == "V" else a for a in argv]

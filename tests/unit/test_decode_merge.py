@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from helpers import data_root, run_bench
 
-from tools.bench.decode_merge import merge_reports
-from tools.bench.eval_common import wilson_interval
-from tools.bench.io_jobs import UsageError
+from kvstore_tools.bench.decode_merge import merge_reports
+from kvstore_tools.bench.eval_common import wilson_interval
+from kvstore_tools.bench.io_jobs import UsageError
 
 FIGURES = os.path.join(data_root(), "docs", "figures")
 # the 8000-token runs: seeds 0-7 of both tasks in one report, 8-19 in one report per task

@@ -23,7 +23,7 @@ from engine_client.model.gguf_file import read_gguf, unpermute_rope_rows  # noqa
 from engine_client.model.loader import CheckpointError, MissingCheckpointFile  # noqa: E402
 from engine_client.model.tokenizer import Tokenizer  # noqa: E402
 from engine_client.model.zoo import export_gguf  # noqa: E402
-from tools.make_checkpoint import make_checkpoint  # noqa: E402
+from kvstore_tools.make_checkpoint import make_checkpoint  # noqa: E402
 
 Q = gguf.GGMLQuantizationType
 _GGUF_NAMES = {

@@ -54,7 +54,7 @@ def test_gguf_float_is_the_shortest_decimal_of_a_float32_only():
 def test_the_config_fingerprint_and_geometry_are_the_loaders_and_the_runners(tmp_path):
     from engine_client.model.loader import load_checkpoint
     from engine_client.reprefill.runner import model_geometry
-    from tools.make_checkpoint import make_checkpoint
+    from kvstore_tools.make_checkpoint import make_checkpoint
 
     for dtype in ("float32", "bfloat16"):
         path = make_checkpoint(tmp_path / dtype, "tiny", 3, dtype, 2)  # two shards: the digest is by name, not by file

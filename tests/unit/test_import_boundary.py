@@ -1,6 +1,9 @@
 """Which way the three packages import, read from their source (no module is run).
 
 - the daemon (``kvstore``) imports nothing of the client or the tools;
+- the client imports nothing of the tools (``kvstore_tools``: the admin
+  tool, the demo, the benchmarks and what only they use: tasks, workload
+  generators, fidelity measures);
 - the client (``engine_client``) reaches the daemon's package only through
   the contract both sides import, ``kvstore.contract`` (the wire, geometry,
   quantization and errors);
@@ -24,11 +27,11 @@ import sys
 
 from helpers import data_root
 
-PACKAGES = ("kvstore", "engine_client", "tools")
+PACKAGES = ("kvstore", "engine_client", "kvstore_tools")
 CLIENT_MAY_IMPORT = ("kvstore.contract",)
 MAX_LINES = 400
 PARTS = ("kvstore/store/",)  # modules whose objects touch no other object's _private attributes
-GENERATED = ("kvstore/contract/_proto/",)  # python -m tools.gen_proto writes them; nobody reads them for their length
+GENERATED = ("kvstore/contract/_proto/",)  # python -m kvstore_tools.gen_proto writes them; nobody reads them for their length
 # A cycle here names the files and what would remove it; the test fails once it is gone, so the entry goes too.
 KNOWN_CYCLES: dict[frozenset, str] = {}  # a cycle left in place for a stated reason, until it goes
 CLIENT_MODULES = ("engine_client.client", "engine_client.runner", "engine_client.prefetch", "engine_client.pages")
@@ -95,7 +98,17 @@ def daemon_imports_upward(root: str) -> list[str]:
         for m, edges in sorted(import_graph(root).items())
         if m.split(".")[0] == "kvstore"
         for t, line in edges.items()
-        if t.split(".")[0] in ("engine_client", "tools")
+        if t.split(".")[0] in ("engine_client", "kvstore_tools")
+    ]
+
+
+def client_imports_the_tools(root: str) -> list[str]:
+    return [
+        f"{m} line {line} imports {t}"
+        for m, edges in sorted(import_graph(root).items())
+        if m.split(".")[0] == "engine_client"
+        for t, line in edges.items()
+        if t.split(".")[0] == "kvstore_tools"
     ]
 
 
@@ -185,6 +198,10 @@ def test_the_daemon_imports_neither_the_client_nor_the_tools():
     assert daemon_imports_upward(data_root()) == []
 
 
+def test_the_client_imports_nothing_of_the_tools():
+    assert client_imports_the_tools(data_root()) == []
+
+
 def test_the_client_reaches_the_daemon_only_through_the_contract():
     assert client_imports_beyond_the_wire(data_root()) == []
 
@@ -232,25 +249,33 @@ def test_each_check_catches_what_it_is_for(tmp_path):
             "kvstore/contract/__init__.py": "",
             "kvstore/contract/geometry.py": "",
             "kvstore/store.py": "def f():\n    from engine_client import client\n",
-            "kvstore/cli.py": "import tools.demo\n",
+            "kvstore/cli.py": "import kvstore_tools.demo\n",
             "kvstore/reader.py": "",
             "engine_client/client.py": "from kvstore.contract import pb\nfrom kvstore.contract import geometry\nfrom kvstore.reader import ReadResult\n",
             "engine_client/runner.py": "def g():\n    import kvstore\n",
-            "tools/demo.py": "from .fmt import human_bytes\n",
-            "tools/fmt.py": "def h():\n    from . import demo\n",
-            "tools/synthetic.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .admin import x\n",
-            "tools/admin.py": "from .synthetic import y\n",
-            "tools/long.py": '"""Short."""\n' + "x = 1\n" * MAX_LINES,
-            "tools/long_with_reason.py": '"""Long.\n\nWhy: one table."""\n' + "x = 1\n" * MAX_LINES,
+            "engine_client/tasks.py": "from kvstore_tools.tasks import text\n",
+            "kvstore_tools/demo.py": "from .fmt import human_bytes\n",
+            "kvstore_tools/fmt.py": "def h():\n    from . import demo\n",
+            "kvstore_tools/synthetic.py": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    from .admin import x\n",
+            "kvstore_tools/admin.py": "from .synthetic import y\n",
+            "kvstore_tools/long.py": '"""Short."""\n' + "x = 1\n" * MAX_LINES,
+            "kvstore_tools/long_with_reason.py": '"""Long.\n\nWhy: one table."""\n' + "x = 1\n" * MAX_LINES,
             "kvstore/contract/_proto/stub.py": "x = 1\n" * (MAX_LINES + 1),
             "kvstore/store/parts.py": "class A:\n    def f(self, other):\n        return self._x, other._y, other.__class__\n",
         },
     )
-    assert daemon_imports_upward(root) == ["kvstore.cli line 1 imports tools.demo", "kvstore.store line 2 imports engine_client.client"]
+    assert daemon_imports_upward(root) == [
+        "kvstore.cli line 1 imports kvstore_tools.demo",
+        "kvstore.store line 2 imports engine_client.client",
+    ]
+    assert client_imports_the_tools(root) == ["engine_client.tasks line 1 imports kvstore_tools"]
     assert client_imports_beyond_the_wire(root) == [
         "engine_client.client line 3 imports kvstore.reader",
         "engine_client.runner line 2 imports kvstore",
     ]
-    assert sorted(map(sorted, cycles(root))) == [["tools.admin", "tools.synthetic"], ["tools.demo", "tools.fmt"]]
+    assert sorted(map(sorted, cycles(root))) == [
+        ["kvstore_tools.admin", "kvstore_tools.synthetic"],
+        ["kvstore_tools.demo", "kvstore_tools.fmt"],
+    ]
     assert private_reaches(root) == ["kvstore.store.parts line 3: other._y"]
-    assert long_files_without_a_reason(root) == [f"tools/long.py: {MAX_LINES + 1} lines, and its docstring does not say why"]
+    assert long_files_without_a_reason(root) == [f"kvstore_tools/long.py: {MAX_LINES + 1} lines, and its docstring does not say why"]

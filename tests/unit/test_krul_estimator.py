@@ -10,7 +10,7 @@ from engine_client.krul import AttentionEstimator, AttentionSketch
 from engine_client.model.loader import load_checkpoint
 from engine_client.prefill import prefill_with_attention
 from kvstore.contract import InvalidArgument
-from tools.make_checkpoint import make_checkpoint
+from kvstore_tools.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="module")

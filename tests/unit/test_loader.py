@@ -1,4 +1,4 @@
-"""Loading HF-format checkpoints written by tools.make_checkpoint."""
+"""Loading HF-format checkpoints written by kvstore_tools.make_checkpoint."""
 
 import json
 
@@ -14,7 +14,7 @@ from engine_client.model import (
     UnsupportedModel,
     load_checkpoint,
 )
-from tools.make_checkpoint import config_dict, main, make_checkpoint
+from kvstore_tools.make_checkpoint import config_dict, main, make_checkpoint
 
 TOKENS = torch.arange(0, 500, 37)  # 14 tokens
 

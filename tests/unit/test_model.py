@@ -14,7 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from engine_client.model import load_checkpoint
-from tools.make_checkpoint import make_checkpoint
+from kvstore_tools.make_checkpoint import make_checkpoint
 
 # (name, config overrides, n prefix tokens, s suffix tokens)
 GEOMETRIES = [

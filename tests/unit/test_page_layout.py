@@ -3,7 +3,7 @@
 import torch
 
 from engine_client.pages import gather_pages, scatter_pages
-from tools.bench import page_layout
+from kvstore_tools.bench import page_layout
 
 
 def test_gather_puts_every_element_where_the_page_layout_says_and_scatter_undoes_it():

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tools.bench.eval_common import paired_difference
+from kvstore_tools.bench.eval_common import paired_difference
 
 Z = 1.959963984540054  # the exact 97.5% normal quantile, as the published figures use
 

@@ -7,7 +7,7 @@ import pytest
 from engine_client.compute_model import AcceleratorProfile
 from engine_client.model.config import ModelConfig
 from engine_client.path_choice import RequestShape, choose, predict
-from tools.bench.calibrate import SHAPES
+from kvstore_tools.bench.calibrate import SHAPES
 
 # an H200-like measured profile (../shared/gpu figures: achieved GEMM rate, pinned copies, a virtio disk)
 H200 = AcceleratorProfile(

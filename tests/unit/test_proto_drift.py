@@ -4,18 +4,18 @@ import os
 
 from kvstore.contract import rpc
 from kvstore.contract._proto import admin_pb2, kvstore_pb2
-from tools.gen_proto import PACKAGE_DIR, ROOT, generate
+from kvstore_tools.gen_proto import PACKAGE_DIR, ROOT, generate
 
 
 def test_generated_stubs_match_proto(tmp_path):
     paths = generate(str(tmp_path))
     for path in paths:
         committed = os.path.join(ROOT, PACKAGE_DIR, os.path.basename(path))
-        assert os.path.exists(committed), f"{committed} is missing: run `python -m tools.gen_proto`"
+        assert os.path.exists(committed), f"{committed} is missing: run `python -m kvstore_tools.gen_proto`"
         with open(path) as new, open(committed) as old:
-            assert new.read() == old.read(), f"{committed} is stale: run `python -m tools.gen_proto`"
+            assert new.read() == old.read(), f"{committed} is stale: run `python -m kvstore_tools.gen_proto`"
     committed = {n for n in os.listdir(os.path.join(ROOT, PACKAGE_DIR)) if n.endswith((".py", ".pyi"))}
-    assert committed == {os.path.basename(p) for p in paths}, "stubs left over: run `python -m tools.gen_proto`"
+    assert committed == {os.path.basename(p) for p in paths}, "stubs left over: run `python -m kvstore_tools.gen_proto`"
 
 
 def test_every_call_has_its_own_request_and_response():

@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from kvstore.contract.errors import InvalidArgument
-from tools.bench.recall import chunk_summaries, needle_recall, period_recall
-from tools.bench.text_accuracy import check_store_probe_bits, parse_paths
+from kvstore_tools.bench.recall import chunk_summaries, needle_recall, period_recall
+from kvstore_tools.bench.text_accuracy import check_store_probe_bits, parse_paths
 
 
 def test_chunk_summaries_match_the_per_chunk_min_max_with_a_short_last_chunk():

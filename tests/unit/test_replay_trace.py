@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from tools.bench.io_jobs import BenchError
-from tools.bench.replay import Clock, profile_arg, selection_cost
-from tools.bench.trace import KIND, VERSION
-from tools.bench.trace import load_trace as _load
-from tools.bench.workload import SYSTEMS
+from kvstore_tools.bench.io_jobs import BenchError
+from kvstore_tools.bench.replay import Clock, profile_arg, selection_cost
+from kvstore_tools.bench.trace import KIND, VERSION
+from kvstore_tools.bench.trace import load_trace as _load
+from kvstore_tools.bench.workload import SYSTEMS
 
 HEADER = {
     "kind": KIND,
@@ -148,7 +148,7 @@ def _report(tokens: int, io_wait: float, compute: float, cpu_io: float, cpu_comp
 
 
 def test_scaling_rows_take_each_length_and_say_which_wait_is_larger():
-    from tools.bench.replay_report import format_scaling, scaling_rows
+    from kvstore_tools.bench.replay_report import format_scaling, scaling_rows
 
     reports = [_report(2048, 0.002, 0.004, 0.001, 1.0), _report(8192, 0.020, 0.005, 0.5, 0.2)]
     reports[1]["systems"].pop("only-here@0.05")  # in one trace only: left out

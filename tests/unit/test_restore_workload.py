@@ -2,9 +2,9 @@
 
 import argparse
 
-from engine_client.tasks.text import seeds
-from engine_client.workloads import conversation_trace
-from tools.bench.restore import MIN_SHAREGPT_TOKENS, sharegpt_lengths
+from kvstore_tools.bench.restore import MIN_SHAREGPT_TOKENS, sharegpt_lengths
+from kvstore_tools.tasks.text import seeds
+from kvstore_tools.workloads import conversation_trace
 
 
 def test_sharegpt_lengths_are_the_traces_returns_capped_and_floored_and_held_out_by_default():

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from engine_client.model.loader import load_checkpoint
 from engine_client.sparse_prefill import line_mask, vertical_slash
-from tools.make_checkpoint import make_checkpoint
+from kvstore_tools.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="module")

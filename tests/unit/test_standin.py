@@ -80,7 +80,7 @@ def test_bad_shapes_and_positions_are_refused():
 
 def test_the_selection_study_stands_in_per_head_as_the_runner_does_or_per_chunk():
     from engine_client.selection.probes import quantize_keys
-    from tools.selection_study import standin_rows
+    from kvstore_tools.selection_study import standin_rows
 
     g = torch.Generator().manual_seed(3)
     full = torch.randn(2, 2, 40, 8, generator=g)  # 16-token chunks 0, 1 and a short chunk 2 (rows 32-39)

@@ -10,7 +10,7 @@ import torch
 from engine_client.model import zoo
 from engine_client.model.loader import load_checkpoint
 from engine_client.model.standins import PROFILE_FILE, PROFILE_VERSION, ProfileError, StandinLayers, choose_layers
-from tools.make_checkpoint import make_checkpoint
+from kvstore_tools.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +102,7 @@ def test_the_zoo_finds_the_file_next_to_the_checkpoint_or_names_the_command(tiny
 )
 def test_calibrate_standins_refuses_bad_flags_in_one_line(flags, message):
     out = subprocess.run(
-        [sys.executable, "-m", "tools.models", "calibrate-standins", "smollm2-135m", *flags], capture_output=True, text=True
+        [sys.executable, "-m", "kvstore_tools.models", "calibrate-standins", "smollm2-135m", *flags], capture_output=True, text=True
     )
     assert out.returncode == 2 and message in out.stderr and "Traceback" not in out.stderr
 

@@ -13,7 +13,7 @@ from engine_client.model.decoder import _gqa_attention
 from engine_client.model.loader import load_checkpoint
 from engine_client.model.streaming import PROFILE_VERSION, ProfileError, StreamingHeads, calibrate, classify, local_mass
 from engine_client.prefill import chunked_prefill
-from tools.make_checkpoint import make_checkpoint
+from kvstore_tools.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="module")
@@ -152,7 +152,9 @@ def test_row_mask_of_the_wrong_shape_is_refused(tiny):
 
 def test_calibrate_heads_command_refuses_bad_flags_in_one_line():
     out = subprocess.run(
-        [sys.executable, "-m", "tools.models", "calibrate-heads", "smollm2-135m", "--threshold", "2"], capture_output=True, text=True
+        [sys.executable, "-m", "kvstore_tools.models", "calibrate-heads", "smollm2-135m", "--threshold", "2"],
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 2 and "must be in [0, 1]" in out.stderr and "Traceback" not in out.stderr
 
@@ -172,17 +174,17 @@ def test_the_zoo_finds_the_file_next_to_the_checkpoint_or_names_the_command(tiny
 
 
 def test_the_accuracy_bench_knows_the_streaming_path():
-    from tools.bench.text_accuracy import parse_paths
+    from kvstore_tools.bench.text_accuracy import parse_paths
 
     assert parse_paths("full,full-streaming") == [("full", "", 1.0), ("full-streaming", "", 1.0)]
 
 
 def test_the_accuracy_bench_knows_the_sparse_prefill_path():
-    from tools.bench.text_accuracy import parse_paths
+    from kvstore_tools.bench.text_accuracy import parse_paths
 
     assert parse_paths("sparse-prefill@0.95") == [("sparse-prefill@0.95", "sparse-prefill", 0.95)]
     with pytest.raises(ValueError):
         parse_paths("sparse-prefill@1.5")
-    from tools.bench.text_accuracy import check_store_probe_bits
+    from kvstore_tools.bench.text_accuracy import check_store_probe_bits
 
     check_store_probe_bits(parse_paths("sparse-prefill@0.9,perlayer-follow-int4@0.05"), 4, 8)  # no probe keys read

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from engine_client import tasks
-from engine_client.tasks import fewshot, kv_retrieval, multiturn
-from engine_client.tasks import vocab as V
+from kvstore_tools import tasks
+from kvstore_tools.tasks import fewshot, kv_retrieval, multiturn
+from kvstore_tools.tasks import vocab as V
 
 TASK_NAMES = list(tasks.TASKS)
 

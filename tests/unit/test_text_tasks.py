@@ -7,9 +7,9 @@ import pytest
 from pretrained import needs_smollm2
 
 from engine_client.model import zoo
-from engine_client.tasks import text
-from engine_client.tasks.text import jsonl
-from engine_client.tasks.text.base import answer_in
+from kvstore_tools.tasks import text
+from kvstore_tools.tasks.text import jsonl
+from kvstore_tools.tasks.text.base import answer_in
 
 pytestmark = needs_smollm2
 

@@ -24,7 +24,7 @@ from engine_client.selection.tokens import (
 )
 from kvstore import progress as bars
 from kvstore.contract.errors import InvalidArgument
-from tools.make_checkpoint import make_checkpoint
+from kvstore_tools.make_checkpoint import make_checkpoint
 
 
 @pytest.fixture(scope="module")

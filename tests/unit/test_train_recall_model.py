@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from engine_client.model import ModelConfig, load_checkpoint
-from tools import train_recall_model as trm
+from kvstore_tools import train_recall_model as trm
 
 
 @pytest.fixture(scope="module")

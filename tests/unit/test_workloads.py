@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from engine_client.workloads import conversation_trace, zipf_probabilities, zipf_requests
 from kvstore.contract.errors import InvalidArgument
+from kvstore_tools.workloads import conversation_trace, zipf_probabilities, zipf_requests
 
 
 def zipf(seed, **kw):

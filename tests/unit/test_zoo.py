@@ -6,7 +6,7 @@ import pytest
 from pretrained import needs_gemma3, needs_smollm2, real_text
 
 from engine_client.model import zoo
-from tools import models as cli
+from kvstore_tools import models as cli
 
 
 def test_unknown_model_names_the_known_ones(capsys):

@@ -18,7 +18,7 @@ import json
 
 from kvstore.contract.errors import FailedPrecondition, InvalidArgument
 from kvstore.contract.geometry import ModelSpec, StoreGeometry
-from tools.fmt import format_table, human_bytes
+from kvstore_tools.fmt import format_table, human_bytes
 
 REMOTE_FIELDS = (
     "remote_state",

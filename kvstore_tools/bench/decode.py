@@ -65,9 +65,9 @@ def add_decode_parser(sub) -> None:
 
     p = sub.add_parser("decode", help="decoding from sparse, quantized KV: dense, Quest, LServe, LoopServe at one token budget")
     add_device_flag(p)
-    p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
+    p.add_argument("--model", default="smollm2-135m", help="a name from python -m kvstore_tools.models list")
     p.add_argument("--context", default="4096", help="prefix tokens, comma-separated (e.g. 4096,8192)")
-    p.add_argument("--tasks", default="passkey,niah", help="real-text tasks, comma-separated (engine_client.tasks.text)")
+    p.add_argument("--tasks", default="passkey,niah", help="real-text tasks, comma-separated (kvstore_tools.tasks.text)")
     p.add_argument("--examples", type=int, default=5, help="examples per task and context")
     p.add_argument("--stream", choices=("eval", "tune"), default="eval", help="seed stream of the examples")
     p.add_argument("--start", type=int, default=0, help="skip this many seeds of the stream")
@@ -139,7 +139,7 @@ def command_decode(args) -> int:
         raise UsageError(f"--kv-quant must be one of {', '.join(KV4_SCHEMES)}, got {args.kv_quant!r}")
     args.contexts = _ints(args.context, "--context")
     args.task_names = [t.strip() for t in args.tasks.split(",") if t.strip()]
-    from engine_client.tasks.text import TASKS
+    from kvstore_tools.tasks.text import TASKS
 
     unknown = [t for t in args.task_names if t not in TASKS and not t.startswith("file:")]
     if unknown or not args.task_names:
@@ -156,7 +156,7 @@ def command_decode(args) -> int:
 def run_decode(args) -> dict:
     from engine_client.model import zoo
     from engine_client.model.streaming import ProfileError, StreamingHeads
-    from engine_client.tasks import text
+    from kvstore_tools.tasks import text
 
     load_before = round(os.getloadavg()[0], 2)
     pm = load_pretrained(args.model, args.threads, bench_device(args))

@@ -16,7 +16,7 @@ trailers, the manifest files and the conversation record files.
 ``conversations`` and ``conversation ID`` show conversation records.  Human tables by default, ``--json`` for
 scripts.  Exit status: 0 ok, 1 on an error or when
 ``verify`` finds a bad or quarantined segment.  Where the operations run,
-a data directory opened here or a daemon, is ``tools.admin_targets``.
+a data directory opened here or a daemon, is ``kvstore_tools.admin_targets``.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from kvstore.config import HelpFormatter, StoreConfig, parse_bytes, parse_host_p
 from kvstore.contract.errors import InvalidArgument, KVStoreError
 from kvstore.progress import add_progress_flag, progress, set_enabled
 from kvstore.rebuild import rebuild_index
-from tools.admin_conversations import cmd_conversation, cmd_conversations
-from tools.admin_remote import add_parsers as add_remote_parsers
-from tools.admin_remote import cmd_remote, cmd_route, cmd_route_direct, is_direct
-from tools.admin_targets import connect
-from tools.fmt import format_table, human_bytes
-from tools.fmt import when as _when
+from kvstore_tools.admin_conversations import cmd_conversation, cmd_conversations
+from kvstore_tools.admin_remote import add_parsers as add_remote_parsers
+from kvstore_tools.admin_remote import cmd_remote, cmd_route, cmd_route_direct, is_direct
+from kvstore_tools.admin_targets import connect
+from kvstore_tools.fmt import format_table, human_bytes
+from kvstore_tools.fmt import when as _when
 
 SHORT_ID_CHARS = 16
 

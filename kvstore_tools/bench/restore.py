@@ -69,8 +69,8 @@ MIN_SHAREGPT_TOKENS = 256  # a return shorter than this is floored to it (a mult
 def add_restore_parser(sub) -> None:
     p = sub.add_parser("restore", help="restore an inactive conversation: recompute, load, Krul; TTFT, bytes and accuracy")
     add_device_flag(p)
-    p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
-    p.add_argument("--task", default="multiturn", help="a real-text task (engine_client.tasks.text); multiturn by default")
+    p.add_argument("--model", default="smollm2-135m", help="a name from python -m kvstore_tools.models list")
+    p.add_argument("--task", default="multiturn", help="a real-text task (kvstore_tools.tasks.text); multiturn by default")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of each conversation (history + new turn)")
     p.add_argument("--examples", type=int, default=20, help="conversations")
     p.add_argument(
@@ -127,8 +127,8 @@ def sharegpt_lengths(args) -> list[int]:
     turn after the first is a return; its length is capped at ``--tokens``
     (the model's reach on this machine) and floored at ``MIN_SHAREGPT_TOKENS``.
     """
-    from engine_client.tasks.text import seeds
-    from engine_client.workloads import conversation_trace
+    from kvstore_tools.tasks.text import seeds
+    from kvstore_tools.workloads import conversation_trace
 
     seed = seeds(1, args.stream, args.start)[0]
     out: list[int] = []
@@ -141,8 +141,8 @@ def sharegpt_lengths(args) -> list[int]:
 
 
 def run_restore(args) -> dict:
-    from engine_client.tasks import text
     from kvstore.progress import progress
+    from kvstore_tools.tasks import text
 
     from .daemon_io import private_daemon_client
 

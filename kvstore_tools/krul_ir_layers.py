@@ -1,14 +1,14 @@
 """How many layers of SmolLM2-135M (or a checkpoint) Krul's ``gamma`` leaves input-robust (I-R), on short prose prompts.
 
-    python -m tools.krul_ir_layers [--prompts 3] [--tokens 400] [--grid 32] [--gammas 0.5,0.6,0.7,0.8,0.9] [--ratio 0.5]
+    python -m kvstore_tools.krul_ir_layers [--prompts 3] [--tokens 400] [--grid 32] [--gammas 0.5,0.6,0.7,0.8,0.9] [--ratio 0.5]
         [--checkpoint DIR]
 
 ``--checkpoint``: an HF checkpoint directory instead (e.g. the Qwen2.5-0.5B
-shape of ``tools.make_checkpoint``); the prompts are tokenized with
+shape of ``kvstore_tools.make_checkpoint``); the prompts are tokenized with
 SmolLM2's tokenizer, whose ids fit any larger vocabulary.
 
 Each prompt is ``--tokens`` tokens of consecutive prose sentences of the
-offline haystack (``engine_client.tasks.text.haystack``), starting at
+offline haystack (``kvstore_tools.tasks.text.haystack``), starting at
 sentences 0, 300, 600, ...  For every layer the script computes the causal
 attention map ``[9 query heads, n, n]`` from the decoder's own queries
 (``layer_queries``) and keys (``layer_forward``'s KV), checks that the map
@@ -31,7 +31,7 @@ import torch.nn.functional as F
 
 from engine_client.krul import AttentionSketch, choose_strategy
 from engine_client.model import zoo
-from engine_client.tasks.text.haystack import sentences
+from kvstore_tools.tasks.text.haystack import sentences
 
 
 def prose_tokens(tokenizer, start: int, num_tokens: int) -> list[int]:
@@ -66,7 +66,7 @@ def layer_attention(decoder, tokens: torch.Tensor, sketch: AttentionSketch) -> N
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.krul_ir_layers", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvstore_tools.krul_ir_layers", description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=3)
     parser.add_argument("--tokens", type=int, default=400)
     parser.add_argument("--grid", type=int, default=32)

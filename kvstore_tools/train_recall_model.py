@@ -1,7 +1,7 @@
 """Train a small Qwen2 decoder on the synthetic recall tasks, on CPU, and write it as a HF checkpoint.
 
-    python -m tools.train_recall_model --out checkpoints/recall-small [--seed 0] [--steps N] [--threads 1]
-    python -m tools.train_recall_model --measure      # seconds per step at each curriculum length, then exit
+    python -m kvstore_tools.train_recall_model --out checkpoints/recall-small [--seed 0] [--steps N] [--threads 1]
+    python -m kvstore_tools.train_recall_model --measure      # seconds per step at each curriculum length, then exit
 
 The model is a ``Qwen2ForCausalLM`` (GQA, RoPE, SwiGLU, q/k/v bias) whose
 weights carry the Hugging Face names that ``engine_client.model.load_checkpoint``
@@ -10,7 +10,7 @@ softmax scale ``1/sqrt(d)``, query head ``h`` on KV head ``h // g``) written
 with autograd, and a test checks its logits against ``Decoder.forward_full``.
 
 Training is multi-query associative recall: every sequence carries many
-question -> answer pairs (``engine_client.tasks`` training sequences) and the
+question -> answer pairs (``kvstore_tools.tasks`` training sequences) and the
 loss is the cross-entropy at the answer positions only, averaged per task so
 that every task weighs the same; an auxiliary ``copy`` task (a random segment
 repeated, every repeated token supervised) is in the mix.
@@ -51,10 +51,10 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from engine_client import tasks
 from engine_client.model.config import ModelConfig
 from engine_client.model.loader import CONFIG_FILE, SINGLE_FILE, expected_tensors
-from engine_client.tasks import vocab
+from kvstore_tools import tasks
+from kvstore_tools.tasks import vocab
 
 
 def model_config_dict(num_layers: int = 4) -> dict:
@@ -418,7 +418,7 @@ def measure(cfg: TrainConfig, log=print) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.train_recall_model", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvstore_tools.train_recall_model", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", help="checkpoint directory (config.json + model.safetensors)")
     parser.add_argument("--seed", type=int, default=TrainConfig.seed)
     parser.add_argument("--steps", type=int, default=TrainConfig.steps)

@@ -72,11 +72,11 @@ def summarize(samples: list[Sample]) -> dict:
 
 def run_reprefill_bench(args) -> dict:
     from engine_client.client import KVStoreClient
-    from engine_client.fidelity import chunk_recall, compare_logits
     from engine_client.model.loader import load_checkpoint
     from engine_client.reprefill import ModelRunner, parse_system
     from engine_client.selection import exact_chunk_scores
-    from tools.make_checkpoint import checkpoint_path
+    from kvstore_tools.bench.fidelity import chunk_recall, compare_logits
+    from kvstore_tools.make_checkpoint import checkpoint_path
 
     from .eval_common import bench_device
 
@@ -320,7 +320,7 @@ def add_reprefill_parser(sub) -> None:
         "--standin-layers",
         metavar="PATH",
         help="the stand-in layers file of contiguouskv-standin (default: the one next to the checkpoint, "
-        "python -m tools.models calibrate-standins)",
+        "python -m kvstore_tools.models calibrate-standins)",
     )
     z.add_argument("--prefixes", type=int, default=20)
     z.add_argument("--requests", type=int, default=40, help="timed requests per system and budget")

@@ -2,7 +2,7 @@
 
 Each node is a daemon of its own (data directory, socket, node id); with the
 remote tier they share one Redis Cluster (``--remote-url``, or a local one of
-3 masters and 3 replicas started here, ``tools.local_cluster``).  The
+3 masters and 3 replicas started here, ``kvstore_tools.local_cluster``).  The
 workload: ``--prefixes`` shared prefixes (system prompts, documents) of
 ``--tokens`` tokens; each of ``--requests`` requests takes prefix ``i`` with
 probability proportional to ``1 / (i + 1) ** zipf`` plus a fresh suffix, and
@@ -75,7 +75,7 @@ def command_cluster(args) -> int:
 
 
 def _workload(args):
-    from tools.synthetic import synthetic_kv
+    from kvstore_tools.synthetic import synthetic_kv
 
     rng = np.random.default_rng(args.seed)
     m = GEOMETRY.model
@@ -106,7 +106,7 @@ def run_cluster(args, modes: list[str]) -> dict:
     with ExitStack() as stack:
         url = args.remote_url
         if not url and set(modes) - {"isolated"}:
-            from tools.local_cluster import LocalRedisCluster, available
+            from kvstore_tools.local_cluster import LocalRedisCluster, available
 
             if not available():
                 raise BenchError("no redis-server here (make redis), and no --remote-url given")
@@ -248,7 +248,7 @@ def _fetch_ms(url: str, prefixes, namespace: str, repeats: int = 3) -> float | N
 
 
 def format_cluster(report: dict) -> str:
-    from tools.fmt import format_table, human_bytes
+    from kvstore_tools.fmt import format_table, human_bytes
 
     cfg = report["config"]
     lines = [

@@ -1,6 +1,6 @@
 """Write a seeded random checkpoint in Hugging Face Qwen2 format.
 
-    python -m tools.make_checkpoint --size tiny|small|qwen2.5-0.5b-shape --out DIR \
+    python -m kvstore_tools.make_checkpoint --size tiny|small|qwen2.5-0.5b-shape --out DIR \
         [--seed N] [--dtype bfloat16|float32] [--shards K]
 
 The output is what ``engine_client.model.load_checkpoint`` reads from a real
@@ -184,7 +184,7 @@ def _split_by_size(items: list[tuple[str, tuple[int, ...]]], parts: int) -> list
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.make_checkpoint", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvstore_tools.make_checkpoint", description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", required=True, choices=sorted(SIZES))
     parser.add_argument("--out", required=True, help="output directory (created if needed)")
     parser.add_argument("--seed", type=int, default=0)

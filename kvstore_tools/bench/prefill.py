@@ -42,7 +42,7 @@ def prose_tokens(tokenizer, num_tokens: int) -> list[int]:
 
 def add_prefill_parser(sub) -> None:
     p = sub.add_parser("prefill", help="dense prefill ms per layer: the project's decoder vs transformers")
-    p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
+    p.add_argument("--model", default="smollm2-135m", help="a name from python -m kvstore_tools.models list")
     p.add_argument("--tokens", type=int, default=2000, help="prompt tokens")
     p.add_argument("--threads", type=int, default=2, help="torch threads for both")
     p.add_argument("--repeats", type=int, default=2, help="timed runs of each; the fastest run of each layer is kept")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 
-from tools.fmt import format_table, human_bytes, when
+from kvstore_tools.fmt import format_table, human_bytes, when
 
 
 def _ratio(info: dict) -> str:

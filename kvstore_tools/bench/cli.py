@@ -114,7 +114,7 @@ def _add_compare_options(parser: argparse.ArgumentParser) -> None:
 
 def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
     """Options of ``--chunked``; None means chunked.DEFAULTS decides."""
-    chk = parser.add_argument_group("chunked reads (--chunked; defaults: tools.bench.chunked.DEFAULTS)")
+    chk = parser.add_argument_group("chunked reads (--chunked; defaults: kvstore_tools.bench.chunked.DEFAULTS)")
     chk.add_argument("--chunked", action="store_true", help="run the chunked-read benchmark instead of a raw job")
     chk.add_argument(
         "--budgets",
@@ -146,47 +146,47 @@ def _add_chunked_options(parser: argparse.ArgumentParser) -> None:
 # Subcommands whose modules import torch: their parsers are built only when chosen,
 # so `kvstore-bench --help` and `kvstore-bench io` never import it.
 LAZY_COMMANDS = {
-    "reprefill": ("tools.bench.reprefill", "add_reprefill_parser", "Re-Prefill TTFT vs full recompute and full load"),
-    "accuracy": ("tools.bench.accuracy", "add_accuracy_parser", "answer accuracy on the held-out synthetic recall tasks"),
-    "prefill": ("tools.bench.prefill", "add_prefill_parser", "dense prefill time per layer against transformers"),
-    "recall": ("tools.bench.recall", "add_recall_parser", "per-layer needle recall of each selection on a pretrained model"),
+    "reprefill": ("kvstore_tools.bench.reprefill", "add_reprefill_parser", "Re-Prefill TTFT vs full recompute and full load"),
+    "accuracy": ("kvstore_tools.bench.accuracy", "add_accuracy_parser", "answer accuracy on the held-out synthetic recall tasks"),
+    "prefill": ("kvstore_tools.bench.prefill", "add_prefill_parser", "dense prefill time per layer against transformers"),
+    "recall": ("kvstore_tools.bench.recall", "add_recall_parser", "per-layer needle recall of each selection on a pretrained model"),
     "restore": (
-        "tools.bench.restore",
+        "kvstore_tools.bench.restore",
         "add_restore_parser",
         "restore an inactive conversation: recompute, load, Krul (TTFT, bytes, accuracy)",
     ),
     "estimator": (
-        "tools.bench.estimator",
+        "kvstore_tools.bench.estimator",
         "add_estimator_parser",
         "Krul's attention estimator: its cost on generation (time per token, memory)",
     ),
     "decode": (
-        "tools.bench.decode",
+        "kvstore_tools.bench.decode",
         "add_decode_parser",
         "decoding from sparse, quantized KV: dense, Quest, LServe, LoopServe at one token budget",
     ),
     "decode-merge": (
-        "tools.bench.decode_merge",
+        "kvstore_tools.bench.decode_merge",
         "add_decode_merge_parser",
         "pool kvstore-bench decode --json reports over disjoint seeds into one table",
     ),
     "calibrate": (
-        "tools.bench.calibrate",
+        "kvstore_tools.bench.calibrate",
         "add_calibrate_parser",
         "measure this machine's compute, copy, disk and request rates into a profile file (--profile file:PATH)",
     ),
     "contention": (
-        "tools.bench.contention",
+        "kvstore_tools.bench.contention",
         "add_contention_parser",
         "concurrent readers on the shared-memory arena: requests/s, p50/p99, failures",
     ),
     "cluster": (
-        "tools.bench.cluster",
+        "kvstore_tools.bench.cluster",
         "add_cluster_parser",
         "N daemons sharing a Redis Cluster: local/remote/miss hit rates, bytes moved, cross-node vs local vs recompute",
     ),
     "replay": (
-        "tools.bench.replay_cli",
+        "kvstore_tools.bench.replay_cli",
         "add_replay_parser",
         "replay a Re-Prefill trace against a real daemon at an accelerator's compute speed",
     ),

@@ -1,6 +1,6 @@
 """Compare chunk-selection rules on a real model, in process, on tuning prompts.
 
-    python -m tools.selection_study --task niah --tokens 4096 --examples 10 [--start 0] [--stream tune]
+    python -m kvstore_tools.selection_study --task niah --tokens 4096 --examples 10 [--start 0] [--stream tune]
                                     [--rules P1+follow-exact,P2+follow-int4,...] [--budget 0.05] [--layer-gains]
                                     [--standins 8,19] [--json]
 
@@ -54,7 +54,7 @@ def head_scores(q: torch.Tensor, keys: torch.Tensor, scorer: str) -> torch.Tenso
     from engine_client.selection.probes import quantize_keys
 
     if scorer == "summary":
-        from tools.bench.recall import chunk_summaries
+        from kvstore_tools.bench.recall import chunk_summaries
 
         kmin, kmax = chunk_summaries(keys, CHUNK)
         return summary_head_chunk_scores(q, kmin, kmax)
@@ -90,7 +90,7 @@ def keeps_answer(model, kv, question, answer, rule, budget, needle, whole=()) ->
 
 def layer_gains(model, kv, question, answer, rule, budget, needle) -> list[float]:
     """Per layer: the answer's weakest teacher-forced margin with that one layer whole, minus the rule's own
-    (``--layer-gains``; what ``python -m tools.models calibrate-standins`` averages)."""
+    (``--layer-gains``; what ``python -m kvstore_tools.models calibrate-standins`` averages)."""
     weakest = min(_teacher_forced(model, kv, question, answer, rule, budget, needle)[2])
     return [
         min(_teacher_forced(model, kv, question, answer, rule, budget, needle, (layer,))[2]) - weakest for layer in range(model.num_layers)
@@ -158,7 +158,7 @@ def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=(),
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m tools.selection_study", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m kvstore_tools.selection_study", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--task", default="niah")
     p.add_argument("--tokens", type=int, default=4096)
@@ -191,8 +191,8 @@ def main(argv=None) -> int:
         p.error(str(exc))
     from engine_client.model import zoo
     from engine_client.prefill import chunked_prefill
-    from engine_client.tasks import text
     from kvstore.progress import progress
+    from kvstore_tools.tasks import text
 
     torch.set_num_threads(args.threads)
     pm = zoo.load(args.model, dtype=torch.float32)

@@ -50,8 +50,8 @@ SYSTEMS = ("none", "estimator", "estimator-b1", "estimator-deferred", "estimator
 def add_estimator_parser(sub) -> None:
     p = sub.add_parser("estimator", help="Krul's attention estimator: its cost on generation (time per token, memory)")
     add_device_flag(p)
-    p.add_argument("--model", default="smollm2-135m", help="a name from python -m tools.models list")
-    p.add_argument("--task", default="multiturn", help="a real-text task (engine_client.tasks.text)")
+    p.add_argument("--model", default="smollm2-135m", help="a name from python -m kvstore_tools.models list")
+    p.add_argument("--task", default="multiturn", help="a real-text task (kvstore_tools.tasks.text)")
     p.add_argument("--tokens", type=int, default=2048, help="tokens of each conversation (history + new turn)")
     p.add_argument("--examples", type=int, default=4)
     p.add_argument("--stream", choices=("eval", "tune"), default="tune", help="seed stream of the examples")
@@ -78,9 +78,9 @@ def command_estimator(args) -> int:
 def run_estimator(args) -> dict:
     from engine_client.generation import dense_generate
     from engine_client.krul import AttentionEstimator, choose_strategy
-    from engine_client.tasks import text
     from kvstore.contract import InvalidArgument
     from kvstore.progress import progress
+    from kvstore_tools.tasks import text
 
     pm = load_pretrained(args.model, args.threads, bench_device(args))
     try:

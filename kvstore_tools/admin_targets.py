@@ -4,7 +4,7 @@
 no daemon holds the directory); ``RemoteAdmin`` asks a running daemon with
 ``KVStoreClient`` (``inspect``, ``verify``, ``evict`` and ``compact`` need
 its admin RPCs; the conversation listings are data calls).  Both answer with the same plain dicts and lists, which
-``tools.admin`` turns into tables or JSON; ``connect`` picks one.
+``kvstore_tools.admin`` turns into tables or JSON; ``connect`` picks one.
 """
 
 from __future__ import annotations

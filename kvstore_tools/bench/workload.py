@@ -50,7 +50,7 @@ fetched from the daemon counts in ``bytes_disk``.
 Fidelity is measured against full attention over the in-memory prefix KV
 (top-1 agreement, KL of the next-token distribution).  With a pretrained
 model and ``--task``, each prefix is a held-out real-text example
-(``engine_client.tasks.text``), each request asks that example's question
+(``kvstore_tools.tasks.text``), each request asks that example's question
 and decodes its answer greedily after the Re-Prefill, and every system's
 accuracy is reported next to the full KV's on the same requests (decoding
 is not part of TTFT).  Figures and ratios:
@@ -132,8 +132,8 @@ class _Prefix:
 
 def run_zipf_bench(args) -> dict:
     from engine_client.model.loader import load_checkpoint
-    from engine_client.workloads import zipf_requests
-    from tools.make_checkpoint import checkpoint_path
+    from kvstore_tools.make_checkpoint import checkpoint_path
+    from kvstore_tools.workloads import zipf_requests
 
     from .eval_common import bench_device
 
@@ -215,7 +215,7 @@ def _task_examples(args, checkpoint: str) -> tuple:
     if not args.task:
         return None, None
     from engine_client.model.tokenizer import Tokenizer
-    from engine_client.tasks import text
+    from kvstore_tools.tasks import text
 
     tokenizer = Tokenizer.load(checkpoint)
     try:
@@ -436,8 +436,8 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
 
 
 def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, tokenizer=None) -> dict:
-    from engine_client.fidelity import compare_logits
     from engine_client.selection.tokens import token_cap
+    from kvstore_tools.bench.fidelity import compare_logits
 
     n = prefix.tokens.numel()
     cap = token_cap(n, run.budget)

@@ -1,6 +1,6 @@
 """Real-text task accuracy of the transformers sparse path next to the Re-Prefill runner's, on SmolLM2-135M.
 
-    python -m tools.hf_sparse_accuracy --task passkey,niah --tokens 2048 --examples 20 --budgets 0.05,0.1 [--start 100] \
+    python -m kvstore_tools.hf_sparse_accuracy --task passkey,niah --tokens 2048 --examples 20 --budgets 0.05,0.1 [--start 100] \
         [--system default] [--threads 1] [--json]
 
 Per example, through one real daemon started for the run: the runner stores the prefix; the full KV
@@ -29,7 +29,7 @@ import torch
 from engine_client.client import KVStoreClient
 from engine_client.model import zoo
 from engine_client.reprefill import Budget, ModelRunner, ReprefillConfig, parse_system
-from engine_client.tasks import text
+from kvstore_tools.tasks import text
 
 NEW_TOKENS = 16
 
@@ -132,7 +132,7 @@ def summary(report: dict) -> str:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tools.hf_sparse_accuracy", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m kvstore_tools.hf_sparse_accuracy", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", type=lambda s: s.split(","), default=["passkey", "niah"])
     parser.add_argument("--tokens", type=int, default=2048)
     parser.add_argument("--examples", type=int, default=20)
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
         with KVStoreClient(args.target) as client:
             report = run(args, client)
     else:
-        from tools.bench.daemon_io import private_daemon_client
+        from kvstore_tools.bench.daemon_io import private_daemon_client
 
         with tempfile.TemporaryDirectory() as directory, contextlib.ExitStack() as stack:
             report = run(args, private_daemon_client(directory, "hf-accuracy-", stack))

@@ -12,7 +12,7 @@ Paths (several, comma-separated, share each example's prefill and store):
                     slash lines covering ALPHA of its last 16 queries' attention (LoopServe,
                     ``engine_client.sparse_prefill``);
 ``full-streaming``  the full KV for retrieval heads, only the sink and recent rows for the model's
-                    streaming heads (LServe; ``python -m tools.models calibrate-heads NAME`` makes
+                    streaming heads (LServe; ``python -m kvstore_tools.models calibrate-heads NAME`` makes
                     the classification, ``engine_client.model.streaming``), first token and decoding;
 ``SELECTOR@BUDGET`` Re-Prefill through a real daemon on a private socket: ``store_prefix`` then
                     ``ModelRunner.generate`` (the suffix over the chunks each Period selects, then
@@ -244,7 +244,7 @@ def _runner(model, args, stack: ExitStack):
 
 def run_text_accuracy(args) -> dict:
     from engine_client.model import zoo
-    from engine_client.tasks import text
+    from kvstore_tools.tasks import text
 
     paths = parse_paths(args.path)
     torch.set_num_threads(max(1, args.threads))

@@ -117,7 +117,7 @@ def period_recall(per_layer: np.ndarray, period_layers: int) -> tuple[np.ndarray
 
 def task_examples(task: str, tokenizer, num_examples: int, num_tokens: int, stream: str = "tune", start: int = 0):
     """``(prefix, suffix, needle_chunks, depth)`` of the real-text task's examples from ``stream``."""
-    from engine_client.tasks import text
+    from kvstore_tools.tasks import text
 
     out = []
     for ex in text.examples(task, tokenizer, num_examples, num_tokens, stream=stream, start=start):
@@ -202,7 +202,7 @@ def add_recall_parser(sub) -> None:
 
     add_device_flag(p)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--task", default="passkey", help="a real-text task (engine_client.tasks.text)")
+    p.add_argument("--task", default="passkey", help="a real-text task (kvstore_tools.tasks.text)")
     p.add_argument("--tokens", type=int, default=2000)
     p.add_argument("--examples", type=int, default=10)
     p.add_argument("--budget", type=float, action="append", help="fraction of chunks (repeatable; default 0.05 and 0.10)")

@@ -86,14 +86,14 @@ def parse_path(text: str | None) -> EvalPath:
 
 def chance_level(task: str) -> float:
     """Accuracy of a uniform guess among the task's possible answers."""
-    from engine_client.tasks import fewshot, vocab
+    from kvstore_tools.tasks import fewshot, vocab
 
     return 1.0 / (fewshot.NUM_LABELS if task == "fewshot" else vocab.NUM_VALUES)
 
 
 def held_out_examples(task: str, num_examples: int, num_tokens: int, seed: int, *, need_prefix_answer: bool = False):
     """The first ``num_examples`` examples of the eval stream (those whose answer is in the prefix, if asked)."""
-    from engine_client import tasks
+    from kvstore_tools import tasks
 
     module = tasks.get_task(task)
     rng = tasks.rng_for("eval", seed, task)
@@ -236,8 +236,8 @@ def format_report(r: dict) -> str:
 def add_accuracy_parser(sub) -> argparse.ArgumentParser:
     from engine_client.reprefill import DEFAULT_SYSTEM
     from engine_client.reprefill.systems import known_systems
-    from engine_client.tasks import TASKS
     from kvstore.cli_flags import add_alias
+    from kvstore_tools.tasks import TASKS
 
     p = sub.add_parser(
         "accuracy", help="answer accuracy on held-out recall tasks (toy checkpoint or --model on real text), full / drop / Re-Prefill"
@@ -259,7 +259,7 @@ def add_accuracy_parser(sub) -> argparse.ArgumentParser:
         "--standin-layers",
         metavar="PATH",
         help="--model: the stand-in layers file of the *-standin systems (default: the one next to the checkpoint, "
-        "python -m tools.models calibrate-standins)",
+        "python -m kvstore_tools.models calibrate-standins)",
     )
     p.add_argument(
         "--stream",
@@ -325,7 +325,7 @@ def command_accuracy(args, parser) -> int:
     check_plot_path(args.plot)
     if args.model:
         return _command_text_accuracy(args, parser)
-    from engine_client.tasks import TASKS
+    from kvstore_tools.tasks import TASKS
 
     if args.task not in TASKS:
         parser.error(f"--task must be one of {', '.join(TASKS)} for the toy checkpoint (real-text tasks need --model)")
@@ -345,7 +345,7 @@ def command_accuracy(args, parser) -> int:
 def _command_text_accuracy(args, parser) -> int:
     import json
 
-    from engine_client.tasks import text
+    from kvstore_tools.tasks import text
 
     from .text_accuracy import check_store_probe_bits, format_text_report, parse_paths, run_text_accuracy
 
