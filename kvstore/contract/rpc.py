@@ -8,12 +8,14 @@ from ._proto import admin_pb2, kvstore_pb2
 from ._proto.admin_pb2_grpc import KVStoreAdminServicer, KVStoreAdminStub, add_KVStoreAdminServicer_to_server
 from ._proto.kvstore_pb2_grpc import KVStoreServicer, KVStoreStub, add_KVStoreServicer_to_server
 
-KVSTORE_SERVICE = kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"].full_name  # "kvstore.v1.KVStore"
-ADMIN_SERVICE = admin_pb2.DESCRIPTOR.services_by_name["KVStoreAdmin"].full_name
+# the two service descriptors (their methods, request and response types), KVStore first
+SERVICES = (kvstore_pb2.DESCRIPTOR.services_by_name["KVStore"], admin_pb2.DESCRIPTOR.services_by_name["KVStoreAdmin"])
+KVSTORE_SERVICE, ADMIN_SERVICE = (s.full_name for s in SERVICES)  # "kvstore.v1.KVStore", "kvstore.v1.KVStoreAdmin"
 
 __all__ = [
     "ADMIN_SERVICE",
     "KVSTORE_SERVICE",
+    "SERVICES",
     "KVStoreAdminServicer",
     "KVStoreAdminStub",
     "KVStoreServicer",

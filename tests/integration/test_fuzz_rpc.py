@@ -26,8 +26,7 @@ from hypothesis import strategies as st
 from test_pages import make_pages, page_keys
 
 from engine_client.client import KVStoreClient
-from kvstore.contract import geometry_to_pb, pb
-from kvstore.contract._proto import admin_pb2, kvstore_pb2
+from kvstore.contract import geometry_to_pb, pb, rpc
 
 GEO = GEOMETRIES[0]  # 5 layers, 1 head, head dim 1: small extents, 3 groups
 PAGE_KEYS = page_keys(6, 11)  # pages stored before each method is fuzzed; the fuzzer knows their keys
@@ -154,7 +153,7 @@ def _build(desc, kw: dict):
 
 
 def _methods():
-    for service in (*kvstore_pb2.DESCRIPTOR.services_by_name.values(), *admin_pb2.DESCRIPTOR.services_by_name.values()):
+    for service in rpc.SERVICES:
         for m in service.methods:
             yield service, m
 

@@ -19,7 +19,7 @@ import pytest
 from helpers import GEOMETRIES, data_root, make_kv, make_tokens, settled
 
 from engine_client.client import KVStoreClient
-from kvstore.contract import geometry_to_pb, pb
+from kvstore.contract import geometry_to_pb, pb, rpc
 
 GEO24 = GEOMETRIES[3]  # 24 layers in groups of 8: 3 periods of one group
 
@@ -100,7 +100,7 @@ def test_another_client_cannot_release_a_streams_or_a_sessions_leases(daemon_fac
 
 
 def _rpc_methods():
-    for service in pb.DESCRIPTOR.services_by_name.values():
+    for service in rpc.SERVICES:
         for m in service.methods:
             yield f"/{service.full_name}/{m.name}", m.client_streaming, m.server_streaming
 
