@@ -95,6 +95,8 @@ def predict(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShap
 
 
 def choose(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> Choice:
+    """The cheapest path; a tie goes to the simpler one, in ``PATHS`` order (a sparse budget of the whole
+    prefix costs what a whole load does, and the whole load selects nothing)."""
     predicted = predict(config, profile, shape)
     path = min(predicted, key=predicted.get)
     others = ", ".join(f"{p} {s * 1e3:.2f} ms" for p, s in predicted.items() if p != path)

@@ -4,8 +4,10 @@
 the daemon derives key summaries and probe keys) unless the daemon already
 has it.  ``reprefill`` answers a new suffix over a stored prefix: the request
 is checked (``checks``), planned (``selection.plan_periods``) and run Period by
-Period (``pipeline``); ``generate`` decodes after it (``decode``).  What the
-runner keeps between requests is per prefix, in ``state``.
+Period (``pipeline``); ``generate`` decodes after it (``decode``); ``answer`` takes a request's
+cheapest path (recompute, whole load or sparse) for a machine's profile
+(``choice``).  What the runner keeps between requests is per prefix, in
+``state``.
 
 By default a runner stores 1-layer groups with 4-bit probe keys: the layout
 ``ReprefillConfig()`` selects over (every layer its own set, from resident
@@ -28,7 +30,7 @@ from ..model.standins import packaged_standins
 from ..prefill import chunked_prefill
 from ..selection import Budget, PeriodPlan, plan_periods
 from ..stream_tail import has_tail, left_out_heads, put_tail, tail_pairs
-from . import decode, pipeline
+from . import choice, decode, pipeline
 from .checks import Layers, check_prefix, check_runner, describe, resolve_layers, token_tensor
 from .config import ReprefillConfig
 from .device import resolve_device
@@ -213,6 +215,13 @@ class ModelRunner:
         plan = self.plan(desc.num_chunks, cfg, budget, layers)
         request = pipeline.Request(self, desc, suffix, cfg, budget, plan, layers, choose=choose, keep_kv=keep_kv)
         return pipeline.run(request)
+
+    def answer(self, prefix_tokens, suffix_tokens, cfg: ReprefillConfig = DEFAULT_CONFIG, *, profile, store: bool = True) -> choice.Answer:
+        """The first token of a request on its cheapest path for this machine (``choice``): recompute, load the
+        whole stored prefix, or sparse Re-Prefill with ``cfg``; a prefix not stored is recomputed and, with
+        ``store``, its KV stored after the first token.  ``profile``: ``compute_model.parse_profile(...)`` (a
+        named accelerator, or ``file:PATH`` from ``kvstore-bench calibrate``, which costs the loading paths)."""
+        return choice.answer(self, prefix_tokens, suffix_tokens, cfg, profile, store=store)
 
     # ------------------------------------------------------------ generation
     def generate(

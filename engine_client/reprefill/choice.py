@@ -1,0 +1,99 @@
+"""One request, the cheapest path: recompute, load the whole prefix, or sparse Re-Prefill (``ModelRunner.answer``).
+
+A serving engine hands the runner a request's prefix and suffix tokens and
+a profile of its machine (``compute_model``: a named accelerator, or the
+``file:`` profile ``kvstore-bench calibrate`` measured, which knows the disk
+rate and the storage path's fixed cost per Period).  The runner looks the
+prefix up; a prefix not wholly stored is recomputed (prefix and suffix in
+one prefill) and its KV stored after the first token.  A stored prefix is
+costed three ways by ``path_choice.choose`` (the request's shape: its
+tokens, the stored bytes, the Periods of the configuration, the fraction
+of chunks the budget loads, the per-request state the sparse path would
+fetch when it is not resident) and run on the cheapest: ``full_recompute``,
+``reprefill`` with every chunk (the ``full`` system), or ``reprefill`` with the
+configuration.  ``Answer`` says which and why, with the prediction of every
+path, beside the first token's logits and the measured time to them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from kvstore.contract import InvalidArgument
+from kvstore.contract.geometry import quantized_row_bytes
+
+from ..compute_model import AcceleratorProfile
+from ..path_choice import Choice, RequestShape, choose
+from ..prefill import chunked_prefill
+from ..selection.budget import budget_count
+from .checks import token_tensor
+from .config import ReprefillConfig
+from .result import PrefixHandle, ReprefillResult
+from .systems import parse_system
+
+
+@dataclass
+class Answer:
+    path: str  # "recompute", "full-load" or "sparse"
+    reason: str  # why this path ("the prefix is not stored", or the choice's comparison)
+    logits: torch.Tensor  # [vocab] float32, the first token's
+    ttft_s: float  # measured, from the call to the logits (a recompute's put of the prefix comes after)
+    choice: Choice | None  # every path's prediction; None when the prefix was not stored
+    reprefill: ReprefillResult | None  # the loading paths' result
+    prefix: PrefixHandle | None  # a recomputed prefix, as stored after the first token
+
+
+def request_shape(runner, num_tokens: int, suffix_tokens: int, prefix_id: str, cfg: ReprefillConfig) -> RequestShape:
+    """What ``path_choice`` needs of this request on ``runner``'s layout."""
+    geo = runner.geometry
+    num_chunks = geo.num_chunks(num_tokens)
+    sel = cfg.selection
+    loaded = budget_count(num_chunks, cfg.budget, sel.sink_chunks, sel.local_chunks)
+    state = runner.state.prefix(prefix_id)
+    resident = bool(state.probes or state.summaries)
+    if resident:
+        state_bytes = 0
+    elif geo.probe_bits:  # each stored group's probe keys, as the daemon keeps them
+        state_bytes = geo.num_groups * geo.model.num_kv_heads * num_tokens * quantized_row_bytes(geo.model.head_dim, geo.probe_bits)
+    else:
+        state_bytes = geo.num_groups * geo.model.num_kv_heads * num_tokens * geo.model.head_dim * geo.model.itemsize
+    return RequestShape(
+        prefix_tokens=num_tokens,
+        suffix_tokens=suffix_tokens,
+        kv_bytes=int(geo.kv_bytes(num_tokens)),
+        num_periods=-(-runner.model.num_layers // cfg.schedule.period_layers),
+        budget=loaded / num_chunks,
+        state_bytes=int(state_bytes),
+        scored_rows=num_tokens,
+    )
+
+
+def answer(runner, prefix_tokens, suffix_tokens, cfg: ReprefillConfig, profile: AcceleratorProfile, *, store: bool = True) -> Answer:
+    if not isinstance(profile, AcceleratorProfile):
+        raise InvalidArgument(
+            "profile", f"must be a compute_model.AcceleratorProfile (compute_model.parse_profile), got {type(profile).__name__}"
+        )
+    if not isinstance(cfg, ReprefillConfig):
+        raise InvalidArgument("cfg", f"must be a ReprefillConfig, got {type(cfg).__name__}")
+    t0 = time.perf_counter()
+    prefix = token_tensor(prefix_tokens)
+    suffix = token_tensor(suffix_tokens, field_name="suffix_tokens")
+    n, m = prefix.numel(), runner.geometry.num_chunks(prefix.numel())
+    hit = runner.client.lookup(prefix.numpy(), runner.geometry, namespace=runner.namespace, model_fingerprint=runner.model.fingerprint)
+    if hit.matched_chunks < m:
+        logits, kv = chunked_prefill(runner.model, torch.cat([prefix, suffix]))
+        ttft = time.perf_counter() - t0
+        handle = runner.store_prefix(prefix, kv=kv[:, :, :, :n].contiguous()) if store else None
+        why = f"the prefix is not stored ({hit.matched_chunks} of its {m} chunks are)"
+        return Answer("recompute", why, logits, ttft, None, None, handle)
+    shape = request_shape(runner, n, suffix.numel(), hit.prefix_id, cfg)
+    choice = choose(runner.model.config, profile, shape)
+    if choice.path == "recompute":
+        logits, _ = chunked_prefill(runner.model, torch.cat([prefix, suffix]))
+        return Answer("recompute", choice.reason, logits, time.perf_counter() - t0, choice, None, None)
+    run_cfg = parse_system("full", warn=False) if choice.path == "full-load" else cfg
+    res = runner.reprefill(hit.prefix_id, suffix, run_cfg)
+    return Answer(choice.path, choice.reason, res.logits, time.perf_counter() - t0, choice, res, None)

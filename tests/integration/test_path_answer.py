@@ -1,0 +1,72 @@
+"""``ModelRunner.answer``: a request on its cheapest path (recompute, whole load, sparse) through a real daemon."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from engine_client.client import KVStoreClient
+from engine_client.compute_model import AcceleratorProfile
+from engine_client.reprefill import ModelRunner, parse_system
+from kvstore.contract.errors import InvalidArgument
+
+PREFIX = torch.arange(5, 305)  # 19 chunks
+SUFFIX = [3, 4, 5]
+# a machine whose compute is nearly free and whose disk is slow: recompute is cheapest
+FAST_COMPUTE = AcceleratorProfile("fast-compute", 1e18, 1e16, 1e12, disk_bytes_per_s=1e3, period_overhead_s=1.0)
+# compute dear, storage free: a loading path is cheapest
+SLOW_COMPUTE = AcceleratorProfile("slow-compute", 1e5, 1e5, 1e15, layer_overhead_s=1e-9, disk_bytes_per_s=1e15, period_overhead_s=1e-9)
+
+
+@pytest.fixture
+def runner(daemon, tiny_model):
+    with KVStoreClient(daemon.target) as client:
+        yield ModelRunner(tiny_model, client)
+
+
+def test_a_prefix_not_stored_is_recomputed_then_stored(runner):
+    dense, _ = runner.full_recompute(PREFIX, SUFFIX)
+    ans = runner.answer(PREFIX, SUFFIX, profile=SLOW_COMPUTE)
+    assert ans.path == "recompute" and "not stored (0 of its 19 chunks" in ans.reason and ans.choice is None
+    assert torch.allclose(ans.logits, dense, atol=1e-4) and ans.ttft_s > 0
+    assert ans.prefix is not None and not ans.prefix.cache_hit and ans.prefix.num_chunks == 19
+    again = runner.store_prefix(PREFIX)  # what answer stored is what the runner stores: a hit
+    assert again.cache_hit and again.prefix_id == ans.prefix.prefix_id
+
+
+def test_a_stored_prefix_takes_the_path_the_profile_makes_cheapest(runner):
+    handle = runner.store_prefix(PREFIX)
+    dense, _ = runner.full_recompute(PREFIX, SUFFIX)
+
+    fast = runner.answer(PREFIX, SUFFIX, profile=FAST_COMPUTE)
+    assert fast.path == "recompute" and fast.choice.path == "recompute" and fast.reprefill is None
+    assert set(fast.choice.predicted) == {"recompute", "full-load", "sparse"} and fast.reason.startswith("recompute ")
+    assert torch.allclose(fast.logits, dense, atol=1e-4)
+
+    slow = runner.answer(PREFIX, SUFFIX, profile=SLOW_COMPUTE)
+    assert slow.path == "sparse" and slow.choice.predicted["sparse"] < slow.choice.predicted["full-load"] < slow.choice.predicted["recompute"]
+    direct = runner.reprefill(handle.prefix_id, SUFFIX)  # the configuration's own run, on the same stored prefix
+    assert torch.equal(slow.logits, direct.logits) and slow.reprefill.kv_fraction == direct.kv_fraction < 1
+
+    # a budget of the whole prefix costs what a whole load does; the tie goes to the load that selects nothing
+    whole = runner.answer(PREFIX, SUFFIX, runner_cfg(1.0), profile=SLOW_COMPUTE)
+    assert whole.path == "full-load" and whole.reprefill.kv_fraction == 1.0
+    assert torch.equal(whole.logits, runner.reprefill(handle.prefix_id, SUFFIX, parse_system("full", warn=False)).logits)
+
+
+def runner_cfg(budget):
+    from engine_client.reprefill import ReprefillConfig
+
+    return ReprefillConfig().replace(budget=budget)
+
+
+def test_bad_arguments_are_one_line_and_change_nothing(runner):
+    with pytest.raises(InvalidArgument, match="^profile: must be a compute_model.AcceleratorProfile"):
+        runner.answer(PREFIX, SUFFIX, profile="h100")
+    with pytest.raises(InvalidArgument, match="^cfg: must be a ReprefillConfig"):
+        runner.answer(PREFIX, SUFFIX, "ckv", profile=SLOW_COMPUTE)
+    no_disk = dataclasses.replace(SLOW_COMPUTE, disk_bytes_per_s=None)
+    runner.store_prefix(PREFIX)
+    ans = runner.answer(PREFIX, SUFFIX, profile=no_disk)  # loading paths not costed: recompute, and the reason says why
+    assert ans.path == "recompute" and "not costed" in ans.reason
+    assert runner.client.stats().num_prefixes == 1
