@@ -44,7 +44,9 @@ def test_a_stored_prefix_takes_the_path_the_profile_makes_cheapest(runner):
     assert torch.allclose(fast.logits, dense, atol=1e-4)
 
     slow = runner.answer(PREFIX, SUFFIX, profile=SLOW_COMPUTE)
-    assert slow.path == "sparse" and slow.choice.predicted["sparse"] < slow.choice.predicted["full-load"] < slow.choice.predicted["recompute"]
+    assert (
+        slow.path == "sparse" and slow.choice.predicted["sparse"] < slow.choice.predicted["full-load"] < slow.choice.predicted["recompute"]
+    )
     direct = runner.reprefill(handle.prefix_id, SUFFIX)  # the configuration's own run, on the same stored prefix
     assert torch.equal(slow.logits, direct.logits) and slow.reprefill.kv_fraction == direct.kv_fraction < 1
 
