@@ -70,6 +70,39 @@ def run_bench(*argv, expect=0, timeout=240):
     return proc
 
 
+_EACH = """\
+import contextlib, io, json, sys
+from kvstore_tools.bench.cli import main
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = main(argv)
+    print("@@" + json.dumps([status, err.getvalue()]), flush=True)
+"""
+
+
+def run_bench_each(argvs, *, timeout=240) -> list[tuple[int, str]]:
+    """``kvstore-bench ARGV`` for each ``ARGV`` of ``argvs``, all in ONE child process (one interpreter
+    start and one torch import, the bulk of a refusal's time): ``(exit status, stderr)`` of each, as the
+    console script's ``main`` returns and prints them."""
+    import json
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-c", _EACH, json.dumps([list(a) for a in argvs])],
+        capture_output=True,
+        text=True,
+        cwd=data_root(),
+        timeout=timeout,
+        env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = [tuple(json.loads(line[2:])) for line in proc.stdout.splitlines() if line.startswith("@@")]
+    assert len(out) == len(argvs), proc.stdout[-2000:]
+    return out
+
+
 def _has_cuda() -> bool:
     try:
         ctypes.CDLL("libcuda.so.1")

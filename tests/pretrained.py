@@ -1,5 +1,8 @@
 """Helpers for tests on the pretrained models of ``engine_client.model.zoo``."""
 
+import functools
+import warnings
+
 import pytest
 
 from engine_client.model import zoo
@@ -17,6 +20,22 @@ def installed(name: str) -> bool:
     except zoo.ModelNotInstalled:
         return False
     return True
+
+
+@functools.cache
+def hf_smollm2(dtype: str):
+    """(transformers' SmolLM2-135M from the zoo's GGUF in eval mode, its tokenizer): the independent
+    reference, loaded once per test run and dtype (about 15 s each) and shared by the modules that
+    compare against it; nothing here changes the model or the tokenizer."""
+    import torch
+    import transformers
+
+    path = zoo.locate("smollm2-135m")
+    with warnings.catch_warnings():  # the reference's own load-time warnings are not ours to fix
+        warnings.simplefilter("ignore")
+        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype))
+        tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model.eval(), tok
 
 
 needs_smollm2 = pytest.mark.skipif(not installed("smollm2-135m"), reason=f"needs {zoo.MODELS['smollm2-135m'].install_command}")

@@ -3,7 +3,7 @@
 import json
 
 import pytest
-from helpers import run_bench
+from helpers import run_bench, run_bench_each
 from pretrained import needs_smollm2
 
 SYSTEMS = ["dense", "quest", "quest@192", "lserve", "lserve-kv4", "lserve-kv4h", "loopserve-sp"]
@@ -56,7 +56,7 @@ def test_decode_bench_reports_bytes_read_per_token_for_each_system():
 
 @needs_smollm2
 def test_decode_bench_refuses_bad_flags_in_one_line():
-    for argv, want in (
+    cases = (
         (["--systems", "dense,warp"], "unknown system 'warp'"),
         (["--context", "4k"], "--context must be comma-separated integers"),
         (["--kv-quant", "kv8"], "--kv-quant must be one of kv4, kv4t, kv4h"),
@@ -64,6 +64,8 @@ def test_decode_bench_refuses_bad_flags_in_one_line():
         (["--budget-tokens", "0"], "must be positive"),
         (["--systems", "dense,quest@1k"], "'quest@1k': the budget after @ must be a positive number of tokens"),
         (["--systems", "dense@512,quest"], "'dense@512': dense loads every chunk; it takes no budget"),
-    ):
-        proc = run_bench("decode", *argv, expect=2)
-        assert want in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    )
+    proc = run_bench("decode", *cases[0][0], expect=2)  # one as the console script runs, the rest in one process
+    assert cases[0][1] in proc.stderr and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    for (argv, want), (status, err) in zip(cases[1:], run_bench_each([["decode", *argv] for argv, _ in cases[1:]])):
+        assert status == 2 and want in err and "Traceback" not in err and len(err.strip().splitlines()) == 1, (argv, err)

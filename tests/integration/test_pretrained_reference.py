@@ -7,7 +7,6 @@ shipped in grpcio's wheel (real English prose, always installed).
 """
 
 import re
-import warnings
 
 import pytest
 import torch
@@ -17,7 +16,7 @@ from engine_client.model import zoo
 transformers = pytest.importorskip("transformers", reason="needs the test extra: pip install -e '.[test]' (transformers)")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate: pip install -e '.[test]'")
 
-from pretrained import needs_smollm2, real_text  # noqa: E402
+from pretrained import hf_smollm2, needs_smollm2, real_text  # noqa: E402
 
 pytestmark = needs_smollm2
 NUM_TOKENS = 1024  # logits compared at every one of these positions
@@ -31,12 +30,7 @@ LOGITS_ATOL = 5e-4
 def models():
     torch.set_num_threads(min(2, torch.get_num_threads()))
     ours = zoo.load("smollm2-135m", dtype=torch.float32)
-    path = zoo.locate("smollm2-135m")
-    with warnings.catch_warnings():  # the reference's own load-time warnings are not ours to fix
-        warnings.simplefilter("ignore")
-        ref = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        ref_tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    ref.eval()
+    ref, ref_tok = hf_smollm2("float32")
     return ours, ref, ref_tok
 
 

@@ -21,7 +21,7 @@ from engine_client.client import KVStoreClient
 transformers = pytest.importorskip("transformers", reason="needs the test extra: pip install -e '.[test]' (transformers)")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate: pip install -e '.[test]'")
 
-from pretrained import installed, real_text  # noqa: E402
+from pretrained import hf_smollm2, installed, real_text  # noqa: E402
 
 from engine_client.integrations.transformers_cache import KVStorePrefixCache  # noqa: E402
 from engine_client.model import zoo  # noqa: E402
@@ -100,14 +100,8 @@ def smollm2(request):
     if not installed("smollm2-135m"):
         pytest.skip(f"needs {zoo.MODELS['smollm2-135m'].install_command}")
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    dtype = getattr(torch, request.param)
-    path = zoo.locate("smollm2-135m")
-    with warnings.catch_warnings():  # the reference's own load-time warnings are not ours to fix
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=dtype)
-        tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model.eval()
-    return model, tok, zoo.load("smollm2-135m", dtype=dtype)
+    model, tok = hf_smollm2(request.param)
+    return model, tok, zoo.load("smollm2-135m", dtype=getattr(torch, request.param))
 
 
 def chat(pm, question: str, more: str = "") -> list[int]:

@@ -17,7 +17,7 @@ from engine_client.client import KVStoreClient
 transformers = pytest.importorskip("transformers", reason="needs the test extra: pip install -e '.[test]' (transformers)")
 pytest.importorskip("accelerate", reason="transformers loads GGUF files only with accelerate: pip install -e '.[test]'")
 
-from pretrained import needs_smollm2  # noqa: E402
+from pretrained import hf_smollm2, needs_smollm2  # noqa: E402
 
 from engine_client.integrations.transformers_cache import KVStorePrefixCache  # noqa: E402
 from engine_client.integrations.transformers_sparse import SparseReprefill  # noqa: E402
@@ -52,12 +52,8 @@ def assert_same_as_runner(runner, sparse, prefix_id, suffix, cfg, layers: int):
 @pytest.fixture(scope="module")
 def smollm2():
     torch.set_num_threads(min(2, torch.get_num_threads()))
-    path = zoo.locate("smollm2-135m")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
-        tok = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    return model.eval(), tok, zoo.load("smollm2-135m", dtype=torch.float32)
+    model, tok = hf_smollm2("float32")
+    return model, tok, zoo.load("smollm2-135m", dtype=torch.float32)
 
 
 @needs_smollm2
