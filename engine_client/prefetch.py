@@ -17,6 +17,12 @@ the time this process spent blocked waiting for groups.
 shared memory the daemon pushes speculative groups as they come into
 memory; ``send`` serves a group from its push when the real set lies within
 it (``covered``), so that group costs no round trip.
+
+``PrefetchState`` is what the client end knows and does with no I/O: the
+messages it sends (``open_request``, ``_period_request``, ``hint_request``)
+and what it makes of those it receives (``_take``: extents, ready groups,
+pushes; ``_group_array``).  ``PrefetchStream`` drives it with a reader thread,
+``aio_prefetch.AsyncPrefetchStream`` with an asyncio task.
 """
 
 from __future__ import annotations
@@ -33,10 +39,125 @@ from kvstore.contract import PrefetchStats, geometry_from_pb, pb, prefetch_stats
 from .rpc import KVStoreRpcError
 
 _CLOSE = object()
-_EOF = object()
+STREAM_END = object()  # what the readers queue when the call has ended
 
 
-class PrefetchStream:
+def open_request(
+    prefix_id: str, *, session_id: int, period_layers: int, speculate: bool, coalesce: bool, hints: bool, push: bool
+) -> pb.PrefetchRequest:
+    """The stream's first message; ``session_id`` 0: the extents travel in the stream."""
+    return pb.PrefetchRequest(
+        open=pb.PrefetchOpen(
+            prefix_id=prefix_id,
+            shm_session=session_id,
+            period_layers=period_layers,
+            speculation=speculate,
+            coalesce=coalesce,
+            # the older spellings, for a daemon that predates the positive fields
+            no_speculation=not speculate,
+            no_coalesce=not coalesce,
+            hints=hints,
+            push_speculation=push,
+        )
+    )
+
+
+def hint_request(period: int, chunks) -> pb.PrefetchRequest:
+    """A guess of ``period``'s set, for the daemon to read ahead (streams opened with ``hints``)."""
+    return pb.PrefetchRequest(hint=pb.PeriodHint(period=period, chunks=np.asarray(chunks, dtype=np.int64).reshape(-1).tolist()))
+
+
+def ended_early() -> KVStoreRpcError:
+    return KVStoreRpcError(grpc.StatusCode.INTERNAL, "Prefetch stream ended early")
+
+
+class PrefetchState:
+    """A Prefetch stream's client end without its I/O: the header's figures, the extents and groups received,
+    the pushes not yet used.  ``_start`` takes the header; ``_take`` every later message."""
+
+    stats: PrefetchStats | None = None
+
+    def _start(self, header: pb.PrefetchHeader, session) -> None:
+        """``session``: the shm session the stream was opened on (its refs are views into that arena), else None."""
+        self._session = session
+        self.io_wait_s = 0.0
+        self._pending: dict = {}  # (group, chunk) -> partial bytes
+        self._extents: dict = {}  # (group, chunk) -> uint8 array (this period's)
+        self._ready: dict[int, tuple] = {}  # group -> (chunks, refs or None)
+        self._pushed: dict[int, tuple] = {}  # group -> (period, chunks, refs) pushed by the daemon
+        self._sent = -1  # last period whose set was sent
+        self.covered = 0  # groups served from a push
+        self.geometry = geometry_from_pb(header.geometry)
+        self.num_tokens = header.num_tokens
+        self.num_chunks = header.num_chunks
+        self.num_periods = header.num_periods
+        self.groups_per_period = header.groups_per_period
+        self.lease_id = header.lease_id
+        self.cache_policy = header.cache_policy
+        self._chunk_tokens = self.geometry.chunk_token_counts(self.num_tokens)
+        self._sets: dict[int, np.ndarray] = {}
+
+    def _period_request(self, period: int, chunks) -> pb.PrefetchRequest:
+        """The set's message, after what has arrived so far was taken: groups whose set lies within what the
+        daemon pushed for them are ready at once and named in ``covered_groups``."""
+        arr = np.asarray(chunks, dtype=np.int64).reshape(-1)
+        self._sets[period] = np.sort(arr)
+        covered = []
+        want = self._sets[period].tolist()
+        for g in self.period_groups(period):
+            push = self._pushed.pop(g, None)
+            if push is None or push[0] != period or len(set(want)) != len(want):
+                continue
+            where = {j: i for i, j in enumerate(push[1])}
+            if all(j in where for j in want):
+                covered.append(g)
+                self._ready[g] = (want, [push[2][where[j]] for j in want])
+        self.covered += len(covered)
+        self._sent = period
+        return pb.PrefetchRequest(period=pb.PeriodSet(period=period, chunks=arr.tolist(), covered_groups=covered))
+
+    def _pushed_now(self, period: int) -> tuple[list[int], bool]:
+        """Groups of ``period`` pushed so far, and whether that is all of them."""
+        want = self.period_groups(period)
+        have = [g for g in want if g in self._pushed and self._pushed[g][0] == period]
+        return have, len(have) == len(want)
+
+    def period_groups(self, period: int) -> list[int]:
+        first = period * self.groups_per_period
+        return list(range(first, min(first + self.groups_per_period, self.geometry.num_groups)))
+
+    def _take(self, msg) -> None:
+        """One response (``STREAM_END``: the call ended, too early)."""
+        if msg is STREAM_END:
+            raise ended_early()
+        if msg.HasField("extent"):
+            e = msg.extent
+            key = (e.group, e.chunk)
+            buf = self._pending.get(key)
+            if buf is None:
+                buf = self._pending[key] = np.empty(e.extent_bytes, dtype=np.uint8)
+            buf[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
+            if e.offset + len(e.data) == e.extent_bytes:
+                self._extents[key] = self._pending.pop(key)
+        if msg.HasField("group"):
+            g = msg.group
+            self._ready[g.group] = (list(g.chunks), list(g.refs) if g.refs else None)
+        if msg.HasField("speculative") and msg.period > self._sent:
+            g = msg.speculative
+            self._pushed[g.group] = (msg.period, list(g.chunks), list(g.refs))
+
+    def _group_array(self, group: int) -> np.ndarray:
+        """A ready group's selected rows: ``[layers, 2, kv_heads, rows, d]`` (a copy)."""
+        chunks, refs = self._ready.pop(group)
+        raws = [self._session.view(refs[i]) if refs is not None else self._extents.pop((group, j)) for i, j in enumerate(chunks)]
+        return self.geometry.group_array(raws, group, [int(self._chunk_tokens[j]) for j in chunks])
+
+    def chunk_tokens(self, period: int) -> np.ndarray:
+        """Tokens of each chunk of the period's set (ascending chunk order)."""
+        return self._chunk_tokens[self._sets[period]]
+
+
+class PrefetchStream(PrefetchState):
     def __init__(
         self,
         client,
@@ -54,53 +175,30 @@ class PrefetchStream:
         if use_shm and not client.shm:
             raise ValueError("no shared-memory session is open")
         push = use_shm and speculate if push is None else push
-        self._client = client
-        self._zero_copy = use_shm
+        session = client.session if use_shm else None
         self._q: queue.Queue = queue.Queue()
         self._inbox: queue.Queue = queue.Queue()
         self._eof: BaseException | None = None
         self._q.put(
-            pb.PrefetchRequest(
-                open=pb.PrefetchOpen(
-                    prefix_id=prefix_id,
-                    shm_session=client.session_id if use_shm else 0,
-                    period_layers=period_layers,
-                    speculation=speculate,
-                    coalesce=coalesce,
-                    # the older spellings, for a daemon that predates the positive fields
-                    no_speculation=not speculate,
-                    no_coalesce=not coalesce,
-                    hints=hints,
-                    push_speculation=push,
-                )
+            open_request(
+                prefix_id,
+                session_id=session.session_id if session is not None else 0,
+                period_layers=period_layers,
+                speculate=speculate,
+                coalesce=coalesce,
+                hints=hints,
+                push=push,
             )
         )
         self._closed = False
-        self.stats: PrefetchStats | None = None
-        self.io_wait_s = 0.0
-        self._pending: dict = {}  # (group, chunk) -> partial bytes
-        self._extents: dict = {}  # (group, chunk) -> uint8 array (this period's)
-        self._ready: dict[int, tuple] = {}  # group -> (chunks, refs or None)
-        self._pushed: dict[int, tuple] = {}  # group -> (period, chunks, refs) pushed by the daemon
-        self._sent = -1  # last period whose set was sent
-        self.covered = 0  # groups served from a push
         try:
             self._call = client.stub.Prefetch(self._requests(), **client._kw(timeout))
             self._reader = threading.Thread(target=self._read, name="kvstore-prefetch-reader", daemon=True)
             self._reader.start()
-            h = self._message().header
+            self._start(self._message().header, session)
         except BaseException:
             self.cancel()
             raise
-        self.geometry = geometry_from_pb(h.geometry)
-        self.num_tokens = h.num_tokens
-        self.num_chunks = h.num_chunks
-        self.num_periods = h.num_periods
-        self.groups_per_period = h.groups_per_period
-        self.lease_id = h.lease_id
-        self.cache_policy = h.cache_policy
-        self._chunk_tokens = self.geometry.chunk_token_counts(self.num_tokens)
-        self._sets: dict[int, np.ndarray] = {}
 
     # ------------------------------------------------------------ sending
     def _requests(self):
@@ -113,49 +211,29 @@ class PrefetchStream:
         Groups whose set lies within what the daemon pushed for them are
         ready at once and named in ``covered_groups``.
         """
-        arr = np.asarray(chunks, dtype=np.int64).reshape(-1)
-        self._sets[period] = np.sort(arr)
         while True:  # what has arrived so far (pushes included), without waiting
             try:
-                self._handle(self._next(block=False))
+                self._take(self._next(block=False))
             except queue.Empty:
                 break
-        covered = []
-        want = self._sets[period].tolist()
-        for g in self.period_groups(period):
-            push = self._pushed.pop(g, None)
-            if push is None or push[0] != period or len(set(want)) != len(want):
-                continue
-            where = {j: i for i, j in enumerate(push[1])}
-            if all(j in where for j in want):
-                covered.append(g)
-                self._ready[g] = (want, [push[2][where[j]] for j in want])
-        self.covered += len(covered)
-        self._sent = period
-        self._q.put(pb.PrefetchRequest(period=pb.PeriodSet(period=period, chunks=arr.tolist(), covered_groups=covered)))
+        self._q.put(self._period_request(period, chunks))
 
     def pushed(self, period: int, wait_s: float = 0.0) -> list[int]:
         """Groups of ``period`` pushed so far, waiting up to ``wait_s`` for all of them."""
         deadline = time.monotonic() + wait_s
-        want = self.period_groups(period)
         while True:
-            have = [g for g in want if g in self._pushed and self._pushed[g][0] == period]
+            have, complete = self._pushed_now(period)
             left = deadline - time.monotonic()
-            if len(have) == len(want) or left <= 0:
+            if complete or left <= 0:
                 return have
             try:
-                self._handle(self._next(timeout=left))
+                self._take(self._next(timeout=left))
             except queue.Empty:
                 pass
 
     def hint(self, period: int, chunks) -> None:
         """A guess of ``period``'s set, for the daemon to read ahead (streams opened with ``hints``)."""
-        arr = np.asarray(chunks, dtype=np.int64).reshape(-1)
-        self._q.put(pb.PrefetchRequest(hint=pb.PeriodHint(period=period, chunks=arr.tolist())))
-
-    def period_groups(self, period: int) -> list[int]:
-        first = period * self.groups_per_period
-        return list(range(first, min(first + self.groups_per_period, self.geometry.num_groups)))
+        self._q.put(hint_request(period, chunks))
 
     # ------------------------------------------------------------ receiving
     def _read(self) -> None:
@@ -163,14 +241,14 @@ class PrefetchStream:
         try:
             for msg in self._call:
                 self._inbox.put(msg)
-            self._inbox.put(_EOF)
+            self._inbox.put(STREAM_END)
         except grpc.RpcError as exc:
             self._inbox.put(KVStoreRpcError.of(exc))
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
             self._inbox.put(exc)
 
     def _next(self, block: bool = True, timeout: float | None = None):
-        """The next response; ``_EOF`` at the end of the call.  Raises queue.Empty when
+        """The next response; ``STREAM_END`` at the end of the call.  Raises queue.Empty when
         nothing came (``block=False``, or within ``timeout``)."""
         if self._eof is not None:
             raise self._eof
@@ -182,53 +260,26 @@ class PrefetchStream:
 
     def _message(self) -> pb.PrefetchResponse:
         msg = self._next()
-        if msg is _EOF:
-            self._eof = KVStoreRpcError(grpc.StatusCode.INTERNAL, "Prefetch stream ended early")
+        if msg is STREAM_END:
+            self._eof = ended_early()
             raise self._eof
         return msg
-
-    def _handle(self, msg) -> None:
-        if msg is _EOF:
-            self._eof = KVStoreRpcError(grpc.StatusCode.INTERNAL, "Prefetch stream ended early")
-            raise self._eof
-        if msg.HasField("extent"):
-            e = msg.extent
-            key = (e.group, e.chunk)
-            buf = self._pending.get(key)
-            if buf is None:
-                buf = self._pending[key] = np.empty(e.extent_bytes, dtype=np.uint8)
-            buf[e.offset : e.offset + len(e.data)] = np.frombuffer(e.data, dtype=np.uint8)
-            if e.offset + len(e.data) == e.extent_bytes:
-                self._extents[key] = self._pending.pop(key)
-        if msg.HasField("group"):
-            g = msg.group
-            self._ready[g.group] = (list(g.chunks), list(g.refs) if g.refs else None)
-        if msg.HasField("speculative") and msg.period > self._sent:
-            g = msg.speculative
-            self._pushed[g.group] = (msg.period, list(g.chunks), list(g.refs))
 
     def _wait_group(self, group: int) -> None:
         t0 = time.perf_counter()
         while group not in self._ready:
-            self._handle(self._message())
+            self._take(self._message())
         self.io_wait_s += time.perf_counter() - t0
 
     def group_kv(self, group: int) -> np.ndarray:
         """Wait for ``group`` and return its selected rows: ``[layers, 2, kv_heads, rows, d]`` (a copy)."""
         self._wait_group(group)
-        chunks, refs = self._ready.pop(group)
-        geo = self.geometry
-        raws = [self._client.session.view(refs[i]) if refs is not None else self._extents.pop((group, j)) for i, j in enumerate(chunks)]
-        return geo.group_array(raws, group, [int(self._chunk_tokens[j]) for j in chunks])
+        return self._group_array(group)
 
     def groups(self, period: int):
         """Yield ``(group, kv)`` for the period's groups, each as soon as it has arrived."""
         for g in self.period_groups(period):
             yield g, self.group_kv(g)
-
-    def chunk_tokens(self, period: int) -> np.ndarray:
-        """Tokens of each chunk of the period's set (ascending chunk order)."""
-        return self._chunk_tokens[self._sets[period]]
 
     # ------------------------------------------------------------ end
     def close(self) -> PrefetchStats:
@@ -241,7 +292,7 @@ class PrefetchStream:
                 if msg.HasField("stats"):
                     self.stats = prefetch_stats_from_pb(msg.stats)
                     break
-            while self._next() is not _EOF:  # the end of the call
+            while self._next() is not STREAM_END:  # the end of the call
                 pass
             self._reader.join()
         return self.stats
