@@ -3,29 +3,39 @@
 ``AsyncKVStoreClient`` has the synchronous client's methods for prefixes
 (``lookup``, ``put_prefix``, ``describe``, ``delete``, ``list_prefixes``,
 ``stats``), reads (``read_chunks``, ``iter_groups``, ``get_summaries``,
-``get_probe_keys``), scores (``report_attention``, ``get_scores``), pages
-(``pages_exist``, ``put_pages``, ``get_pages``, ``get_pages_into``) and
-admin (``inspect``, ``verify``, ``evict``, ``compact``), each a coroutine
-with the same arguments, the same answers (values of ``kvstore.contract``,
-numpy arrays, the caller's buffer), the same errors (``KVStoreRpcError``),
-the same deadlines (``deadline_s``; a put's grows with its payload) and the
-same retries (``aio_rpc``: unary calls and streams until their first
-message; puts restart whole).  Not here: ``prefetch`` (a bidirectional
-stream), the conversation and routing calls, and raw data connections (a
-TCP read takes its extents in the stream).
+``get_probe_keys``, ``prefetch``), scores (``report_attention``,
+``get_scores``), pages (``pages_exist``, ``put_pages``, ``get_pages``,
+``get_pages_into``), conversations (``append_turn``, ``mark_inactive``,
+``get_conversation``, ``list_conversations``, ``delete_conversation``),
+routing (``route``), ``data_channel_port`` and admin (``inspect``,
+``verify``, ``evict``, ``compact``), each a coroutine with the same
+arguments, the same answers (values of ``kvstore.contract``, numpy arrays,
+the caller's buffer), the same errors (``KVStoreRpcError``), the same
+deadlines (``deadline_s``; a put's grows with its payload) and the same
+retries (``aio_rpc``: unary calls and streams until their first message;
+puts restart whole; the Prefetch stream is not retried).  ``prefetch``
+gives an ``aio_prefetch.AsyncPrefetchStream`` to ``await`` or enter with
+``async with``.  Not here: reading over raw data connections (a TCP read
+takes its extents in the stream; ``data_channel_port`` only says whether
+the daemon offers them): their frames are read with blocking ``recv_into``
+straight into the extents' buffers, which an event loop would have to move
+to a thread per read.
 
 On a unix socket the client opens a shared-memory session, as the
 synchronous one does, on first use or on entering ``async with`` (the open
 runs on a thread: it waits on a socket); a read naming a session the daemon
 no longer knows reopens it and is sent again, once.  The messages are put
 together by the same code as the synchronous client's (``reads.GroupReader``,
-``pages.PageCollector``); copies into the caller's memory run on the event
-loop, one frame or one group's extents at a time.
+``pages.PageCollector``, ``prefetch.PrefetchState``, the request builders of
+``conversations`` and ``kvstore.contract.routing``); copies into the caller's
+memory run on the event loop, one frame or one group's extents at a time.
 
-Why one file of ~420 lines: as ``client.py``, it is one short coroutine per
+Why one file of ~490 lines: as ``client.py``, it is one short coroutine per
 RPC (request, deadline, decoding); what the two clients share (message
-assembly, retry rules, tensors) lives in ``reads``, ``pages``, ``rpc`` and
-``tensors``, and what is asyncio's own (awaited retries) in ``aio_rpc``.
+assembly, retry rules, tensors) lives in ``reads``, ``pages``, ``prefetch``,
+``conversations``, ``routing``, ``rpc`` and ``tensors``, and what is
+asyncio's own (awaited retries, the Prefetch stream's reader task) in
+``aio_rpc`` and ``aio_prefetch``.
 """
 
 from __future__ import annotations
@@ -72,11 +82,14 @@ from kvstore.contract.geometry import StoreGeometry
 from kvstore.contract.rpc import KVStoreAdminStub, KVStoreStub
 
 from . import pages as page_wire
+from .aio_prefetch import AsyncPrefetchStream
 from .aio_rpc import acall, acall_once, astream, with_put_retries
 from .client import PUT_FLOOR_BYTES_S, _ints, _put_stream
+from .conversations import AsyncConversationCalls
 from .page_calls import FRAME_BYTES
 from .put_batching import AsyncPutQueue, MergedPages, PutEntry, merge, split, timeout_of
 from .reads import GroupReader, leases_in, release
+from .routing import AsyncRouteCalls
 from .rpc import CHANNEL_OPTIONS, KVStoreRpcError
 from .shm import ShmSession, names_stale_session
 from .tensors import as_numpy_kv, destination
@@ -84,7 +97,7 @@ from .tensors import as_numpy_kv, destination
 __all__ = ["AsyncKVStoreClient", "KVStoreRpcError"]
 
 
-class AsyncKVStoreClient:
+class AsyncKVStoreClient(AsyncConversationCalls, AsyncRouteCalls):
     def __init__(
         self,
         target: str,
@@ -281,6 +294,37 @@ class AsyncKVStoreClient:
                 if not done:
                     await _abandon(responses, session, reader.leases)
             session = await self._reopen_session(session, deadline)
+
+    def prefetch(
+        self,
+        prefix_id: str,
+        *,
+        period_layers: int,
+        speculate: bool = True,
+        shm=None,
+        coalesce=True,
+        hints: bool = False,
+        push: bool | None = None,
+        timeout=None,
+    ) -> AsyncPrefetchStream:
+        """A Prefetch stream for one Re-Prefill request, as ``KVStoreClient.prefetch``'s; ``await`` it or enter
+        ``async with`` to open it (``engine_client.aio_prefetch``)."""
+        return AsyncPrefetchStream(
+            self,
+            prefix_id,
+            period_layers=period_layers,
+            speculate=speculate,
+            shm=shm,
+            coalesce=coalesce,
+            hints=hints,
+            push=push,
+            timeout=timeout,
+        )
+
+    async def data_channel_port(self, *, timeout=None) -> tuple[int, str]:
+        """The daemon's data port (0 when it offers none) and why not; this client reads in the stream regardless."""
+        res = await acall(self.stub.DataChannel, pb.DataChannelRequest(), **self._kw(timeout))
+        return res.port, res.reason
 
     async def get_summaries(self, prefix_id: str, *, timeout=None) -> np.ndarray:
         """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
