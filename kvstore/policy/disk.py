@@ -11,10 +11,16 @@ they are freed; a prefix whose segments are all shared frees nothing now.
 for are freed; the oldest goes first among equals (fresh data has no score
 yet).  This minimises the highest score evicted: any set that frees enough
 must reach at least the same score.  Prefixes in use are never chosen.
+
+``segments_to_merge`` picks the small segments of page batches that go into
+one new segment together (``store/merge.py``): only segments of the same
+namespace, model and geometry, none in use.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass
 
 
@@ -81,3 +87,51 @@ def segments_to_compact(uses: list[SegmentUse], live_fraction: float) -> list[Se
         if hi - lo < live_fraction * use.num_chunks:
             out.append(use)
     return sorted(out, key=lambda u: u.segment_id)
+
+
+@dataclass(frozen=True)
+class MergeCandidate:
+    segment_id: int
+    group: Hashable  # (namespace, model fingerprint, geometry): only segments of one group merge
+    total_bytes: int
+    pages_only: bool  # referenced only by page batches, which cover every one of its chunks
+    in_use: bool  # a referencing batch is being read or written
+
+
+def segments_to_merge(candidates: list[MergeCandidate], *, small_bytes: int, min_segments: int, max_bytes: int) -> list[tuple[int, ...]]:
+    """Runs of segment ids, each to become one segment.
+
+    A segment may merge when it holds only page batches, is smaller than
+    ``small_bytes`` and is not in use.  A group with at least
+    ``min_segments`` of them (0: never) is cut, oldest segment first, into
+    runs of at most ``max_bytes`` together; a run of one is left alone.
+    """
+    if min_segments <= 0:
+        return []
+    groups: dict[Hashable, list[MergeCandidate]] = defaultdict(list)
+    for c in candidates:
+        if c.pages_only and not c.in_use and c.total_bytes < small_bytes:
+            groups[c.group].append(c)
+    out = []
+    for members in sorted(groups.values(), key=lambda m: min(c.segment_id for c in m)):
+        if len(members) < min_segments:
+            continue
+        run: list[MergeCandidate] = []
+        for c in sorted(members, key=lambda c: c.segment_id):
+            if run and sum(r.total_bytes for r in run) + c.total_bytes > max_bytes:
+                if len(run) > 1:
+                    out.append(tuple(r.segment_id for r in run))
+                run = []
+            run.append(c)
+        if len(run) > 1:
+            out.append(tuple(r.segment_id for r in run))
+    return out
+
+
+def small_segments_by_group(candidates: list[MergeCandidate], small_bytes: int) -> dict[Hashable, int]:
+    """How many segments of each group a merge could take (in use or not)."""
+    out: dict[Hashable, int] = defaultdict(int)
+    for c in candidates:
+        if c.pages_only and c.total_bytes < small_bytes:
+            out[c.group] += 1
+    return dict(out)
