@@ -50,6 +50,11 @@ class StoreConfig:
     disk_high_watermark: float = _opt(0.95, "fraction of max_disk_bytes a put may not cross without evicting first")
     disk_low_watermark: float = _opt(0.85, "fraction of max_disk_bytes eviction brings the usage down to")
     compact_live_fraction: float = _opt(0.5, "a segment whose referenced chunks span less than this fraction of it is compacted")
+    merge_min_segments: int = _opt(
+        8, "small page-batch segments of one namespace, model and geometry that are merged into one segment (0 = never merge)"
+    )
+    merge_small_segment_bytes: int = _opt(4 * MiB, "a page-batch segment smaller than this is small: one a merge may take")
+    merge_max_bytes: int = _opt(64 * MiB, "largest merge: the segments merged into one hold at most this many bytes together")
 
     def __post_init__(self) -> None:
         from .io import BACKENDS
@@ -76,6 +81,16 @@ class StoreConfig:
             )
         if not 0 < self.compact_live_fraction <= 1:
             raise InvalidArgument("compact_live_fraction", f"must be in (0, 1], got {self.compact_live_fraction}")
+        if self.merge_min_segments < 0 or self.merge_min_segments == 1:
+            raise InvalidArgument("merge_min_segments", f"must be 0 (never merge) or at least 2, got {self.merge_min_segments}")
+        for name in ("merge_small_segment_bytes", "merge_max_bytes"):
+            if getattr(self, name) < 1:
+                raise InvalidArgument(name, "must be positive")
+        if self.merge_max_bytes < 2 * self.merge_small_segment_bytes:
+            raise InvalidArgument(
+                "merge_max_bytes",
+                f"must be at least twice merge_small_segment_bytes ({self.merge_small_segment_bytes}), got {self.merge_max_bytes}",
+            )
         if self.index_max_map_bytes < self.index_map_bytes:
             raise InvalidArgument("index_max_map_bytes", "must be at least index_map_bytes")
 

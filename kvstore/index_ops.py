@@ -2,7 +2,7 @@
 
 Keys and values are built here (with the schema of ``index.py``), so the
 store says what it does (``commit_put``, ``unlist_prefix``,
-``replace_segment``, ``mark_quarantined``) and never how a record is laid out.  No I/O on data
+``replace_segment``, ``merge_segments``, ``mark_quarantined``) and never how a record is laid out.  No I/O on data
 files happens inside a transaction.  ``quarantined`` arguments are the
 store's live map of quarantined segments: a segment quarantined meanwhile
 counts as gone.
@@ -10,6 +10,7 @@ counts as gone.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 
 from . import index as ix
@@ -245,6 +246,72 @@ def replace_segment(
             while score_cur.key()[:8] == prefix:
                 if not score_cur.delete():
                     break
+        for unit, score in moved:
+            txn.put(*encode_score(unit, score), db=index.scores)
+
+    index.write(txn_fn)
+
+
+def _drop_scores(index: Index, txn, segment_id: int) -> None:
+    cur = txn.cursor(db=index.scores)
+    prefix = ix.seg_key(segment_id)
+    if cur.set_range(prefix):
+        while cur.key()[:8] == prefix:
+            if not cur.delete():
+                break
+
+
+def merge_segments(
+    index: Index,
+    offsets: dict[int, int],
+    record: dict,
+    moved: list[tuple[Unit, UnitScore]],
+    prefix_ids: Collection[str],
+    quarantined: Collection[int],
+) -> None:
+    """A merge's commit: every piece of ``prefix_ids`` in a segment of ``offsets`` points at the new
+    segment ``record`` (local chunk ``c`` of segment ``s`` becomes ``offsets[s] + c``), whose refcount
+    is the number of manifests that now reference it and which takes the ``moved`` scores; the old
+    records and their scores go.  One transaction.
+
+    Conflict (nothing changed) when an old segment is gone or quarantined, or is referenced by a
+    manifest not in ``prefix_ids`` (a delete or put came between the plan and the commit).
+    """
+    new_id = record["segment_id"]
+
+    def txn_fn(txn) -> None:
+        olds = {}
+        for seg_id in offsets:
+            raw = txn.get(ix.seg_key(seg_id), db=index.segments)
+            if raw is None or seg_id in quarantined:
+                raise Conflict(f"segment {seg_id} was deleted or quarantined while being merged")
+            olds[seg_id] = ix.loads(raw)
+        users: Counter[int] = Counter()
+        changed = []
+        for pid in sorted(prefix_ids):
+            key = bytes.fromhex(pid)
+            raw = txn.get(key, db=index.manifests)
+            if raw is None:
+                continue  # deleted meanwhile: its refcounts went with it
+            m = ix.loads(raw)
+            segs = {p["segment_id"] for p in m["segments"] if p["segment_id"] in offsets}
+            if not segs:
+                continue
+            users.update(segs)
+            for p in m["segments"]:
+                if p["segment_id"] in offsets:
+                    p["segment_chunk"] += offsets[p["segment_id"]]
+                    p["segment_id"] = new_id
+            changed.append((key, m))
+        for seg_id, rec in olds.items():
+            if users[seg_id] != rec["refcount"]:
+                raise Conflict(f"segment {seg_id} gained or lost a reference while being merged")
+        for key, m in changed:
+            txn.put(key, ix.dumps(m), db=index.manifests)
+        txn.put(ix.seg_key(new_id), ix.dumps({**record, "refcount": len(changed)}), db=index.segments)
+        for seg_id in olds:
+            txn.delete(ix.seg_key(seg_id), db=index.segments)
+            _drop_scores(index, txn, seg_id)
         for unit, score in moved:
             txn.put(*encode_score(unit, score), db=index.scores)
 

@@ -85,6 +85,22 @@ class ScoreTable:
         with self._lock:
             self._scores.update(moved)
 
+    def merged_scores(self, offsets: dict[int, int], new_segment_id: int) -> list[tuple[Unit, UnitScore]]:
+        """The scores of whole segments merged into one: local chunk ``c`` of segment ``s`` becomes ``offsets[s] + c``."""
+        with self._lock:
+            return [
+                ((new_segment_id, offsets[seg] + c, g), UnitScore(s.importance, s.frequency))
+                for (seg, c, g), s in self._scores.items()
+                if seg in offsets
+            ]
+
+    def replace_segments(self, segment_ids, moved: list[tuple[Unit, UnitScore]]) -> None:
+        """Merged segments' scores now live under the merged one (already persisted)."""
+        for seg in segment_ids:
+            self.drop_segment(seg)
+        with self._lock:
+            self._scores.update(moved)
+
     def take_dirty(self) -> list[tuple[Unit, UnitScore | None]]:
         """Changed entries since the last call (None: removed)."""
         with self._lock:

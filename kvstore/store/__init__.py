@@ -43,6 +43,7 @@ none reaches into another's private attributes):
   and its flush;
 - ``removal.py``: ``Removal``: a prefix's delete;
 - ``compaction.py``: ``Compactor``: segment compaction;
+- ``merge.py``: ``SegmentMerger``: small page-batch segments merged into one;
 - ``capacity.py``: ``DiskCapacity``: room for puts, eviction;
 - ``admin.py``: ``Admin``: listings, inspect, verify;
 - ``pages.py``: ``PageStore``: pages by an engine's content keys;

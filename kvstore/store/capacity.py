@@ -8,7 +8,8 @@ hold (``held_by_records``), are never evicted.  If usage still cannot fit
 the put under ``max_disk_bytes``, the put fails as full.  Evictions delete
 through the store's delete path (``Removal``), then compaction
 (``Compactor``) reclaims what they left dead in shared segments; one
-eviction or compaction runs at a time (the ``maintenance`` lock they share).
+eviction, compaction or merge (``SegmentMerger``) runs at a time (the
+``maintenance`` lock they share).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from ..policy.disk import PrefixCost, choose_victims
 from ..scores import ScoreTable
 from .catalogue import Catalogue
 from .compaction import Compactor
+from .merge import SegmentMerger
 from .removal import Removal
 from .usage import DiskUsage
 
@@ -41,6 +43,7 @@ class DiskCapacity:
         scores: ScoreTable,
         removal: Removal,
         compactor: Compactor,
+        merger: SegmentMerger,
         *,
         held_by_records: Callable[[], set[str]],
         maintenance: threading.RLock,
@@ -54,6 +57,7 @@ class DiskCapacity:
         self._scores = scores
         self._removal = removal
         self._compactor = compactor
+        self._merger = merger
         self._held_by_records = held_by_records
         self._maintenance = maintenance
         self._lock = threading.Lock()  # the counters
@@ -78,7 +82,7 @@ class DiskCapacity:
     def stats(self) -> dict:
         with self._lock:
             evictions = dict(self._counters)
-        return {"max_disk_bytes": self.max_bytes, **self._usage.stats(), **evictions, **self._compactor.stats()}
+        return {"max_disk_bytes": self.max_bytes, **self._usage.stats(), **evictions, **self._compactor.stats(), **self._merger.stats()}
 
     # ------------------------------------------------------------ eviction
     def evict_to(self, target_bytes: int) -> dict:
@@ -101,6 +105,11 @@ class DiskCapacity:
     def compact(self, *, progress=None) -> dict:
         """Compaction now (admin ``Compact``): ``Compactor.compact``."""
         return self._compactor.compact(progress=progress)
+
+    def compact_and_merge(self, *, progress=None) -> dict:
+        """Admin ``Compact``: compaction, then the merging of small page-batch segments (``SegmentMerger.merge``)."""
+        res = self._compactor.compact(progress=progress)
+        return {**res, **self._merger.merge(progress=progress), "disk_used_bytes": self._usage.used_bytes}
 
     def _evict(self, prefix_id: str) -> bool:
         if not self._holds.claim([prefix_id]):

@@ -1,15 +1,16 @@
 """The catalogue: what the index says is stored, read as views, and the transactions that change it.
 
 A prefix's manifest (``describe``) and a segment's record (``segment_info``)
-are immutable until a delete (``unlist``) or a compaction
-(``replace_segment``) changes them, so their views are cached, and those two
-drop the entries they change.  Look-ups by chunk hash (``holder``,
+are immutable until a delete (``unlist``), a compaction
+(``replace_segment``) or a merge (``merge_segments``) changes them, so their
+views are cached, and those drop the entries they change.  Look-ups by chunk hash (``holder``,
 ``match``, ``still_held``) count a prefix with a quarantined segment as not
 stored.  Every transaction is one of ``index_ops``.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection
 
 from .. import index_ops as ops
@@ -27,6 +28,9 @@ class Catalogue:
         self._state = state
         self._views: dict[str, PrefixView] = {}
         self._segments: dict[int, SegmentInfo] = {}
+        # a view read before a change commits is not cached after it: changes bump the generation
+        self._cache_lock = threading.Lock()
+        self._generation = 0
 
     # ------------------------------------------------------------ views
     def describe(self, prefix_id: str) -> PrefixView:
@@ -34,11 +38,24 @@ class Catalogue:
         view = self._views.get(prefix_id)
         if view is not None:
             return view
+        generation = self._generation
         m = ops.manifest(self._index, prefix_id)
         if m is None:
             raise NotFound(f"prefix {prefix_id} is not stored")
-        view = self._views[prefix_id] = PrefixView.from_manifest(m)
+        view = PrefixView.from_manifest(m)
+        with self._cache_lock:
+            if generation == self._generation:
+                self._views[prefix_id] = view
         return view
+
+    def _forget(self, prefix_ids: Collection[str], segment_ids: Collection[int]) -> None:
+        """Drop the cached views a committed change made stale."""
+        with self._cache_lock:
+            self._generation += 1
+            for pid in prefix_ids:
+                self._views.pop(pid, None)
+            for seg_id in segment_ids:
+                self._segments.pop(seg_id, None)
 
     def segment_info(self, segment_id: int) -> SegmentInfo:
         """The immutable part of the segment's record."""
@@ -141,14 +158,19 @@ class Catalogue:
     def unlist(self, prefix_id: str) -> tuple[list[int], int]:
         """Unlist the prefix (``index_ops.unlist_prefix``): ``(segments freed, their bytes)``."""
         freed, freed_bytes = ops.unlist_prefix(self._index, prefix_id)
-        self._views.pop(prefix_id, None)
-        for seg_id in freed:
-            self._segments.pop(seg_id, None)
+        self._forget([prefix_id], freed)
         return freed, freed_bytes
 
     def replace_segment(self, old_id: int, record: dict, lo: int, moved: list[tuple[Unit, UnitScore]], prefix_ids: Collection[str]) -> None:
         """Compaction's commit (``index_ops.replace_segment``): the prefixes' pieces in ``old_id`` move to ``record``'s segment."""
         ops.replace_segment(self._index, old_id, record, lo, moved, prefix_ids)
-        for pid in prefix_ids:
-            self._views.pop(pid, None)
-        self._segments.pop(old_id, None)
+        self._forget(prefix_ids, [old_id])
+
+    def merge_segments(
+        self, offsets: dict[int, int], record: dict, moved: list[tuple[Unit, UnitScore]], prefix_ids: Collection[str]
+    ) -> None:
+        """A merge's commit (``index_ops.merge_segments``): the pieces in the segments of ``offsets`` move to ``record``'s."""
+        try:
+            ops.merge_segments(self._index, offsets, record, moved, prefix_ids, self._state.quarantined)
+        finally:  # a Conflict follows a change made meanwhile: read again either way
+            self._forget(prefix_ids, offsets)

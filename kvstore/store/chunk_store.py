@@ -5,7 +5,8 @@ It opens the data directory (lock, index, startup scan), builds the parts
 keeps the calls its callers need: lookup, put, read, delete, the admin
 views, scores' flush, close.  The rest is reached through the part that
 owns it (``store.catalogue.units``, ``store.scoring.report_attention``,
-``store.capacity.evict_to``, ``store.pages``, ``store.conversations``).
+``store.capacity.evict_to``, ``store.pages``, ``store.merger``,
+``store.conversations``).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from .capacity import DiskCapacity
 from .catalogue import Catalogue
 from .compaction import Compactor
 from .conversations import Conversations
+from .merge import SegmentMerger
 from .new_segment import SegmentSink
 from .pages import PageStore
 from .pending_put import PendingPut, PutPath, PutResult, put_with_retries
@@ -111,7 +113,7 @@ class ChunkStore:
         config, state, catalogue, holds = self.config, self.state, self.catalogue, self.holds
         usage = DiskUsage(used_bytes)
         sink = SegmentSink(self.files, self.backend, state, store_id=self.identity.store_id, write_piece_bytes=config.write_piece_bytes)
-        maintenance = threading.RLock()  # one eviction or compaction at a time
+        maintenance = threading.RLock()  # one eviction, compaction or merge at a time
         removal = Removal(catalogue, state, self.manifest_files, self.files, self.scores, usage)
         compactor = Compactor(
             catalogue,
@@ -124,6 +126,19 @@ class ChunkStore:
             maintenance=maintenance,
             compact_live_fraction=config.compact_live_fraction,
         )
+        self.merger = SegmentMerger(
+            catalogue,
+            state,
+            holds,
+            self.scores,
+            sink,
+            self.manifest_files,
+            usage,
+            maintenance=maintenance,
+            min_segments=config.merge_min_segments,
+            small_bytes=config.merge_small_segment_bytes,
+            max_bytes=config.merge_max_bytes,
+        )
         self.conversations = Conversations(
             self.index, conversation_files, catalogue, holds, state, removal, compactor, data_dir=self.data_dir
         )
@@ -135,11 +150,13 @@ class ChunkStore:
             self.scores,
             removal,
             compactor,
+            self.merger,
             held_by_records=self.conversations.held,
             maintenance=maintenance,
         )
         self._removal = removal
         self._put_path = PutPath(sink, self.manifest_files, catalogue, usage, state)
+        self._put_path.on_commit.append(self.merger.on_commit)  # small page batches count towards a merge
         self.writer = Writer(
             self._put_path,
             holds,

@@ -35,7 +35,7 @@ from ..records import Piece, SegmentInfo
 from ..scores import ScoreTable
 from ..writer import SegmentImage
 from .catalogue import Catalogue
-from .new_segment import SegmentSink, is_full, put_manifest, segment_record
+from .new_segment import NewSegment, SegmentSink, is_full, put_manifest, segment_record
 from .state import StoreState
 from .usage import DiskUsage
 
@@ -143,7 +143,7 @@ class Compactor:
         # span's last chunk: chain hashes make it hold every earlier one too
         view = self._catalogue.describe(_covering_prefix(use, refs, hi))
         new_id = self._state.new_segment_id()
-        segment = self._open(new_id, image)
+        segment = open_segment(self._sink, new_id, image)
         try:
             crash_point("compact:opened")
             record = segment_record(new_id, view.geometry, image)
@@ -157,13 +157,7 @@ class Compactor:
                 pieces=[Piece(new_id, image.first_chunk, view.num_chunks - image.first_chunk, 0)],
                 kind=view.kind,
             )
-            try:
-                segment.write(record, manifest)
-            except OSError as exc:
-                if is_full(exc):
-                    raise StoreFull(f"data file system is full ({exc.strerror}) writing segment {new_id}") from None
-                raise
-            segment.sync()
+            write_segment(segment, record, manifest)
             crash_point("compact:synced")
             moved = self._scores.span_scores(old.segment_id, lo, hi, new_id)
             self._catalogue.replace_segment(old.segment_id, record, lo, moved, prefix_ids)
@@ -175,46 +169,83 @@ class Compactor:
         crash_point("compact:committed")
         self._scores.replace_segment(old.segment_id, moved)
         self._sink.remove(old.segment_id)
-        self._refresh_manifest_files(prefix_ids)
+        refresh_manifest_files(self._catalogue, self._manifest_files, prefix_ids)
         self._usage.segments_freed([old.segment_id], old.layout.total_bytes)
         self._usage.segments_added(image.layout.total_bytes)
         log.info("compacted segment %d chunks [%d, %d) into segment %d", old.segment_id, lo, hi, new_id)
         return old.layout.total_bytes - image.layout.total_bytes
 
-    def _open(self, segment_id: int, image: SegmentImage):
-        try:
-            return self._sink.open(segment_id, image)
-        except OSError as exc:
-            self._sink.discard(segment_id)
-            if is_full(exc):
-                raise StoreFull(f"data file system is full ({exc.strerror}) reserving {image.layout.total_bytes} bytes") from None
-            raise
-
-    def _refresh_manifest_files(self, prefix_ids: set[str]) -> None:
-        """Point the moved prefixes' manifest files at the new segment (a rebuild
-        after a crash before this finds the chunks by their hashes anyway)."""
-        for pid in sorted(prefix_ids):
-            with self._manifest_files.locked(pid):
-                try:
-                    manifest = self._catalogue.describe(pid).to_manifest()
-                except NotFound:  # deleted meanwhile: its file went with it
-                    continue
-                self._manifest_files.write(manifest)
-
     def _copy_span(self, old: SegmentInfo, lo: int, hi: int) -> SegmentImage | None:
         """An image of local chunks ``[lo, hi)`` of ``old``, every extent checked on the way."""
         lay = old.layout
-        buf = aligned_buffer(lay.total_bytes)
-        with self._sink.files.reading(old.segment_id) as fh:
-            self._sink.backend.pread(fh, buf, 0).result()
-        arr = np.frombuffer(buf, dtype=np.uint8)
+        arr = read_whole(self._sink, old)
+        if not extents_intact(self._state, old, arr, lo, hi):
+            return None
         num_tokens = int(lay.token_offsets[hi] - lay.token_offsets[lo])
         image = SegmentImage(SegmentLayout(lay.geometry, num_tokens), first_chunk=old.first_chunk + lo)
-        for g in range(lay.geometry.num_groups):
-            for j in range(lo, hi):
-                off, n = int(lay.extent_offsets[g, j]), int(lay.extent_lengths[g, j])
-                if xxhash.xxh3_64_intdigest(arr[off : off + n]) != int(old.extent_xxh3[g, j]):
-                    self._state.quarantine(old.segment_id, f"checksum mismatch in extent[group={g},chunk={old.first_chunk + j}]")
-                    return None
-                image.put_extent(g, old.first_chunk + j, arr[off : off + n])
+        copy_extents(image, old, arr, lo, hi, old.first_chunk + lo)
         return image
+
+
+# ------------------------------------------------------------ shared with merging (merge.py)
+def open_segment(sink: SegmentSink, segment_id: int, image: SegmentImage) -> NewSegment:
+    """The new segment's file, or StoreFull / the OSError (nothing left behind)."""
+    try:
+        return sink.open(segment_id, image)
+    except OSError as exc:
+        sink.discard(segment_id)
+        if is_full(exc):
+            raise StoreFull(f"data file system is full ({exc.strerror}) reserving {image.layout.total_bytes} bytes") from None
+        raise
+
+
+def write_segment(segment: NewSegment, record: dict, manifest: dict) -> None:
+    """The image and its trailer written, then fdatasync and the directory's fsync."""
+    try:
+        segment.write(record, manifest)
+    except OSError as exc:
+        if is_full(exc):
+            raise StoreFull(f"data file system is full ({exc.strerror}) writing segment {segment.segment_id}") from None
+        raise
+    segment.sync()
+
+
+def refresh_manifest_files(catalogue: Catalogue, manifest_files: ManifestFiles, prefix_ids) -> None:
+    """Point the moved prefixes' manifest files at their new segment (a rebuild
+    after a crash before this finds the chunks by their hashes anyway)."""
+    for pid in sorted(prefix_ids):
+        with manifest_files.locked(pid):
+            try:
+                manifest = catalogue.describe(pid).to_manifest()
+            except NotFound:  # deleted meanwhile: its file went with it
+                continue
+            manifest_files.write(manifest)
+
+
+def read_whole(sink: SegmentSink, info: SegmentInfo) -> np.ndarray:
+    """The bytes of a segment's layout, as one array."""
+    buf = aligned_buffer(info.layout.total_bytes)
+    with sink.files.reading(info.segment_id) as fh:
+        sink.backend.pread(fh, buf, 0).result()
+    return np.frombuffer(buf, dtype=np.uint8)
+
+
+def extents_intact(state: StoreState, info: SegmentInfo, arr: np.ndarray, lo: int, hi: int) -> bool:
+    """Whether every extent of local chunks ``[lo, hi)`` matches its checksum; the segment is quarantined if not."""
+    lay = info.layout
+    for g in range(lay.geometry.num_groups):
+        for j in range(lo, hi):
+            off, n = int(lay.extent_offsets[g, j]), int(lay.extent_lengths[g, j])
+            if xxhash.xxh3_64_intdigest(arr[off : off + n]) != int(info.extent_xxh3[g, j]):
+                state.quarantine(info.segment_id, f"checksum mismatch in extent[group={g},chunk={info.first_chunk + j}]")
+                return False
+    return True
+
+
+def copy_extents(image: SegmentImage, info: SegmentInfo, arr: np.ndarray, lo: int, hi: int, to_chunk: int) -> None:
+    """Local chunks ``[lo, hi)`` of ``info`` (bytes ``arr``) into ``image`` from its chunk ``to_chunk`` on."""
+    lay = info.layout
+    for g in range(lay.geometry.num_groups):
+        for j in range(lo, hi):
+            off, n = int(lay.extent_offsets[g, j]), int(lay.extent_lengths[g, j])
+            image.put_extent(g, to_chunk + j - lo, arr[off : off + n])
