@@ -196,7 +196,7 @@ def cmd_compact(admin, args) -> tuple[object, str, int]:
     res = admin.compact()
     text = (
         f"{res['segments_compacted']} segments compacted, {human_bytes(res['bytes_reclaimed'])} reclaimed, "
-        f"{human_bytes(res['disk_used_bytes'])} stored"
+        f"{res['segments_merged']} small page segments merged into {res['merges']}, {human_bytes(res['disk_used_bytes'])} stored"
     )
     return res, text, 0
 
@@ -328,7 +328,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p = sub.add_parser("evict", parents=[common], help="evict the lowest-score prefixes not in use down to a size")
     p.add_argument("--to-bytes", type=_non_negative_bytes, required=True, help="segment bytes to keep at most (units: 512MiB, 1GiB, 1GB)")
-    sub.add_parser("compact", parents=[common], help="copy the live chunks of mostly-dead segments into new ones")
+    sub.add_parser(
+        "compact", parents=[common], help="copy the live chunks of mostly-dead segments into new ones; merge small page-batch segments"
+    )
     p = sub.add_parser("conversations", parents=[common], help="list conversation records: state, turns, bytes stored and compressed")
     p.add_argument("--namespace", default="", help="only this namespace (default: every one)")
     p = sub.add_parser("conversation", parents=[common], help="show one conversation: its turns, compressed form and strategy")

@@ -65,7 +65,7 @@ class LocalAdmin:
         return conv.info(conv.get(namespace, conversation_id))
 
     def compact(self) -> dict:
-        return self.store.capacity.compact(progress=progress)
+        return self.store.capacity.compact_and_merge(progress=progress)
 
     def close(self) -> None:
         self.store.close()

@@ -138,6 +138,8 @@ class StoreStats:
     evicted_bytes: int
     compactions: int
     compaction_reclaimed_bytes: int
+    merges: int
+    segments_merged: int
     bytes_read_gpu: int
     bytes_read_cpu: int
     spec_bytes_used: int
@@ -211,6 +213,8 @@ class CompactResult:
     segments_compacted: int
     bytes_reclaimed: int
     disk_used_bytes: int
+    merges: int  # runs of small page-batch segments merged, each into one segment
+    segments_merged: int  # the small segments those merges replaced
 
 
 @dataclass

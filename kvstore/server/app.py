@@ -122,6 +122,8 @@ class Daemon:
         # extents of deleted, evicted and compacted segments leave memory (pinned ones age out)
         self.store.capacity.on_segments_freed.append(self.tiers.drop_segment)
         self.service = Service(self.store, cfg, self.arena, self.sessions, self.tiers)
+        # small page-batch segments merge in the background, never on a put's acknowledging path
+        self.store.merger.on_due.append(self._merge_in_background)
         self.service.data_channels, self.service.data_channel_reason = self.data_channels, data_reason
         if self.remote_tier is not None:
             self.service.router = Router(self.remote_tier, max_tokens=self.store_config.max_prefix_tokens)
@@ -156,6 +158,12 @@ class Daemon:
             await self._set_health(name, status)
         if self.remote_tier is not None:
             await self._set_serving(REMOTE_SERVICE, not unreachable)
+
+    def _merge_in_background(self) -> None:
+        try:
+            self.service.pool.submit(self.store.merger.merge_due)
+        except RuntimeError:  # the pool is shut down: the daemon is stopping
+            pass
 
     def _bind_tcp(self) -> grpc.aio.Server:
         """A TCP server bound (not started) on tcp_address, its tokens and TLS files read."""

@@ -34,6 +34,8 @@ COUNTERS = (
     ("kvstore_evicted_bytes_total", "Segment bytes freed by evictions.", "evicted_bytes"),
     ("kvstore_compactions_total", "Segments compacted.", "compactions"),
     ("kvstore_compaction_reclaimed_bytes_total", "Bytes compactions gave back.", "compaction_reclaimed_bytes"),
+    ("kvstore_segment_merges_total", "Merged segments written from small page-batch segments.", "merges"),
+    ("kvstore_merged_segments_total", "Small page-batch segments replaced by merges.", "segments_merged"),
     ("kvstore_prefetch_speculative_cancelled_extents_total", "Speculative extents cancelled before their read.", "spec_units_cancelled"),
     ("kvstore_requests_total", "RPCs served (every method and outcome).", "requests"),
 )

@@ -51,6 +51,8 @@ STORE_STATS = (
     "evicted_bytes",
     "compactions",
     "compaction_reclaimed_bytes",
+    "merges",
+    "segments_merged",
     "read_queue_depth",
 )
 STATS_FIELDS = frozenset(f.name for f in pb.StatsResponse.DESCRIPTOR.fields if f.name != "latency")
@@ -465,5 +467,5 @@ class AdminServicer(pb_grpc.KVStoreAdminServicer):
 
     @unary
     async def Compact(self, request, context):
-        res = await self.svc.run(self.svc.store.capacity.compact)
+        res = await self.svc.run(self.svc.store.capacity.compact_and_merge)
         return pb.CompactResponse(**res)

@@ -10,7 +10,8 @@ included), so a key means nothing outside its namespace and geometry.
 
 A batch of new pages is stored exactly as a prefix put stores its chunks:
 one segment (checksums, trailer, fdatasync), a manifest file, one index
-commit, a disk reservation, eviction and compaction by the same score.  Its
+commit, a disk reservation, eviction and compaction by the same score; the
+small segments of many batches are merged into one later (``merge.py``).  Its
 manifest is of kind ``pages``: its chunk hashes are the page hashes, its
 ``num_tokens`` is pages x ``chunk_tokens`` (the pages' tokens are not
 known to the store), its id new for every put (so pages of a quarantined

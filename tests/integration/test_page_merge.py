@@ -5,12 +5,14 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
 from helpers import GEOMETRIES, data_root
 from test_pages import make_pages, page_keys
 
+from engine_client.client import KVStoreClient
 from kvstore.config import StoreConfig
 from kvstore.rebuild import rebuild_index
 from kvstore.segment_files import parse_segment_file_name
@@ -199,3 +201,27 @@ def test_sigkill_during_a_merge_loses_no_acknowledged_page(tmp_path, step, lose_
         assert {parse_segment_file_name(n) for n in segment_files(data)} == referenced  # no orphan left after open
         st = store.stats()
         assert st["disk_used_bytes"] == st["bytes_stored"]
+
+
+def test_daemon_merges_sequential_puts_in_the_background(daemon_factory):
+    d = daemon_factory("--merge-min-segments", "4")
+    n = 20
+    with KVStoreClient(d.target, put_coalesce=False) as client:
+        for seed in range(n):  # each waits for its answer: a segment each
+            res = client.put_pages(page_keys(PAGES, seed), make_pages(GEO, PAGES, seed), GEO, namespace=NS, model_fingerprint=MODEL)
+            assert res.pages_written == PAGES
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # merges run after the acknowledgements, on the daemon's pool
+            st = client.stats()
+            if st.segments_merged >= n - 3 and len(segment_files(d.data_dir)) == st.num_segments:
+                break
+            time.sleep(0.05)
+        assert st.merges >= 1 and st.segments_merged >= n - 3, st
+        files = segment_files(d.data_dir)
+        assert len(files) == st.num_segments <= 4  # from 20 files: at most min_segments - 1 small ones and the merged
+        for seed in range(n):
+            got = client.get_pages(page_keys(PAGES, seed), GEO, namespace=NS, model_fingerprint=MODEL)
+            np.testing.assert_array_equal(got, make_pages(GEO, PAGES, seed))
+        assert len(client.list_prefixes()) == n
+        res = client.compact()
+        assert res.segments_merged == 0 or len(segment_files(d.data_dir)) < len(files)

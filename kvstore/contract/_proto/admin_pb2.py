@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvstore/v1/admin.proto\x12\nkvstore.v1\"#\n\x0eInspectRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\"\x1f\n\x0fInspectResponse\x12\x0c\n\x04json\x18\x01 \x01(\t\"\"\n\rVerifyRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\"d\n\rSegmentReport\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07regions\x18\x03 \x01(\r\x12\x13\n\x0b\x62\x61\x64_regions\x18\x04 \x03(\t\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"=\n\x0eVerifyResponse\x12+\n\x08segments\x18\x01 \x03(\x0b\x32\x19.kvstore.v1.SegmentReport\" \n\x0c\x45victRequest\x12\x10\n\x08to_bytes\x18\x01 \x01(\x04\"N\n\rEvictResponse\x12\x0f\n\x07\x65victed\x18\x01 \x03(\t\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x04\x12\x17\n\x0f\x64isk_used_bytes\x18\x03 \x01(\x04\"\x10\n\x0e\x43ompactRequest\"_\n\x0f\x43ompactResponse\x12\x1a\n\x12segments_compacted\x18\x01 \x01(\r\x12\x17\n\x0f\x62ytes_reclaimed\x18\x02 \x01(\x04\x12\x17\n\x0f\x64isk_used_bytes\x18\x03 \x01(\x04\x32\x95\x02\n\x0cKVStoreAdmin\x12\x42\n\x07Inspect\x12\x1a.kvstore.v1.InspectRequest\x1a\x1b.kvstore.v1.InspectResponse\x12?\n\x06Verify\x12\x19.kvstore.v1.VerifyRequest\x1a\x1a.kvstore.v1.VerifyResponse\x12<\n\x05\x45vict\x12\x18.kvstore.v1.EvictRequest\x1a\x19.kvstore.v1.EvictResponse\x12\x42\n\x07\x43ompact\x12\x1a.kvstore.v1.CompactRequest\x1a\x1b.kvstore.v1.CompactResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16kvstore/v1/admin.proto\x12\nkvstore.v1\"#\n\x0eInspectRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\"\x1f\n\x0fInspectResponse\x12\x0c\n\x04json\x18\x01 \x01(\t\"\"\n\rVerifyRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\"d\n\rSegmentReport\x12\x12\n\nsegment_id\x18\x01 \x01(\x04\x12\n\n\x02ok\x18\x02 \x01(\x08\x12\x0f\n\x07regions\x18\x03 \x01(\r\x12\x13\n\x0b\x62\x61\x64_regions\x18\x04 \x03(\t\x12\r\n\x05\x65rror\x18\x05 \x01(\t\"=\n\x0eVerifyResponse\x12+\n\x08segments\x18\x01 \x03(\x0b\x32\x19.kvstore.v1.SegmentReport\" \n\x0c\x45victRequest\x12\x10\n\x08to_bytes\x18\x01 \x01(\x04\"N\n\rEvictResponse\x12\x0f\n\x07\x65victed\x18\x01 \x03(\t\x12\x13\n\x0b\x62ytes_freed\x18\x02 \x01(\x04\x12\x17\n\x0f\x64isk_used_bytes\x18\x03 \x01(\x04\"\x10\n\x0e\x43ompactRequest\"\x88\x01\n\x0f\x43ompactResponse\x12\x1a\n\x12segments_compacted\x18\x01 \x01(\r\x12\x17\n\x0f\x62ytes_reclaimed\x18\x02 \x01(\x04\x12\x17\n\x0f\x64isk_used_bytes\x18\x03 \x01(\x04\x12\x0e\n\x06merges\x18\x04 \x01(\r\x12\x17\n\x0fsegments_merged\x18\x05 \x01(\r2\x95\x02\n\x0cKVStoreAdmin\x12\x42\n\x07Inspect\x12\x1a.kvstore.v1.InspectRequest\x1a\x1b.kvstore.v1.InspectResponse\x12?\n\x06Verify\x12\x19.kvstore.v1.VerifyRequest\x1a\x1a.kvstore.v1.VerifyResponse\x12<\n\x05\x45vict\x12\x18.kvstore.v1.EvictRequest\x1a\x19.kvstore.v1.EvictResponse\x12\x42\n\x07\x43ompact\x12\x1a.kvstore.v1.CompactRequest\x1a\x1b.kvstore.v1.CompactResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -47,8 +47,8 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EVICTRESPONSE']._serialized_end=421
   _globals['_COMPACTREQUEST']._serialized_start=423
   _globals['_COMPACTREQUEST']._serialized_end=439
-  _globals['_COMPACTRESPONSE']._serialized_start=441
-  _globals['_COMPACTRESPONSE']._serialized_end=536
-  _globals['_KVSTOREADMIN']._serialized_start=539
-  _globals['_KVSTOREADMIN']._serialized_end=816
+  _globals['_COMPACTRESPONSE']._serialized_start=442
+  _globals['_COMPACTRESPONSE']._serialized_end=578
+  _globals['_KVSTOREADMIN']._serialized_start=581
+  _globals['_KVSTOREADMIN']._serialized_end=858
 # @@protoc_insertion_point(module_scope)

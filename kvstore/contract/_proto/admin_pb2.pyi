@@ -65,11 +65,15 @@ class CompactRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class CompactResponse(_message.Message):
-    __slots__ = ("segments_compacted", "bytes_reclaimed", "disk_used_bytes")
+    __slots__ = ("segments_compacted", "bytes_reclaimed", "disk_used_bytes", "merges", "segments_merged")
     SEGMENTS_COMPACTED_FIELD_NUMBER: _ClassVar[int]
     BYTES_RECLAIMED_FIELD_NUMBER: _ClassVar[int]
     DISK_USED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MERGES_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_MERGED_FIELD_NUMBER: _ClassVar[int]
     segments_compacted: int
     bytes_reclaimed: int
     disk_used_bytes: int
-    def __init__(self, segments_compacted: _Optional[int] = ..., bytes_reclaimed: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ...) -> None: ...
+    merges: int
+    segments_merged: int
+    def __init__(self, segments_compacted: _Optional[int] = ..., bytes_reclaimed: _Optional[int] = ..., disk_used_bytes: _Optional[int] = ..., merges: _Optional[int] = ..., segments_merged: _Optional[int] = ...) -> None: ...
