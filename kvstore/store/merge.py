@@ -90,6 +90,7 @@ class SegmentMerger:
         self._counters = {"merges": 0, "segments_merged": 0}
         self._small_counts: dict[tuple, int] | None = None  # group -> small segments (None: not counted since open)
         self._scheduled = False  # a background pass is due and not yet started
+        self._notes: dict[tuple, int] | None = None  # small batches committed while a pass runs (None: no pass)
         # called (no arguments) when a background pass is due: the daemon runs ``merge_due`` on its pool
         self.on_due: list[Callable[[], None]] = []
 
@@ -110,11 +111,16 @@ class SegmentMerger:
             counts = self._small_counts
             if counts is not None:
                 counts[key] = counts.get(key, 0) + 1
+            if self._notes is not None:
+                self._notes[key] = self._notes.get(key, 0) + 1
             due = not self._scheduled and (counts is None or counts[key] >= self._min)
             self._scheduled |= due
         if due:
-            for fn in self.on_due:
-                fn()
+            self._call_on_due()
+
+    def _call_on_due(self) -> None:
+        for fn in self.on_due:
+            fn()
 
     def merge_due(self) -> dict:
         """The background pass ``on_due`` asked for; failures are logged, never raised."""
@@ -133,6 +139,8 @@ class SegmentMerger:
         if not self._min:
             return {"merges": 0, "segments_merged": 0}
         with self._maintenance:
+            with self._lock:
+                self._notes = {}
             candidates, refs = self.candidates()
             runs = segments_to_merge(candidates, small_bytes=self._small, min_segments=self._min, max_bytes=self._max)
             for run in progress(runs, "merge", total=len(runs), unit="run") if progress else runs:
@@ -146,8 +154,17 @@ class SegmentMerger:
                         self._counters["merges"] += 1
                         self._counters["segments_merged"] += n
             counts = small_segments_by_group(self.candidates()[0], self._small)
-        with self._lock:
-            self._small_counts = counts
+            with self._lock:
+                # a batch committed during the pass may be missing from the count: add it (counted twice at
+                # worst, which costs one more pass), and pass again if that brings its group to the count
+                notes, self._notes = self._notes, None
+                for key, n in notes.items():
+                    counts[key] = counts.get(key, 0) + n
+                due = bool(self.on_due) and not self._scheduled and any(counts[k] >= self._min for k in notes)
+                self._scheduled |= due
+                self._small_counts = counts
+        if due:
+            self._call_on_due()
         return {"merges": merges, "segments_merged": merged}
 
     def candidates(self) -> tuple[list[MergeCandidate], dict[int, list[tuple[str, dict]]]]:

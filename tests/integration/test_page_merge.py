@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -113,6 +114,41 @@ def test_merging_off_and_other_namespaces_never_mix(tmp_path):
         check_pages(store, range(10))
 
 
+def test_reads_during_merges_are_byte_exact(tmp_path):
+    """GetPages-style reads racing merges: each read is byte-exact (a merge waits for a held batch, a
+    read for a merge's claim)."""
+    data = str(tmp_path / "data")
+    with ChunkStore(config(data, merge_min_segments=2)) as store:
+        put_all(store, 12)
+        stop, failures, reads = threading.Event(), [], [0]
+
+        def reader(seed0: int) -> None:
+            rng = np.random.default_rng(seed0)
+            try:
+                while not stop.is_set():
+                    seed = int(rng.integers(0, 12))
+                    got = store.pages.get(page_keys(PAGES, seed), GEO, namespace=NS, model_fingerprint=MODEL).to_array()
+                    np.testing.assert_array_equal(got, make_pages(GEO, PAGES, seed))
+                    reads[0] += 1
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        threads = [threading.Thread(target=reader, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        try:
+            for seed in range(12, 24):  # more small segments, merged again and again
+                store.pages.put(page_keys(PAGES, seed), make_pages(GEO, PAGES, seed), GEO, namespace=NS, model_fingerprint=MODEL)
+                store.merger.merge()
+        finally:
+            stop.set()
+            for t in threads:
+                t.join()
+        assert not failures, failures[0]
+        assert reads[0] > 0 and store.stats()["merges"] > 0
+        check_pages(store, range(24))
+
+
 def test_a_damaged_segment_is_quarantined_and_left_out(store_config):
     data = store_config.data_dir
     with ChunkStore(store_config) as store:
@@ -213,12 +249,13 @@ def test_daemon_merges_sequential_puts_in_the_background(daemon_factory):
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:  # merges run after the acknowledgements, on the daemon's pool
             st = client.stats()
-            if st.segments_merged >= n - 3 and len(segment_files(d.data_dir)) == st.num_segments:
+            # fewer small segments than merge_min_segments: no merge is due; the old files go after each commit
+            if st.num_segments < 4 and len(segment_files(d.data_dir)) == st.num_segments:
                 break
             time.sleep(0.05)
-        assert st.merges >= 1 and st.segments_merged >= n - 3, st
+        assert st.num_segments < 4 and st.merges >= 1 and st.segments_merged >= n - 3, (st, d.log())
         files = segment_files(d.data_dir)
-        assert len(files) == st.num_segments <= 4  # from 20 files: at most min_segments - 1 small ones and the merged
+        assert len(files) == st.num_segments  # from 20 files; the old ones are unlinked
         for seed in range(n):
             got = client.get_pages(page_keys(PAGES, seed), GEO, namespace=NS, model_fingerprint=MODEL)
             np.testing.assert_array_equal(got, make_pages(GEO, PAGES, seed))

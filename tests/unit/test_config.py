@@ -168,3 +168,20 @@ def test_auth_token_file_takes_one_token_or_a_table_of_them(tmp_path):
         table.write_text(text)
         with pytest.raises(InvalidArgument, match=f"auth_token_file: .*{re.escape(message)}"):
             read_auth_token_file(str(table))
+
+
+@pytest.mark.parametrize(
+    "fields, key",
+    [
+        ({"merge_min_segments": -1}, "merge_min_segments"),
+        ({"merge_min_segments": 1}, "merge_min_segments"),
+        ({"merge_small_segment_bytes": 0}, "merge_small_segment_bytes"),
+        ({"merge_max_bytes": 0}, "merge_max_bytes"),
+        ({"merge_small_segment_bytes": 4 << 20, "merge_max_bytes": 6 << 20}, "merge_max_bytes"),
+    ],
+)
+def test_bad_merge_settings_are_refused_naming_the_key(fields, key):
+    with pytest.raises(InvalidArgument) as err:
+        StoreConfig(**fields)
+    assert err.value.field == key and "\n" not in str(err.value)
+    assert StoreConfig(merge_min_segments=0).merge_min_segments == 0  # off
