@@ -164,7 +164,7 @@ def decode_greedy(
     tokens.append(pick(first_logits))
     while tokens[-1] not in stop_ids and len(tokens) < max_new_tokens:
         t0 = time.perf_counter()
-        position = torch.tensor([next_position + len(tokens) - 1])
+        position = model.position_range(next_position + len(tokens) - 1, 1)  # checked on the host: no sync per layer
         hidden = model.embed(torch.tensor([tokens[-1]]))  # [1, hidden]
         if kv_rows is not None:
             kv_rows.append(attended_rows(kv, model.config.num_key_value_heads, hidden_rows))
@@ -173,7 +173,7 @@ def decode_greedy(
             hidden, new_kv = model.layer_forward(layer, hidden, position, kv.view(layer), grown_mask(row_masks, layer, kv.rows(layer)))
             kv.append(layer, new_kv)
             if observe is not None:
-                observe(layer, layer_input, position, kv.view(layer)[0])
+                observe(layer, layer_input, position.tensor, kv.view(layer)[0])
         tokens.append(pick(model.final_logits(hidden)))
         steps.append(time.perf_counter() - t0)
     return tokens, steps, "eos" if tokens[-1] in stop_ids else "length"

@@ -26,6 +26,13 @@ keys at positions ``> p - window`` only; ``layer_forward`` needs the
 positions of the prefix rows for that (``prefix_positions``; by default
 the ``r`` rows are the ones right before the suffix).
 
+Positions as a tensor are checked, and the RoPE table sized, by reading the
+tensor back: a host sync per layer call on an accelerator.  A caller that
+knows its positions on the host makes them once with ``position_range``
+(``Positions``: a run ``start .. start+count-1`` on the device, its bounds
+on the host), and every layer call given those makes no host sync (a
+sliding layer's window mask still reads the prefix rows' positions).
+
 Why one file of ~460 lines: the public steps (``prefill``, ``layer_queries``,
 ``layer_keys``, ``layer_forward`` with its row and pattern masks,
 ``attention_mass``) and the kernels they share (RMSNorm, RoPE, the GQA
@@ -83,6 +90,22 @@ class DecoderWeights:
     lm_head: torch.Tensor  # [vocab, hidden]; the embed tensor itself when tied
 
 
+@dataclass(frozen=True)
+class Positions:
+    """Positions ``start .. start + count - 1``: ``tensor [count]`` int64 on the model's device, the bounds on the host.
+
+    Made by ``Decoder.position_range``, which checks them and sizes the RoPE tables once; the layer calls
+    take them in place of a positions tensor and then read nothing back from the device."""
+
+    tensor: torch.Tensor
+    start: int
+    count: int
+
+    @property
+    def top(self) -> int:
+        return self.start + self.count - 1
+
+
 class _RopeTable:
     """cos/sin ``[P, d]`` float32 of one RoPE base, grown on demand."""
 
@@ -97,11 +120,15 @@ class _RopeTable:
         emb = torch.cat([freqs, freqs], dim=-1)  # [P, d]
         self.cos, self.sin = emb.cos(), emb.sin()
 
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def reserve(self, top: int) -> None:
+        """Room for positions up to ``top``."""
+        if top >= self.cos.shape[0]:
+            self.grow(max(top + 1, 2 * self.cos.shape[0]))
+
+    def lookup(self, positions: torch.Tensor, dtype: torch.dtype, top: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin of ``positions``; ``top``: their largest, when the caller knows it (nothing read back)."""
         if positions.numel():
-            top = int(positions.max())
-            if top >= self.cos.shape[0]:
-                self.grow(max(top + 1, 2 * self.cos.shape[0]))
+            self.reserve(int(positions.max()) if top is None else top)
         return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
 
 
@@ -349,7 +376,8 @@ class Decoder:
             keys = torch.cat([prefix_kv[0], k], dim=1)  # [Hkv, r+s, d]
             values = torch.cat([prefix_kv[1], v], dim=1)  # [Hkv, r+s, d]
         window = self._windows[layer]
-        window_mask = None if window is None else _window_mask(positions, r, prefix_positions, window)  # [s, r+s] or None
+        pos = positions.tensor if isinstance(positions, Positions) else positions
+        window_mask = None if window is None else _window_mask(pos, r, prefix_positions, window)  # [s, r+s] or None
         if self.attention_s is None:
             attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask, window_mask, self._scale)  # [Hq, s, d]
         else:
@@ -378,8 +406,20 @@ class Decoder:
         return _linear(x, self.weights.lm_head).float()  # [s, vocab]
 
     def _rope(self, positions, layer: int = 0):
-        """cos, sin ``[s, d]`` in the compute dtype for ``positions [s]`` in ``layer`` (its RoPE base)."""
+        """cos, sin ``[s, d]`` in the compute dtype for ``positions [s]`` (or ``Positions``) in ``layer`` (its RoPE base)."""
+        if isinstance(positions, Positions):
+            return self._ropes[layer].lookup(positions.tensor, self.dtype, positions.top)
         return self._ropes[layer].lookup(positions, self.dtype)
+
+    def position_range(self, start: int, count: int) -> Positions:
+        """``Positions`` ``start .. start + count - 1`` on the model's device, checked here once (host integers)."""
+        for name, value, least in (("start", start, 0), ("count", count, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < least:
+                raise ValueError(f"position_range {name} must be an integer >= {least}, got {value!r}")
+        out = Positions(torch.arange(start, start + count, device=self.device), start, count)
+        for table in set(self._ropes):
+            table.reserve(out.top)  # sized now, not inside a layer
+        return out
 
     @property
     def _rope_cos(self) -> torch.Tensor:
@@ -407,7 +447,12 @@ class Decoder:
         hidden = hidden.to(self.device, self.dtype)
         if hidden.dim() != 2 or hidden.shape[1] != self.config.hidden_size or hidden.shape[0] == 0:
             raise ValueError(f"hidden must be [s, {self.config.hidden_size}] with s >= 1, got {list(hidden.shape)}")
-        if positions is not None:
+        if isinstance(positions, Positions):
+            if positions.count != hidden.shape[0] or positions.tensor.device != self.device:
+                raise ValueError(
+                    f"positions must be {hidden.shape[0]} on {self.device}, got {positions.count} on {positions.tensor.device}"
+                )
+        elif positions is not None:
             positions = torch.as_tensor(positions, device=self.device)
             s = hidden.shape[0]
             if positions.shape != (s,) or positions.is_floating_point() or int(positions.min()) < 0:

@@ -70,7 +70,7 @@ def run_period(model, geo: StoreGeometry, groups, l0: int, hidden, positions, ro
             if prefill_alpha:
                 keys = torch.cat([kv[i, 0], model.layer_keys(layer, hidden, positions)], dim=1)
                 q = model.layer_queries(layer, hidden, positions)
-                lines, density = pattern(q, keys, positions, torch.cat([rows.positions_dev, positions]), prefill_alpha)
+                lines, density = pattern(q, keys, positions.tensor, torch.cat([rows.positions_dev, positions.tensor]), prefill_alpha)
                 out.prefill_densities.append(density)
             layer_rows = kv[i]
             if rows.standin is not None:  # 1-layer Periods: this is the stand-in layer

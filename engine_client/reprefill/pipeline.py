@@ -61,7 +61,7 @@ class Request:
         self.runner, self.model, self.geometry, self.cfg, self.plan = runner, runner.model, runner.geometry, cfg, plan
         self.prefix_id, self.n, self.m, self.choose_fn = desc.prefix_id, desc.num_tokens, desc.num_chunks, choose
         model, dev = runner.model, runner.device
-        self.positions = torch.arange(self.n, self.n + suffix.numel(), device=dev)
+        self.positions = model.position_range(self.n, suffix.numel())  # on the device, bounds on the host: no sync per layer
         self.hidden = model.embed(suffix.to(dev))  # [s, hidden]
         out = self.out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=self.n, prefix_id=self.prefix_id)
         out.standin_layers = layers.standins

@@ -13,6 +13,7 @@ from kvstore.contract.errors import InvalidArgument
 PREFIX = torch.arange(5, 305)  # 19 chunks: 2 per layer at 5%, sink and local
 SUFFIX = [3, 4, 5]
 RUNNER_FILES = ("reprefill/period.py", "reprefill/pipeline.py", "standin.py", "stream_tail.py")
+DECODER_FILES = ("model/decoder.py",)  # keeps nothing on the host: a sync there on any tensor is a device read
 SYNCS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
 
 
@@ -38,7 +39,8 @@ def test_a_cuda_runner_without_cuda_is_one_clear_refusal(tiny_model):
 
 class _Syncs(TorchFunctionMode):
     """Records calls that would wait on a device, made from the runner's own files on floating-point data
-    (the row positions, chunk ids and masks it keeps on the host are integers and booleans)."""
+    (the row positions, chunk ids and masks it keeps on the host are integers and booleans), or from the
+    decoder's on any tensor (its positions live on the device)."""
 
     def __init__(self):
         super().__init__()
@@ -46,11 +48,12 @@ class _Syncs(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
-        if name in SYNCS and args and isinstance(args[0], torch.Tensor) and args[0].is_floating_point():
+        if name in SYNCS and args and isinstance(args[0], torch.Tensor):
             import traceback
 
             caller = traceback.extract_stack(limit=2)[0]  # the frame that made the call
-            if caller.filename.replace("\\", "/").endswith(RUNNER_FILES):
+            where = caller.filename.replace("\\", "/")
+            if where.endswith(DECODER_FILES) or (where.endswith(RUNNER_FILES) and args[0].is_floating_point()):
                 self.seen.append(f"{name} at {caller.filename}:{caller.lineno}")
         return func(*args, **(kwargs or {}))
 

@@ -199,6 +199,25 @@ def test_rope_tables_are_preallocated_and_grow_on_demand(checkpoints):
     assert model._rope_cos.shape[0] >= 40
 
 
+def test_positions_made_on_the_host_give_the_tensors_results_and_size_the_tables(checkpoints):
+    model = load_checkpoint(checkpoints["mqa"])  # max_position_embeddings 16: the tables start at 16 rows
+    n, s = 30, 5
+    _, kv = model.prefill(tokens_for(n))
+    hidden = model.embed(tokens_for(s, seed=1))
+    ranged = model.position_range(n, s)
+    assert model._rope_cos.shape[0] >= n + s  # sized by position_range, before any layer runs
+    plain = torch.arange(n, n + s)
+    assert torch.equal(model.layer_queries(0, hidden, ranged), model.layer_queries(0, hidden, plain))
+    assert torch.equal(model.layer_keys(0, hidden, ranged), model.layer_keys(0, hidden, plain))
+    a, b = model.layer_forward(0, hidden, ranged, kv[0]), model.layer_forward(0, hidden, plain, kv[0])
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    for start, count in ((-1, 2), (0, 0), (1.5, 2), (True, 1)):
+        with pytest.raises(ValueError, match="^position_range (start|count) must be an integer"):
+            model.position_range(start, count)
+    with pytest.raises(ValueError, match="^positions must be 5 on cpu, got 4"):
+        model.layer_queries(0, hidden, model.position_range(n, 4))
+
+
 def test_bad_inputs_are_refused_with_clear_errors(checkpoints):
     model = load_checkpoint(checkpoints["gqa2"])
     hidden = model.embed(tokens_for(3))
