@@ -49,7 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests/ and the packages
 PROG = "python -m kvstore_tools.device_check"
 STEPS = ("env", "tests", "calibrate", "ttft-2k", "ttft-16k", "ttft-smollm2")
-OPTIONAL_MODULES = ("grpc", "lmdb", "gguf", "kvikio", "cupy", "safetensors", "pytest", "pytest_timeout", "matplotlib")
+# what the project imports beside torch: an accelerator machine may lack any of them
+OPTIONAL_MODULES = "grpc lmdb xxhash safetensors gguf tokenizers kvikio cupy pytest pytest_timeout hypothesis matplotlib".split()
 # (limit s, least time worth starting it with), on a device and in --quick
 LIMITS = {
     "env": (60, 5),
@@ -403,14 +404,17 @@ def junit_counts(path: Path) -> dict:
 def print_environment() -> None:
     """The ``env`` step's child: one JSON object on stdout."""
     import importlib
+    import importlib.metadata
     import platform
 
     out = {"python": platform.python_version(), "executable": sys.executable, "platform": platform.platform(), "cpus": os.cpu_count()}
     modules = {}
+    dists = importlib.metadata.packages_distributions()
     for name in OPTIONAL_MODULES:
         try:
             module = importlib.import_module(name)
-            modules[name] = str(getattr(module, "__version__", "present"))
+            version = getattr(module, "__version__", None)
+            modules[name] = str(version or next((importlib.metadata.version(d) for d in dists.get(name, ())), "present"))
         except Exception as exc:  # not installed, or installed but broken (a missing CUDA library): say which
             modules[name] = None
             out.setdefault("import_errors", {})[name] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
@@ -424,9 +428,12 @@ def print_environment() -> None:
     for i in range(torch.cuda.device_count() if out["cuda_available"] else 0):
         props = torch.cuda.get_device_properties(i)
         out["devices"].append({"name": props.name, "memory_bytes": props.total_memory, "capability": f"{props.major}.{props.minor}"})
-    from engine_client.model import zoo
+    try:
+        from engine_client.model import zoo
 
-    out["zoo_models"] = {name: zoo.installed(name) for name in sorted(zoo.MODELS)}
+        out["zoo_models"] = {name: zoo.installed(name) for name in sorted(zoo.MODELS)}
+    except Exception as exc:  # the engine's model package does not import here: the model steps will say why
+        out["zoo_error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
     print(json.dumps(out, indent=2, sort_keys=True))
 
 
