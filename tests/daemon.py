@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 
-from helpers import data_root
+from helpers import child_pythonpath, data_root
 
 
 class DaemonProcess:
@@ -39,7 +39,7 @@ class DaemonProcess:
             str(32 << 20),
             *extra,
         ]
-        self.env = {**os.environ, "PYTHONPATH": data_root(), **(env or {})}
+        self.env = {**os.environ, "PYTHONPATH": child_pythonpath(), **(env or {})}
         self.proc = None
         self.tcp_port = 0
 

@@ -53,6 +53,12 @@ def data_root() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def child_pythonpath() -> str:
+    """The checkout first, then the PYTHONPATH this run was given (dependencies installed with ``pip --target``
+    on a machine without network), so a child process imports this checkout and finds what the parent found."""
+    return os.pathsep.join(p for p in (data_root(), os.environ.get("PYTHONPATH")) if p)
+
+
 def run_bench(*argv, expect=0, timeout=240):
     """``kvstore-bench ARGV`` in a child process from the repository root; asserts its exit status."""
     import subprocess
@@ -64,7 +70,7 @@ def run_bench(*argv, expect=0, timeout=240):
         text=True,
         cwd=data_root(),
         timeout=timeout,
-        env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": child_pythonpath(), "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == expect, proc.stderr[-2000:]
     return proc
@@ -95,7 +101,7 @@ def run_bench_each(argvs, *, timeout=240) -> list[tuple[int, str]]:
         text=True,
         cwd=data_root(),
         timeout=timeout,
-        env={"PYTHONPATH": data_root(), "PATH": "/usr/bin:/bin"},
+        env={"PYTHONPATH": child_pythonpath(), "PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = [tuple(json.loads(line[2:])) for line in proc.stdout.splitlines() if line.startswith("@@")]
