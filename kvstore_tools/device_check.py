@@ -6,7 +6,7 @@
 Steps, in this order (most informative first), each a child process with its own time limit:
 
 ``env``           Python, torch, the CUDA device (name, memory) and which optional modules import
-                  (lmdb, gguf, kvikio, cupy, grpc, pytest, ...): ``env.json``;
+                  (grpc, lmdb, gguf, kvikio, cupy, pytest, ...): ``env.json``;
 ``tests``         pytest on the test files with CUDA paths (those naming ``cuda.is_available`` or
                   ``mark.gpu``), ``-m "gpu or not slow"``: ``tests.json`` (counts, failed ids), ``tests.xml``;
 ``calibrate``     ``kvstore-bench calibrate --device D``: ``calibrate-profile.json``, read back as
@@ -49,8 +49,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests/ and the packages
 PROG = "python -m kvstore_tools.device_check"
 STEPS = ("env", "tests", "calibrate", "ttft-2k", "ttft-16k", "ttft-smollm2")
-# what the project imports beside torch: an accelerator machine may lack any of them
-OPTIONAL_MODULES = "grpc lmdb xxhash safetensors gguf tokenizers kvikio cupy pytest pytest_timeout hypothesis matplotlib".split()
+# what the daemon, the models and the tests import beside torch and numpy: an accelerator machine may lack any
+OPTIONAL_MODULES = "grpc lmdb xxhash prometheus_client tqdm safetensors gguf tokenizers kvikio cupy pytest pytest_timeout".split()
 # (limit s, least time worth starting it with), on a device and in --quick
 LIMITS = {
     "env": (60, 5),
@@ -118,13 +118,16 @@ class Check:
         self.work.mkdir(parents=True, exist_ok=True)
         previous = signal.signal(signal.SIGTERM, _raise_stopped)
         try:
+            interrupted = False
             for name in STEPS:
+                if interrupted:
+                    self.results.append(StepResult(name, "skipped", "the run was interrupted"))
+                    continue
                 try:
                     self.results.append(self._step(name))
                 except (_Stopped, KeyboardInterrupt):
                     self.results.append(StepResult(name, "failed", "interrupted"))
-                if self.results[-1].reason == "interrupted":
-                    break
+                interrupted = self.results[-1].reason == "interrupted"
         finally:
             signal.signal(signal.SIGTERM, previous)
             if not self.args.keep_work:
@@ -189,10 +192,11 @@ class Check:
             res.status, res.reason = "failed", f"exit status {rc}: {_last_line(log)}"
         try:
             line = child.check(res) if child.check else None
-        except StepFailed as exc:
+        except Exception as exc:  # StepFailed, or outputs of an unexpected shape: the step failed, the run goes on
             line = None
             if res.status == "passed":
-                res.status, res.reason = "failed", str(exc)
+                text = str(exc) if isinstance(exc, StepFailed) else f"reading its output: {type(exc).__name__}: {exc}"
+                res.status, res.reason = "failed", text.splitlines()[0][:300] if text else type(exc).__name__
         if line:
             res.result = line
         return res
