@@ -128,6 +128,7 @@ def decode_greedy(
     kv_rows: list[int] | None = None,
     forced: Sequence[int] | None = None,
     margins: list[float] | None = None,
+    row_positions: Sequence[torch.Tensor | None] | None = None,
 ) -> tuple[list[int], list[float], str]:
     """Greedy tokens from ``first_logits`` on; ``kv`` grows by one row per layer per step.
 
@@ -140,10 +141,19 @@ def decode_greedy(
     ``forced`` (teacher forcing): feed these tokens instead of the greedy ones,
     all of them and no more, and append to ``margins`` each one's logit minus
     the best other token's (``answer_margins`` over whatever KV ``kv`` holds).
+    ``row_positions[layer] [rows]`` (or None): the positions of the layer's rows in ``kv`` as given
+    (a sliding-window layer over a subset of the prefix); the rows each step appends follow from
+    ``next_position``.  None: the rows are the positions right before each step's.
     Returns ``(tokens, step seconds, stop reason)``.
     """
     if len(kv) != model.num_layers:
         raise ValueError(f"kv has {len(kv)} layers, the model {model.num_layers}")
+    if row_positions is not None:
+        if len(row_positions) != model.num_layers:
+            raise ValueError(f"row_positions has {len(row_positions)} layers, the model {model.num_layers}")
+        for layer, at in enumerate(row_positions):
+            if at is not None and tuple(at.shape) != (kv.rows(layer),):
+                raise ValueError(f"row_positions[{layer}] must be [{kv.rows(layer)}], got {list(at.shape)}")
     if kv_rows is not None:
         hidden_rows = [hidden_count(None if row_masks is None else row_masks[layer]) for layer in range(model.num_layers)]
     if forced is not None:
@@ -170,7 +180,10 @@ def decode_greedy(
             kv_rows.append(attended_rows(kv, model.config.num_key_value_heads, hidden_rows))
         for layer in range(model.num_layers):
             layer_input = hidden
-            hidden, new_kv = model.layer_forward(layer, hidden, position, kv.view(layer), grown_mask(row_masks, layer, kv.rows(layer)))
+            at = None if row_positions is None else grown_positions(row_positions[layer], next_position, next_position + len(tokens) - 1)
+            hidden, new_kv = model.layer_forward(
+                layer, hidden, position, kv.view(layer), grown_mask(row_masks, layer, kv.rows(layer)), prefix_positions=at
+            )
             kv.append(layer, new_kv)
             if observe is not None:
                 observe(layer, layer_input, position.tensor, kv.view(layer)[0])
@@ -209,6 +222,23 @@ def grown_mask(row_masks, layer: int, rows: int) -> torch.Tensor | None:
     return torch.cat([mask, mask.new_ones(mask.shape[0], rows - mask.shape[1])], dim=1)
 
 
+def grown_positions(positions: torch.Tensor | None, first: int, end: int) -> torch.Tensor | None:
+    """``positions`` followed by the generated tokens' ``first .. end - 1`` (None stays None)."""
+    if positions is None or end == first:
+        return positions
+    return torch.cat([positions, torch.arange(first, end, device=positions.device)])
+
+
+def sliding_positions(model: Decoder, keep_rows: torch.Tensor | None, num_prefix: int, num_suffix: int) -> list | None:
+    """Per layer, the positions of ``keep_rows`` then the suffix at a sliding-window layer (None elsewhere);
+    None when every prefix row is kept or no layer slides (the rows then end right before the suffix)."""
+    c = model.config
+    if keep_rows is None or not c.sliding_layers:
+        return None
+    at = torch.cat([keep_rows.long(), torch.arange(num_prefix, num_prefix + num_suffix)])
+    return [at if c.window_of(layer) is not None else None for layer in range(model.num_layers)]
+
+
 @torch.inference_mode()
 def suffix_over_prefix(
     model: Decoder,
@@ -245,7 +275,8 @@ def suffix_over_prefix(
                 densities.append(density)
         mask = None if row_masks is None else row_masks[layer]
         layer_input = hidden
-        hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows, mask, pattern_mask)
+        at = keep_rows if keep_rows is not None and model.config.window_of(layer) is not None else None
+        hidden, suffix_kv = model.layer_forward(layer, hidden, positions, rows, mask, pattern_mask, at)
         layers.append(torch.cat([rows, suffix_kv], dim=2))
         if observe is not None:
             observe(layer, layer_input, positions, layers[-1][0])
@@ -294,7 +325,16 @@ def dense_generate(
     rows = [kv.rows(i) - suffix.numel() for i in range(len(kv))]
     kv_rows: list[int] = []
     tokens, steps, stop = decode_greedy(
-        model, logits, kv, prefix.numel() + suffix.numel(), max_new_tokens, eos_ids(tokenizer, eos_token_ids), masks, observe, kv_rows
+        model,
+        logits,
+        kv,
+        prefix.numel() + suffix.numel(),
+        max_new_tokens,
+        eos_ids(tokenizer, eos_token_ids),
+        masks,
+        observe,
+        kv_rows,
+        row_positions=sliding_positions(model, keep_rows, prefix.numel(), suffix.numel()),
     )
     density = sum(densities) / len(densities) if densities else None
     return GenerationResult(

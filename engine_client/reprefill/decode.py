@@ -5,7 +5,10 @@ layer's loaded rows, the suffix and the tokens generated so far
 (``generation.decode_greedy``); with ``DecodeConfig.reselect_every`` each
 Period chooses again from the generated tokens' queries with the request's
 own selection over the resident state, and the chunks a new set lacks are
-read (``reselect.decode_reselecting``).
+read (``reselect.decode_reselecting``).  A sliding-window layer decodes over
+its window's rows with their positions (``decode_greedy``'s ``row_positions``),
+so its window moves on with each token; re-selecting while decoding is
+refused on such a model.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ def generate(runner, prefix_id: str, suffix_tokens, cfg: ReprefillConfig, max_ne
     """``ModelRunner.generate`` (which documents it)."""
     max_new_tokens = check_max_new_tokens(max_new_tokens)
     reselect = cfg.decode.reselect_every
+    if reselect and runner.model.config.sliding_layers:
+        raise InvalidArgument("reselect_every", "re-selecting while decoding is not supported on a model with sliding-window layers")
     if reselect and choose is not None:
         raise InvalidArgument("reselect_every", "re-selecting while decoding uses the configured selector; it cannot follow choose=")
     margins: list[float] | None = None
@@ -54,8 +59,9 @@ def generate(runner, prefix_id: str, suffix_tokens, cfg: ReprefillConfig, max_ne
         tokens, steps, stop, stats = _reselecting(runner, res, cfg, kv, start, max_new_tokens, stops, kv_rows)
     else:
         masks = res.row_masks or None
+        at = _sliding_positions(runner, res, s, cfg.schedule.period_layers)
         tokens, steps, stop = decode_greedy(
-            model, res.logits, kv, start, max_new_tokens, stops, masks, kv_rows=kv_rows, forced=forced, margins=margins
+            model, res.logits, kv, start, max_new_tokens, stops, masks, kv_rows=kv_rows, forced=forced, margins=margins, row_positions=at
         )
         stats = None
     res.layer_kv = []
@@ -78,6 +84,19 @@ def generate(runner, prefix_id: str, suffix_tokens, cfg: ReprefillConfig, max_ne
     if attention_before is not None:
         gen.decode_attention_s = model.attention_s - attention_before
     return gen
+
+
+def _sliding_positions(runner, res, s: int, period: int) -> list | None:
+    """Per layer, the positions of a sliding layer's rows (its loaded chunks', then the suffix's); None elsewhere."""
+    c = runner.model.config
+    if not c.sliding_layers:
+        return None
+    n, ct = res.num_prefix_tokens, runner.geometry.chunk_tokens
+    suffix = torch.arange(n, n + s)
+    return [
+        torch.cat([row_positions(res.selected[layer // period], n, ct), suffix]) if c.window_of(layer) is not None else None
+        for layer in range(c.num_hidden_layers)
+    ]
 
 
 def _reselecting(runner, res, cfg: ReprefillConfig, kv, start, max_new_tokens, stops, kv_rows):

@@ -49,6 +49,7 @@ class PeriodRows:
     masks: dict | None = None  # layer -> [Hkv, rows] on the device (None: every head sees every row)
     standin: tuple | None = None  # (probe keys [Hkv, n, d], value sum [Hkv, d]) at a stand-in layer
     tail: tuple | None = None  # the streaming layout's (positions, rows) and its pair index
+    windowed: bool = False  # sliding-window layers: they read the rows' positions (``positions_dev``)
 
 
 def run_period(model, geo: StoreGeometry, groups, l0: int, hidden, positions, rows: PeriodRows, out, *, prefill_alpha: float):
@@ -76,7 +77,8 @@ def run_period(model, geo: StoreGeometry, groups, l0: int, hidden, positions, ro
             if rows.standin is not None:  # 1-layer Periods: this is the stand-in layer
                 layer_rows = standin_kv(kv[i], rows.positions, *rows.standin)
                 out.standin_rows += layer_rows.shape[2] - kv[i].shape[2]
-            hidden, suffix_kv = model.layer_forward(layer, hidden, positions, layer_rows, (rows.masks or {}).get(layer), lines)
+            at = rows.positions_dev if rows.windowed else None
+            hidden, suffix_kv = model.layer_forward(layer, hidden, positions, layer_rows, (rows.masks or {}).get(layer), lines, at)
             out.layer_compute_s[layer] += time.perf_counter() - t1
             if out.layer_kv:
                 out.layer_kv[layer] = torch.cat([layer_rows, suffix_kv], dim=2)  # [2, Hkv, rows + s, d]
@@ -86,8 +88,8 @@ def run_period(model, geo: StoreGeometry, groups, l0: int, hidden, positions, ro
     return hidden, first_keys
 
 
-def chunk_mass(model, q, first_keys, chunk_tokens: list[int]) -> torch.Tensor:
-    """Attention mass of each selected chunk at the Period's first layer: ``[selected]`` on the device."""
+def chunk_mass(model, q, first_keys, chunk_tokens: list[int], layer: int | None = None) -> torch.Tensor:
+    """Attention mass of each selected chunk at the Period's first layer ``layer``: ``[selected]`` on the device."""
     prefix_k, suffix_k = first_keys
-    rows = model.attention_mass(q, prefix_k, suffix_k)  # [selected rows]
+    rows = model.attention_mass(q, prefix_k, suffix_k, layer if model.config.sliding_layers else None)  # [selected rows]
     return torch.stack([part.sum() for part in torch.split(rows, chunk_tokens)])

@@ -7,7 +7,9 @@ to the daemon on the Prefetch stream (the one host round trip a Period makes),
 a look-ahead guess for the next Period is hinted while the daemon reads, and
 the Period's layers are computed as its groups arrive (``period.run_period``).
 After the last Period the first token's logits are taken; then each selected
-chunk's attention mass is measured and reported.
+chunk's attention mass is measured and reported.  A Period of sliding-window
+layers (``PeriodPlan.windowed``) sends its window's last chunks, unselected,
+passes their positions to its layers, and is neither measured nor reported.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ def run(req: Request) -> ReprefillResult:
             req.hidden, first_keys = run_period(
                 model, req.geometry, groups, l0, req.hidden, req.positions, rows, req.out, prefill_alpha=cfg.attention.prefill_alpha
             )
-            req.loaded(p, layers, stream.chunk_tokens(p).tolist(), q, first_keys)
+            req.loaded(p, l0, layers, stream.chunk_tokens(p).tolist(), q, first_keys)
         t0 = time.perf_counter()
         req.out.logits = model.final_logits(req.hidden)
         req.out.compute_s += time.perf_counter() - t0
@@ -90,6 +92,8 @@ class Request:
     def choose(self, p: int, l0: int, q: torch.Tensor, count: int):
         """Period ``p``'s chunk ids (and per-KV-head sets): the caller's ``choose``, every chunk, or the selection."""
         head_sets: list[torch.Tensor] = []
+        if l0 in self.plan.windowed:  # sliding layers: the chunks their window still sees
+            return torch.arange(self.m - count, self.m), head_sets
         if self.choose_fn is not None:
             return torch.as_tensor(self.choose_fn(p, l0, q, self.m), dtype=torch.long), head_sets
         if count == self.m:  # a Period loaded in full
@@ -98,7 +102,11 @@ class Request:
         return self.selection.choose(q, l0, Budget.chunks(count), head_sets), head_sets
 
     def guess(self, l0: int) -> torch.Tensor:
-        """The look-ahead hint for the Period at ``l0``: its own queries on the hidden state at hand."""
+        """The look-ahead hint for the Period at ``l0``: its own queries on the hidden state at hand
+        (a sliding Period's: its window)."""
+        if l0 in self.plan.windowed:
+            count = self.plan.periods[l0 // self.cfg.schedule.period_layers][2]
+            return torch.arange(self.m - count, self.m)
         q = self.model.layer_queries(l0, self.hidden, self.positions)
         q = q[:, -self.cfg.selection.select_queries :] if self.cfg.selection.select_queries else q
         return self.selection.choose(q, l0, self.cfg.budget.scaled(self.cfg.fetch.lookahead))
@@ -118,9 +126,10 @@ class Request:
         cfg, dev, ct = self.cfg, self.runner.device, self.geometry.chunk_tokens
         chunks, head_sets = self.out.selected[p], self.out.head_sets[p]
         rows = PeriodRows()
-        if cfg.attention.prefill_alpha or l0 in self.standins or self.tail is not None:
+        if cfg.attention.prefill_alpha or l0 in self.standins or self.tail is not None or l0 in self.plan.windowed:
             rows.positions = row_positions(chunks, self.n, ct)
             rows.positions_dev = rows.positions.to(dev)
+        rows.windowed = l0 in self.plan.windowed
         if cfg.attention.streaming or head_sets:
             pos = row_positions(chunks, self.n, ct)
             heads = self.runner.streaming_heads if cfg.attention.streaming else None
@@ -135,11 +144,12 @@ class Request:
             rows.tail = (*self.tail, self.runner.tail_pairs)
         return rows
 
-    def loaded(self, p: int, layers: int, chunk_tokens: list[int], q: torch.Tensor, first_keys) -> None:
-        """Account for what Period ``p`` loaded, and keep what its attention mass is measured from."""
+    def loaded(self, p: int, l0: int, layers: int, chunk_tokens: list[int], q: torch.Tensor, first_keys) -> None:
+        """Account for what Period ``p`` loaded, and keep what its attention mass is measured from
+        (None for a sliding Period: not measured)."""
         self.out.tokens_loaded += sum(chunk_tokens)
         self.out.kv_fraction += sum(chunk_tokens) * layers / (self.n * self.model.num_layers)
-        self.mass_inputs.append((q, first_keys, chunk_tokens))
+        self.mass_inputs.append(None if l0 in self.plan.windowed else (q, first_keys, chunk_tokens, l0))
 
     def settle(self, stream) -> None:
         """The stream's counters, each selected chunk's attention mass and, when asked, its report."""
@@ -151,7 +161,9 @@ class Request:
         out.spec_bytes_used, out.spec_bytes_wasted = st.spec_bytes_used, st.spec_bytes_wasted
         out.groups_covered = st.groups_covered
         out.daemon_wait_s = st.daemon_wait_s
-        out.chunk_attention = [torch.from_numpy(to_host(chunk_mass(self.model, *inp))) for inp in self.mass_inputs]
+        out.chunk_attention = [
+            torch.empty(0) if inp is None else torch.from_numpy(to_host(chunk_mass(self.model, *inp))) for inp in self.mass_inputs
+        ]
         if self.cfg.report_attention:
             out.reported_units = self.report()
 
@@ -160,6 +172,8 @@ class Request:
         units, geo = 0, self.geometry
         groups_per_period = self.cfg.schedule.period_layers // geo.group_layers
         for p, (chunks, mass) in enumerate(zip(self.out.selected, self.out.chunk_attention)):
+            if self.mass_inputs[p] is None:  # a sliding Period: its window, not a selection to score
+                continue
             first = p * groups_per_period
             for g in range(first, min(first + groups_per_period, geo.num_groups)):
                 units += self.runner.client.report_attention(self.prefix_id, g, chunks.numpy(), mass.numpy())

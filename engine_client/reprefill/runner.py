@@ -12,12 +12,19 @@ cheapest path (recompute, whole load or sparse) for a machine's profile
 By default a runner stores 1-layer groups with 4-bit probe keys: the layout
 ``ReprefillConfig()`` selects over (every layer its own set, from resident
 4-bit keys).  Everything it keeps and computes is on the model's device.
+
+A model with sliding-window layers (Gemma 3) stores every layer whole, as
+any other; a Period of sliding layers loads only the last chunks its window
+still sees (``selection.window_chunk_count``), whatever the budget, with no
+selection, stand-in rows or attention report; the global layers' Periods
+select as usual.  Its Periods must not mix the two kinds.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 
@@ -28,11 +35,11 @@ from ..client import KVStoreClient, as_numpy_kv
 from ..model.decoder import Decoder
 from ..model.standins import packaged_standins
 from ..prefill import chunked_prefill
-from ..selection import Budget, PeriodPlan, plan_periods
+from ..selection import Budget, PeriodPlan, plan_periods, window_chunk_count
 from ..stream_tail import has_tail, left_out_heads, put_tail, tail_pairs
 from . import choice, decode, pipeline
 from .checks import Layers, check_prefix, check_runner, describe, resolve_layers, token_tensor
-from .config import ReprefillConfig
+from .config import AUTO, CALIBRATED, ReprefillConfig
 from .device import resolve_device
 from .result import PrefixHandle, ReprefillResult
 from .state import ResidentState, summary_bytes
@@ -95,7 +102,6 @@ class ModelRunner:
         heads (LServe's second layout, ``stream_tail``); they serve streaming requests only.
         ``device``: where the runner computes and keeps its state; the model's (its weights') by default,
         and it must be the model's when given."""
-        model.config.require_full_attention("the Re-Prefill runner")  # sliding-window layers are not stored or selected yet
         self.model = model
         self.device = resolve_device(model.device, device)
         self.streaming_heads = streaming_heads
@@ -168,7 +174,7 @@ class ModelRunner:
         layers = self.calibrated_layers(cfg)
         suffix = token_tensor(suffix_tokens, field_name="suffix_tokens")
         desc = describe(self.client, prefix_id)
-        self.plan(desc.num_chunks, cfg, cfg.budget, layers)  # refuses a full_layers the budget cannot pay for
+        self.plan(desc.num_chunks, cfg, cfg.budget, layers, num_tokens=desc.num_tokens)  # refuses a full_layers the budget cannot pay for
         check_prefix(desc, cfg, self.geometry, self.model, suffix)
         self.state.prefix(desc.prefix_id).stored_probe_bits = desc.geometry.probe_bits
         return desc, suffix, layers
@@ -177,6 +183,12 @@ class ModelRunner:
         """The request's stand-in and whole layers for this runner (``checks.resolve_layers``); says once
         when "auto" stand-ins find no calibration file."""
         layers = resolve_layers(cfg, self.standin_profile, self.model.num_layers, self.geometry.group_layers)
+        sliding = set(self.model.config.sliding_layers)
+        if sliding and cfg.attention.standin_layers in (AUTO, CALIBRATED) and set(layers.standins) & sliding:
+            layers = replace(layers, standins=tuple(x for x in layers.standins if x not in sliding))
+        for name, chosen in (("standin_layers", layers.standins), ("whole_layers", layers.whole)):
+            if set(chosen) & sliding:
+                raise InvalidArgument(name, f"layers {sorted(set(chosen) & sliding)} slide: they load their window's chunks only")
         if layers.missing_calibration and not self._said_no_standins:
             self._said_no_standins = True
             log.warning(
@@ -185,10 +197,17 @@ class ModelRunner:
             )
         return layers
 
-    def plan(self, num_chunks: int, cfg: ReprefillConfig, budget: Budget, layers: Layers | None = None) -> PeriodPlan:
-        """The request's Periods and the chunks each loads (``selection.schedule.plan_periods``)."""
+    def plan(
+        self, num_chunks: int, cfg: ReprefillConfig, budget: Budget, layers: Layers | None = None, *, num_tokens: int | None = None
+    ) -> PeriodPlan:
+        """The request's Periods and the chunks each loads (``selection.schedule.plan_periods``);
+        ``num_tokens`` (the prefix's) places the sliding layers' windows, on a model that has them."""
         layers = self.calibrated_layers(cfg) if layers is None else layers
         sel = cfg.selection
+        window = self._window_periods(cfg.schedule.period_layers)
+        if window and num_tokens is None:
+            raise ValueError("plan: a model with sliding-window layers needs num_tokens")
+        window_chunks = window_chunk_count(num_tokens, self.model.config.sliding_window, self.geometry.chunk_tokens) if window else 0
         return plan_periods(
             self.model.num_layers,
             num_chunks,
@@ -198,7 +217,26 @@ class ModelRunner:
             whole_layers=layers.whole,
             sink_chunks=sel.sink_chunks,
             local_chunks=sel.local_chunks,
+            window_layers=window,
+            window_chunks=window_chunks,
         )
+
+    def _window_periods(self, period_layers: int) -> tuple[int, ...]:
+        """First layers of the Periods of sliding layers; refuses a Period mixing sliding and global layers."""
+        c = self.model.config
+        if not c.sliding_layers:
+            return ()
+        firsts = []
+        for first in range(0, c.num_hidden_layers, period_layers):
+            kinds = {c.window_of(layer) is not None for layer in range(first, min(first + period_layers, c.num_hidden_layers))}
+            if len(kinds) > 1:
+                raise InvalidArgument(
+                    "period_layers",
+                    f"{period_layers}-layer Periods mix sliding-window and global layers (layers {first}..); use period_layers=1",
+                )
+            if kinds == {True}:
+                firsts.append(first)
+        return tuple(firsts)
 
     def reprefill(
         self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = DEFAULT_CONFIG, *, choose=None, keep_kv: bool = False
@@ -212,7 +250,7 @@ class ModelRunner:
         """
         desc, suffix, layers = self.check_request(prefix_id, suffix_tokens, cfg)
         budget = Budget.fraction(1.0) if cfg.decode.first_token_full else cfg.budget  # the budget is then the decoding steps'
-        plan = self.plan(desc.num_chunks, cfg, budget, layers)
+        plan = self.plan(desc.num_chunks, cfg, budget, layers, num_tokens=desc.num_tokens)
         request = pipeline.Request(self, desc, suffix, cfg, budget, plan, layers, choose=choose, keep_kv=keep_kv)
         return pipeline.run(request)
 

@@ -19,7 +19,7 @@ from .baselines import FullSelector, RecencySelector
 from .budget import Budget, budget_count, select_chunks
 from .exact import ExactSelector, exact_chunk_scores, sum_per_chunk, token_attention_mass
 from .heads import HEAD_AGGREGATIONS, aggregate_heads, check_aggregation, exact_head_chunk_scores, summary_head_chunk_scores
-from .schedule import PeriodPlan, plan_periods
+from .schedule import PeriodPlan, plan_periods, window_chunk_count
 from .summary import SummarySelector, chunk_upper_bounds, summary_chunk_scores
 from .tokens import (
     h2o_chunks,
@@ -57,6 +57,7 @@ __all__ = [
     "aggregate_heads",
     "exact_head_chunk_scores",
     "plan_periods",
+    "window_chunk_count",
     "summary_head_chunk_scores",
     "SELECTORS",
     "ExactSelector",

@@ -16,6 +16,12 @@ full layers the plan is refused, since the full layers are what overspend.
 
 ``PeriodPlan.periods`` lists ``(first_layer, num_layers, chunk_count)``; a
 ``chunk_count`` equal to ``m`` means "load all".
+
+A Period of sliding-window layers (``window_layers``) loads the last
+``window_chunks`` chunks, the ones its queries can still see
+(``window_chunk_count``), whatever the budget: like ``whole_layers`` a
+fixed set, not charged to the budget and never selected
+(``PeriodPlan.windowed`` names those Periods).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ class PeriodPlan:
     num_chunks: int
     num_layers: int
     periods: tuple[tuple[int, int, int], ...]  # (first layer, layers, chunks loaded per layer)
+    windowed: tuple[int, ...] = ()  # first layers of the Periods that load their window's last chunks
 
     @property
     def chunk_layers(self) -> int:
@@ -55,6 +62,8 @@ def plan_periods(
     whole_layers: tuple = (),
     sink_chunks: int = 1,
     local_chunks: int = 1,
+    window_layers: tuple = (),
+    window_chunks: int = 0,
 ) -> PeriodPlan:
     """The Periods of a Re-Prefill and each one's chunk count (module docstring).
 
@@ -76,7 +85,21 @@ def plan_periods(
             "whole_layers",
             f"must be distinct Period first layers (multiples of period_layers {period_layers}) in [0, {num_layers}), got {tuple(whole_layers)}",
         )
+    windowed = set(window_layers)
+    if len(windowed) != len(window_layers) or any(
+        isinstance(x, bool) or not isinstance(x, int) or not 0 <= x < num_layers or x % period_layers for x in window_layers
+    ):
+        raise InvalidArgument(
+            "window_layers",
+            f"must be distinct Period first layers (multiples of period_layers {period_layers}) in [0, {num_layers}), got {tuple(window_layers)}",
+        )
+    if windowed & (whole | set(range(full_layers))):
+        raise InvalidArgument(
+            "whole_layers", f"layers {sorted(windowed & (whole | set(range(full_layers))))} slide: they load their window"
+        )
     m = _check_count("num_chunks", num_chunks, 1)
+    if windowed:
+        _check_count("window_chunks", window_chunks, 1)
     budget = budget_amount(budget)
     budget_count(m, budget, sink_chunks, local_chunks)  # validates the budget, sink and local
     if isinstance(budget, float):
@@ -97,5 +120,19 @@ def plan_periods(
     periods = []
     for first in range(0, num_layers, period_layers):
         layers = min(period_layers, num_layers - first)
-        periods.append((first, layers, m if first < full_layers or first in whole else k))
-    return PeriodPlan(m, num_layers, tuple(periods))
+        if first in windowed:
+            periods.append((first, layers, min(m, window_chunks)))
+        else:
+            periods.append((first, layers, m if first < full_layers or first in whole else k))
+    return PeriodPlan(m, num_layers, tuple(periods), tuple(sorted(windowed)))
+
+
+def window_chunk_count(num_tokens: int, window: int, chunk_tokens: int) -> int:
+    """The last chunks of a ``num_tokens`` prefix that a sliding layer of ``window`` positions still sees:
+    the first suffix query (position ``num_tokens``) sees keys at ``> num_tokens - window``, and each
+    later query a subset of those, so every chunk holding a position ``>= num_tokens - window + 1``."""
+    num_tokens = _check_count("num_tokens", num_tokens, 1)
+    window = _check_count("window", window, 1)
+    chunk_tokens = _check_count("chunk_tokens", chunk_tokens, 1)
+    m = -(-num_tokens // chunk_tokens)
+    return m - max(0, num_tokens - window + 1) // chunk_tokens

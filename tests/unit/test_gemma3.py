@@ -340,9 +340,14 @@ def test_chunked_prefill_equals_the_dense_prefill(model):
     torch.testing.assert_close(chunked_kv, kv, atol=2e-5, rtol=2e-5)
 
 
-def test_the_re_prefill_runner_refuses_sliding_window_layers_before_any_call(model):
-    """The runner stores and selects full-attention layers only: a Gemma 3 model is refused at construction, in one line."""
-    from engine_client.reprefill import ModelRunner
+def test_the_re_prefill_runner_plans_the_sliding_layers_windows(model):
+    """Sliding layers load their window's last chunks whatever the budget; a Period mixing the kinds is refused in one line."""
+    from engine_client.reprefill import ModelRunner, ReprefillConfig
+    from kvstore.contract.errors import InvalidArgument
 
-    with pytest.raises(UnsupportedModel, match="^the Re-Prefill runner does not support Gemma3ForCausalLM: sliding-window attention"):
-        ModelRunner(model, client=None)
+    runner = ModelRunner(model, client=None)
+    cfg = ReprefillConfig().replace(standin_layers=())
+    plan = runner.plan(7, cfg, cfg.budget, num_tokens=100)  # the first query (100) sees 97..: the last chunk only
+    assert plan.windowed == (0, 2) and [count for _, _, count in plan.periods] == [1, 2, 1]
+    with pytest.raises(InvalidArgument, match="mix sliding-window and global layers"):
+        runner.plan(7, cfg.replace(period_layers=2), cfg.budget, num_tokens=100)

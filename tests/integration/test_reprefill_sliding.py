@@ -1,0 +1,144 @@
+"""Re-Prefill of a model with sliding-window layers (a tiny random Gemma 3) through a real daemon.
+
+Layers 0 and 2 slide (window 40 positions, not a multiple of the 16-token
+chunk), layer 1 is global; the prefix (150 tokens, 10 chunks, the last one
+short) is longer than the window.  A sliding layer loads exactly the last
+chunks its window still sees at every budget; at a budget of every chunk the
+Re-Prefill is the dense forward, and greedy decoding over the loaded rows is
+dense greedy decoding while the window moves on.
+"""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from engine_client.client import KVStoreClient
+from engine_client.generation import dense_generate
+from engine_client.model.config import ModelConfig
+from engine_client.model.loader import expected_tensors, load_checkpoint
+from engine_client.reprefill import Budget, ModelRunner, ReprefillConfig
+from engine_client.selection import window_chunk_count
+from kvstore.contract.errors import InvalidArgument
+
+WINDOW, N, S, CT = 40, 150, 7, 16
+M = -(-N // CT)  # 10 chunks
+GEMMA3 = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "hidden_activation": "gelu_pytorch_tanh",
+    "max_position_embeddings": 512,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0,
+    "rope_local_base_freq": 10000.0,
+    "query_pre_attn_scalar": 12,
+    "sliding_window": WINDOW,
+    "layer_types": ["sliding_attention", "full_attention", "sliding_attention"],
+    "tie_word_embeddings": True,
+}
+# the selection without stand-ins (none are calibrated for this model): every layer its own set
+CFG = ReprefillConfig().replace(standin_layers=(), report_attention=True)
+
+
+@pytest.fixture(scope="module")
+def gemma(tmp_path_factory):
+    root = tmp_path_factory.mktemp("gemma3") / "hf"
+    root.mkdir()
+    gen = torch.Generator().manual_seed(0)
+    shapes = expected_tensors(ModelConfig.from_dict(GEMMA3))
+    save_file(
+        {k: torch.randn(v, generator=gen) * (0.3 if "norm" in k else 0.2) for k, v in shapes.items()}, str(root / "model.safetensors")
+    )
+    (root / "config.json").write_text(json.dumps(GEMMA3))
+    return load_checkpoint(str(root), dtype=torch.float32)
+
+
+@pytest.fixture
+def stored(daemon, gemma):
+    gen = torch.Generator().manual_seed(5)
+    prefix = torch.randint(0, 96, (N,), generator=gen)
+    suffix = torch.randint(0, 96, (S,), generator=gen)
+    with KVStoreClient(daemon.target) as client:
+        runner = ModelRunner(gemma, client, probe_bits=4)
+        yield runner, runner.store_prefix(prefix), prefix, suffix
+
+
+def _window():
+    return list(range(M - window_chunk_count(N, WINDOW, CT), M))
+
+
+def test_window_chunks_are_those_holding_a_visible_position():
+    assert _window() == [6, 7, 8, 9]  # the first query (150) sees 111..: chunk 6 holds 96..111
+    assert window_chunk_count(152, WINDOW, CT) == 3  # the first query (152) sees 113..: chunk 6 (96..111) is out
+    assert window_chunk_count(30, WINDOW, CT) == 2  # a prefix inside the window: every chunk
+
+
+def test_full_budget_is_the_dense_forward_and_greedy_decoding(stored):
+    runner, handle, prefix, suffix = stored
+    full = CFG.replace(budget=1.0)
+    res = runner.reprefill(handle.prefix_id, suffix, full)
+    dense = runner.model.forward_full(torch.cat([prefix, suffix]))[-1]
+    torch.testing.assert_close(res.logits, dense, rtol=1e-4, atol=1e-4)
+    assert [c.tolist() for c in res.selected] == [_window(), list(range(M)), _window()]
+    assert res.chunk_attention[0].numel() == 0 and res.chunk_attention[1].numel() == M  # sliding layers not measured
+    gen = runner.generate(handle.prefix_id, suffix, full, max_new_tokens=12, eos_token_ids=[])
+    ref = dense_generate(runner.model, prefix, suffix, max_new_tokens=12, eos_token_ids=[])
+    assert gen.tokens == ref.tokens and len(gen.tokens) == 12
+    assert gen.rows_attended == [N - 6 * CT, N, N - 6 * CT]
+
+
+@pytest.mark.parametrize("budget", [0.1, 0.3, Budget.chunks(3), 1.0])
+def test_a_sliding_layer_loads_its_window_at_any_budget_and_reads_what_the_geometry_says(stored, budget):
+    runner, handle, prefix, suffix = stored
+    res = runner.reprefill(handle.prefix_id, suffix, CFG.replace(budget=budget))
+    plan = runner.plan(M, CFG, CFG.replace(budget=budget).budget, num_tokens=N)
+    assert res.selected[0].tolist() == res.selected[2].tolist() == _window() and plan.windowed == (0, 2)
+    assert len(res.selected[1]) == plan.periods[1][2] and 0 in res.selected[1].tolist()  # the global layer: its selection
+    row_bytes = 2 * 2 * 16 * 4  # K and V, 2 KV heads, head dim 16, float32: one token of one layer
+    tokens = sum(min(CT, N - c * CT) for chunks in res.selected for c in chunks.tolist())
+    assert res.tokens_loaded == tokens and res.bytes_useful == tokens * row_bytes
+    assert res.reported_units > 0  # the global layer's report
+
+
+def test_sparse_rows_compute_as_in_process(stored):
+    runner, handle, prefix, suffix = stored
+    res = runner.reprefill(handle.prefix_id, suffix, CFG.replace(budget=0.3))
+    kv = runner.model.prefill(prefix)[1]
+    hidden, positions = runner.model.embed(suffix), torch.arange(N, N + S)
+    for layer, chunks in enumerate(res.selected):
+        at = torch.cat([torch.arange(c * CT, min(c * CT + CT, N)) for c in chunks.tolist()])
+        hidden, _ = runner.model.layer_forward(layer, hidden, positions, kv[layer][:, :, at], prefix_positions=at)
+    torch.testing.assert_close(res.logits, runner.model.final_logits(hidden), rtol=1e-4, atol=1e-4)
+    gen = runner.generate(handle.prefix_id, suffix, CFG.replace(budget=0.3), max_new_tokens=6, eos_token_ids=[])
+    keep = torch.cat([torch.arange(c * CT, min(c * CT + CT, N)) for c in res.selected[1].tolist()])
+    assert gen.tokens[0] == int(res.logits.argmax()) and len(gen.tokens) == 6
+    # decoding keeps each layer's loaded rows: the window's at the sliding layers, the selection at the global one
+    assert gen.rows_attended == [N - 6 * CT, keep.numel(), N - 6 * CT]
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(period_layers=2), "mix sliding-window and global layers"),
+        (dict(whole_layers=(0,)), "slide"),
+        (dict(standin_layers=(2,), selector="exact", probe_bits=4), "slide"),
+    ],
+)
+def test_requests_the_window_cannot_serve_are_refused_in_one_line(stored, change, match):
+    runner, handle, _, suffix = stored
+    with pytest.raises(InvalidArgument, match=match):
+        runner.reprefill(handle.prefix_id, suffix, CFG.replace(**change))
+
+
+def test_reselecting_while_decoding_is_refused(stored):
+    runner, handle, _, suffix = stored
+    with pytest.raises(InvalidArgument, match="sliding-window"):
+        runner.generate(handle.prefix_id, suffix, CFG.replace(reselect_every=1), max_new_tokens=2)
