@@ -83,6 +83,12 @@ def random_digits(rng: np.random.Generator, num_digits: int) -> str:
     return str(int(rng.integers(10 ** (num_digits - 1), 10**num_digits)))
 
 
+def bos_ids(tokenizer) -> np.ndarray:
+    """``[bos]`` where the model expects it before a prompt (Gemma: ``Tokenizer.add_bos_token``), else none."""
+    bos = getattr(tokenizer, "bos_token_id", None)
+    return np.asarray([bos] if getattr(tokenizer, "add_bos_token", False) and bos is not None else [], dtype=np.int64)
+
+
 class Encoder:
     """Token ids of text pieces, cached (filler sentences repeat)."""
 
@@ -111,10 +117,11 @@ def layout(
     ``needles`` are ``(depth, text)``: the needle goes at the sentence boundary
     closest to ``depth`` x the filler's length (needles at the same boundary keep
     their order).  The result has at most ``num_tokens`` tokens, filled up to the
-    last whole sentence that fits.  Returns ``(tokens [n], needle spans)`` with
-    the spans in the order of ``needles``.
+    last whole sentence that fits, the model's ``<bos>`` first where it expects
+    one (``bos_ids``).  Returns ``(tokens [n], needle spans)`` with the spans in
+    the order of ``needles``.
     """
-    head = encode(header)
+    head = np.concatenate([bos_ids(encode.tokenizer), encode(header)])
     needle_ids = [encode(text) for _, text in needles]
     room = num_tokens - head.size - sum(ids.size for ids in needle_ids)
     if room < 0:

@@ -14,7 +14,7 @@ import json
 
 import numpy as np
 
-from .base import TextExample
+from .base import TextExample, bos_ids
 
 NAME = "file"
 FIELDS = {"prefix": str, "question": str, "answers": list, "needle": str, "max_new_tokens": int}
@@ -69,17 +69,18 @@ def check_record(line: str, where: str) -> dict:
 
 def to_example(rec: dict, tokenizer, index: int, path: str) -> TextExample:
     enc = tokenizer.backend.encode(rec["prefix"], add_special_tokens=False)
+    bos = bos_ids(tokenizer)  # the model's <bos> first where it expects one
     spans, depth = (), None
     if "needle" in rec:
         start = rec["prefix"].index(rec["needle"])
         end = start + len(rec["needle"])
         ids = [i for i, (a, b) in enumerate(enc.offsets) if a < end and b > start]
-        spans = ((ids[0], ids[-1] + 1),)
+        spans = ((bos.size + ids[0], bos.size + ids[-1] + 1),)
         depth = start / max(1, len(rec["prefix"]))
     return TextExample(
         task=f"file:{path}",
         seed=index,
-        prefix_tokens=np.asarray(enc.ids, dtype=np.int64),
+        prefix_tokens=np.concatenate([bos, np.asarray(enc.ids, dtype=np.int64)]),
         suffix_tokens=np.asarray(tokenizer.encode(rec["question"]), dtype=np.int64),
         answers=tuple(rec["answers"]),
         needle_spans=spans,
