@@ -124,3 +124,27 @@ def test_question_position_variants_share_the_history_and_move_the_question(tok)
     assert min(where["multiturn-qend"]) > 0.8
     with pytest.raises(ValueError, match="question_at must be one of begin, middle, end"):
         text.multiturn.example(tok, 1, 700, question_at="top")
+
+
+@pytest.mark.skipif(not zoo.installed("gemma3-270m"), reason=f"needs {zoo.MODELS['gemma3-270m'].install_command}")
+def test_a_model_that_expects_bos_gets_it_first_and_the_needle_spans_follow(tmp_path):
+    gemma = zoo.load("gemma3-270m").tokenizer  # add_bos_token: Gemma expects <bos> before a prompt
+    for task in ("passkey", "niah"):
+        (ex,) = text.examples(task, gemma, 1, 700)
+        assert ex.prefix_tokens[0] == gemma.bos_token_id and gemma.bos_token_id not in ex.prefix_tokens[1:]
+        assert all(answer in gemma.decode(ex.prefix_tokens[s:e]) for s, e in ex.needle_spans for answer in ex.answers)
+    path = tmp_path / "t.jsonl"
+    path.write_text(
+        json.dumps(
+            {
+                "prefix": "Some prose. The code is 4821. More prose.",
+                "needle": "The code is 4821.",
+                "question": " Code?",
+                "answers": ["4821"],
+            }
+        )
+        + "\n"
+    )
+    (ex,) = jsonl.examples(str(path), gemma, 1)
+    (s, e) = ex.needle_spans[0]
+    assert ex.prefix_tokens[0] == gemma.bos_token_id and "4821" in gemma.decode(ex.prefix_tokens[s:e])
