@@ -13,7 +13,7 @@ from kvstore.contract.errors import InvalidArgument
 PREFIX = torch.arange(5, 305)  # 19 chunks: 2 per layer at 5%, sink and local
 SUFFIX = [3, 4, 5]
 RUNNER_FILES = ("reprefill/period.py", "reprefill/pipeline.py", "standin.py", "stream_tail.py")
-DECODER_FILES = ("model/decoder.py",)  # keeps nothing on the host: a sync there on any tensor is a device read
+DECODER_FILES = ("model/decoder.py", "model/kernels.py")  # keep nothing on the host: a sync there on any tensor is a device read
 SYNCS = {"item", "tolist", "numpy", "cpu", "__bool__", "__int__", "__float__", "__index__", "nonzero"}
 
 

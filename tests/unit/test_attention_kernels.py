@@ -13,7 +13,7 @@ import math
 import pytest
 import torch
 
-from engine_client.model.decoder import _gqa_attention
+from engine_client.model.kernels import _gqa_attention
 
 
 def reference(q, keys, values, r):
@@ -76,18 +76,18 @@ def test_suffix_queries_do_not_see_later_suffix_keys():
 @pytest.mark.parametrize("dtype,atol,rtol", [(torch.float32, 1e-5, 0), (torch.bfloat16, 1e-2, 8e-3)])
 def test_prefix_then_causal_matches_the_masked_kernel(dtype, atol, rtol):
     """The CPU split (prefix rows, then the causal block) gives the boolean-mask kernel's output."""
-    from engine_client.model import decoder
+    from engine_client.model import kernels
 
-    if decoder._FLASH_CPU is None:
+    if kernels._FLASH_CPU is None:
         pytest.skip("this torch has no fused CPU attention kernel")
     gen = torch.Generator().manual_seed(7)
     hq, hkv, d, r, s = 9, 3, 64, 1500, 256
     q = torch.randn(1, hq, s, d, generator=gen).to(dtype)
     k = (torch.randn(1, hkv, r + s, d, generator=gen) * 3).to(dtype)
     v = torch.randn(1, hkv, r + s, d, generator=gen).to(dtype)
-    mask = decoder._attention_mask(r, s, q.device)
+    mask = kernels._attention_mask(r, s, q.device)
     with torch.inference_mode():
         want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        got = decoder._prefix_then_causal(q, k, v, r)
+        got = kernels._prefix_then_causal(q, k, v, r)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)  # bfloat16: one more rounding

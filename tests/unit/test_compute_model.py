@@ -16,7 +16,8 @@ from engine_client.compute_model import (
     parse_profile,
 )
 from engine_client.model.config import ModelConfig
-from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights, _gqa_attention
+from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights
+from engine_client.model.kernels import _gqa_attention
 from kvstore.contract.errors import InvalidArgument
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from engine_client.generation import dense_generate
-from engine_client.model.decoder import _gqa_attention
+from engine_client.model.kernels import _gqa_attention
 from engine_client.model.loader import load_checkpoint
 from engine_client.model.streaming import PROFILE_VERSION, ProfileError, StreamingHeads, calibrate, classify, local_mass
 from engine_client.prefill import chunked_prefill
