@@ -43,14 +43,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import time
 
 import grpc
 import numpy as np
 
 from kvstore.contract import (
-    MAX_MESSAGE_BYTES,
     ChunkScores,
     CompactResult,
     EvictResult,
@@ -90,7 +88,7 @@ from .page_calls import FRAME_BYTES
 from .put_batching import AsyncPutQueue, MergedPages, PutEntry, merge, split, timeout_of
 from .reads import GroupReader, leases_in, release
 from .routing import AsyncRouteCalls
-from .rpc import CHANNEL_OPTIONS, KVStoreRpcError
+from .rpc import KVStoreRpcError, check_positive, open_channel
 from .shm import ShmSession, names_stale_session
 from .tensors import as_numpy_kv, destination
 
@@ -114,23 +112,12 @@ class AsyncKVStoreClient(AsyncConversationCalls, AsyncRouteCalls):
         """As ``KVStoreClient``'s (no ``data_channel``: a TCP read takes its extents in the stream).
 
         Make it inside the event loop that uses it (``grpc.aio`` binds the channel to that loop)."""
-        for name, value in (("deadline_s", deadline_s), ("put_floor_bytes_s", put_floor_bytes_s)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        check_positive(deadline_s=deadline_s, put_floor_bytes_s=put_floor_bytes_s)
         self.target = target
         self.deadline_s = float(deadline_s)
         self.put_floor_bytes_s = float(put_floor_bytes_s)
-        opts = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            *CHANNEL_OPTIONS,
-        ]
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
-        if root_certificates is not None or client_cert is not None:
-            key, chain = client_cert if client_cert else (None, None)
-            self.channel = grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(root_certificates, key, chain), options=opts)
-        else:
-            self.channel = grpc.aio.insecure_channel(target, options=opts)
+        self.channel = open_channel(grpc.aio, target, root_certificates=root_certificates, client_cert=client_cert)
         self.stub = KVStoreStub(self.channel)
         self.admin = KVStoreAdminStub(self.channel)
         self.session: ShmSession | None = None

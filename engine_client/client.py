@@ -26,7 +26,6 @@ their own modules (and what a stale shm session looks like, in ``shm``).
 from __future__ import annotations
 
 import json
-import math
 import threading
 import time
 
@@ -34,7 +33,6 @@ import grpc
 import numpy as np
 
 from kvstore.contract import (
-    MAX_MESSAGE_BYTES,
     ChunkScores,
     CompactResult,
     EvictResult,
@@ -68,7 +66,7 @@ from .prefetch import PrefetchStream
 from .put_batching import PutQueue
 from .reads import read_groups
 from .routing import RouteCalls
-from .rpc import CHANNEL_OPTIONS, KVStoreRpcError, RetriedStream, call, stream
+from .rpc import KVStoreRpcError, RetriedStream, call, check_positive, open_channel, stream
 from .shm import ShmSession, names_stale_session
 from .tensors import as_numpy_kv, to_torch
 
@@ -109,24 +107,12 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
         ``put_coalesce`` (default on): concurrent small ``put_pages`` calls of one scope share one PutPages
         (one segment, one sync, one batch; ``put_batching``).
         """
-        for name, value in (("deadline_s", deadline_s), ("put_floor_bytes_s", put_floor_bytes_s)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        check_positive(deadline_s=deadline_s, put_floor_bytes_s=put_floor_bytes_s)
         self.target = target
         self.deadline_s = float(deadline_s)
         self.put_floor_bytes_s = float(put_floor_bytes_s)
-        opts = [
-            ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-            ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-            *CHANNEL_OPTIONS,
-        ]
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
-        if root_certificates is not None or client_cert is not None:
-            key, chain = client_cert if client_cert else (None, None)
-            creds = grpc.ssl_channel_credentials(root_certificates, key, chain)
-            self.channel = grpc.secure_channel(target, creds, options=opts)
-        else:
-            self.channel = grpc.insecure_channel(target, options=opts)
+        self.channel = open_channel(grpc, target, root_certificates=root_certificates, client_cert=client_cert)
         self.stub = KVStoreStub(self.channel)
         self.admin = KVStoreAdminStub(self.channel)
         self.session: ShmSession | None = None

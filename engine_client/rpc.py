@@ -39,6 +39,7 @@ not inherit a connection left in backoff by another.
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -54,6 +55,25 @@ CHANNEL_OPTIONS = (
     ("grpc.max_reconnect_backoff_ms", 500),
     ("grpc.use_local_subchannel_pool", 1),
 )
+
+
+def open_channel(grpc_module, target: str, *, root_certificates=None, client_cert=None):
+    """A channel to ``target`` for either client: ``grpc_module`` is ``grpc`` or ``grpc.aio``; messages up to
+    the contract's limit, the reconnect and retry settings above, TLS when a CA or a client certificate is given."""
+    from kvstore.contract import MAX_MESSAGE_BYTES
+
+    opts = [("grpc.max_receive_message_length", MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", MAX_MESSAGE_BYTES), *CHANNEL_OPTIONS]
+    if root_certificates is None and client_cert is None:
+        return grpc_module.insecure_channel(target, options=opts)
+    key, chain = client_cert if client_cert else (None, None)
+    return grpc_module.secure_channel(target, grpc.ssl_channel_credentials(root_certificates, key, chain), options=opts)
+
+
+def check_positive(**values) -> None:
+    """ValueError naming the first value that is not a positive finite number."""
+    for name, value in values.items():
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number, got {value!r}")
 
 
 class KVStoreRpcError(Exception):
