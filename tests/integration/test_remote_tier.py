@@ -178,8 +178,9 @@ def test_a_bounded_cluster_evicts_and_an_evicted_chunk_is_a_miss_never_an_error(
         stats = a.remote_stats()
         assert stats["replicated_prefixes"] == 24 and stats["failed_prefixes"] == 0
         node = redis.Redis(port=c.master_ports()[0])
-        key = next(node.scan_iter("kvx:*", count=1000))
-        assert 3600 <= node.ttl(key) <= 8 * 3600  # remote_ttl_seconds, stretched by the prefix's reads (policy/remote.py)
+        # Redis may go on evicting after the last write (eviction-tenacity), so a scanned key can be gone (TTL -2) by its TTL call.
+        ttls = [t for t in (node.ttl(k) for k in node.scan_iter("kvx:*", count=1000)) if t != -2]
+        assert ttls and all(3600 <= t <= 8 * 3600 for t in ttls)  # remote_ttl_seconds, stretched by the prefix's reads (policy/remote.py)
         node.close()
         hits = [b.lookup(tokens, geo).matched_chunks for tokens, _ in prefixes]
         assert hits[-1] == 32  # the newest is whole
