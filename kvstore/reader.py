@@ -11,7 +11,7 @@ import xxhash
 
 from .contract.errors import InvalidArgument
 from .contract.results import ReadResult as ReadResult  # what ChunkStore.read returns, the client's read type too
-from .io import IOBackend, aligned_buffer
+from .io import aligned_buffer
 from .io.inflight import InFlight
 from .io.plan import coalesce
 from .records import PrefixView, SegmentInfo
@@ -94,7 +94,6 @@ def plan_extents(view: PrefixView, segments: dict[int, SegmentInfo], chunks: np.
 def execute_reads(
     refs: list[ExtentRef],
     files: SegmentFiles,
-    backend: IOBackend,
     *,
     coalesce_reads: bool,
     max_run_bytes: int,
@@ -132,7 +131,7 @@ def execute_reads(
                 raise SegmentUnreadable(seg_id, exc) from exc
         track = in_flight.track if in_flight is not None else _untracked
         futures = [
-            (seg_id, track(backend.pread(handles[seg_id], buf[base : base + run.length], run.offset))) for seg_id, run, _, base in plans
+            (seg_id, track(files.pread(handles[seg_id], buf[base : base + run.length], run.offset))) for seg_id, run, _, base in plans
         ]
         # wait for every request before the handles are released, even when one fails
         errors = [(seg_id, exc) for seg_id, f in futures if (exc := _exception(f)) is not None]

@@ -4,6 +4,11 @@ A deleted segment's file is unlinked once its index entry is gone, but its
 descriptor stays open until the last reader that acquired it releases it:
 closing earlier could let the descriptor number be reused under a read in
 flight.
+
+A segment whose file is still being written can be read from memory
+instead (``serve_from_memory``: a fill from the remote tier, listed
+provisionally while its write runs behind it, ``store/remote_fill.py``);
+every read goes through ``pread`` so it finds either source.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from .io import FileHandle, IOBackend
+from .io.future import Future
 
 
 def segment_file_name(segment_id: int) -> str:
@@ -27,6 +33,14 @@ def parse_segment_file_name(name: str) -> int | None:
         except ValueError:
             return None
     return None
+
+
+@dataclass(frozen=True)
+class MemorySegment:
+    """A read handle on a segment image held in memory (its bytes from offset 0, as the file will hold them)."""
+
+    segment_id: int
+    buffer: memoryview
 
 
 @dataclass
@@ -43,13 +57,43 @@ class SegmentFiles:
         self.max_open = max_open
         self._lock = threading.Lock()
         self._open: dict[int, _Entry] = {}
+        self._memory: dict[int, MemorySegment] = {}
 
     def path(self, segment_id: int) -> str:
         return os.path.join(self.directory, segment_file_name(segment_id))
 
+    def serve_from_memory(self, segment_id: int, buffer) -> None:
+        """Reads of ``segment_id`` come from ``buffer`` (the segment's image) until ``stop_serving_from_memory``."""
+        with self._lock:
+            self._memory[segment_id] = MemorySegment(segment_id, memoryview(buffer).cast("B"))
+
+    def stop_serving_from_memory(self, segment_id: int) -> None:
+        """Reads of ``segment_id`` go to its file again (a reader that took the memory handle keeps it)."""
+        with self._lock:
+            self._memory.pop(segment_id, None)
+
+    def pread(self, handle, buf, offset: int):
+        """``backend.pread`` on a file handle; a copy, completed at once, from a segment served from memory."""
+        if not isinstance(handle, MemorySegment):
+            return self.backend.pread(handle, buf, offset)
+        dst = memoryview(buf).cast("B")
+        future = Future()
+        n = dst.nbytes
+        if offset + n > handle.buffer.nbytes:
+            future._complete(None, EOFError(f"segment {handle.segment_id}: read of {n} bytes at {offset} past its end"))
+        else:
+            dst[:] = handle.buffer[offset : offset + n]
+            future._complete(n, None)
+        return future
+
     @contextmanager
     def reading(self, segment_id: int):
-        """Yield a read handle of the segment, held open for the block."""
+        """Yield a read handle of the segment, held open for the block (``pread`` reads through it)."""
+        with self._lock:
+            memory = self._memory.get(segment_id)
+        if memory is not None:
+            yield memory
+            return
         with self._lock:
             entry = self._open.get(segment_id)
             if entry is None:

@@ -46,7 +46,7 @@ class Admin:
         buf = aligned_buffer(seg.layout.total_bytes)
         try:
             with self._files.reading(segment_id) as fh:
-                self._backend.pread(fh, buf, 0).result()
+                self._files.pread(fh, buf, 0).result()
         except (OSError, EOFError) as exc:
             error = f"{exc.__class__.__name__}: {exc}"
         if error is None:

@@ -6,6 +6,13 @@ are immutable until a delete (``unlist``), a compaction
 views are cached, and those drop the entries they change.  Look-ups by chunk hash (``holder``,
 ``match``, ``still_held``) count a prefix with a quarantined segment as not
 stored.  Every transaction is one of ``index_ops``.
+
+A prefix filled from the remote tier is *shown* before its commit lists it
+(``show_provisional``, ``store/remote_fill.py``): ``describe`` and
+``segment_info`` answer for it, and look-ups that ask (``match(...,
+provisional=True)``, the daemon's look-up) find it, so it is read while
+its write runs behind; listings, puts that reuse chunks and every
+transaction see the index alone.  The commit lists it, then it is dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +38,9 @@ class Catalogue:
         # a view read before a change commits is not cached after it: changes bump the generation
         self._cache_lock = threading.Lock()
         self._generation = 0
+        # fills shown before their commit: prefix id -> (view, its new segment); chunk hash -> prefix id
+        self._provisional: dict[str, tuple[PrefixView, SegmentInfo]] = {}
+        self._provisional_hashes: dict[bytes, str] = {}
 
     # ------------------------------------------------------------ views
     def describe(self, prefix_id: str) -> PrefixView:
@@ -38,6 +48,9 @@ class Catalogue:
         view = self._views.get(prefix_id)
         if view is not None:
             return view
+        shown = self._provisional.get(prefix_id)
+        if shown is not None:
+            return shown[0]
         generation = self._generation
         m = ops.manifest(self._index, prefix_id)
         if m is None:
@@ -61,11 +74,47 @@ class Catalogue:
         """The immutable part of the segment's record."""
         info = self._segments.get(segment_id)
         if info is None:
+            info = self._provisional_segment(segment_id)
+        if info is None:
             rec = ops.segment_record(self._index, segment_id)
             if rec is None:
                 raise NotFound(f"segment {segment_id} is not stored")
             info = self._segments[segment_id] = SegmentInfo.from_record(rec)
         return info
+
+    # ------------------------------------------------------------ shown before their commit
+    def show_provisional(self, view: PrefixView, segment: SegmentInfo) -> bool:
+        """Answer for ``view`` (whose new chunks are in ``segment``) until ``drop_provisional``; False when one is shown already."""
+        with self._cache_lock:
+            if view.prefix_id in self._provisional:
+                return False
+            self._provisional[view.prefix_id] = (view, segment)
+            for h in view.chunk_hashes:
+                self._provisional_hashes.setdefault(bytes.fromhex(h), view.prefix_id)
+        return True
+
+    def drop_provisional(self, prefix_id: str) -> None:
+        """Stop answering for a shown prefix (its commit listed it, or failed)."""
+        with self._cache_lock:
+            shown = self._provisional.pop(prefix_id, None)
+            if shown is not None:
+                for h in shown[0].chunk_hashes:
+                    key = bytes.fromhex(h)
+                    if self._provisional_hashes.get(key) == prefix_id:
+                        del self._provisional_hashes[key]
+
+    def is_provisional(self, prefix_id: str) -> bool:
+        return prefix_id in self._provisional
+
+    def segment_listed(self, segment_id: int) -> bool:
+        """Whether the index records the segment (a shown fill's new segment is not, until its commit)."""
+        return segment_id in self._segments or ops.segment_record(self._index, segment_id) is not None
+
+    def _provisional_segment(self, segment_id: int) -> SegmentInfo | None:
+        for _, segment in list(self._provisional.values()):
+            if segment.segment_id == segment_id:
+                return segment
+        return None
 
     def resolve(self, prefix: str) -> str:
         """Full prefix id from a unique leading part of it (at least 8 hex digits)."""
@@ -94,8 +143,8 @@ class Catalogue:
         return [(s, loc, g) for g in grp for s, loc in zip(seg_ids, local.tolist())]
 
     # ------------------------------------------------------------ by chunk hash
-    def holder(self, chunk_hash: bytes) -> PrefixView | None:
-        """A healthy stored prefix (or page batch) holding the chunk, or None."""
+    def holder(self, chunk_hash: bytes, *, provisional: bool = False) -> PrefixView | None:
+        """A healthy stored prefix (or page batch) holding the chunk, or None; ``provisional``: a shown fill counts."""
         for pid in ops.chunk_holders(self._index, chunk_hash):
             try:
                 view = self.describe(pid)
@@ -103,14 +152,19 @@ class Catalogue:
                 continue
             if self._state.prefix_quarantine(view) is None:
                 return view
+        if provisional and (pid := self._provisional_hashes.get(chunk_hash)) is not None:
+            shown = self._provisional.get(pid)
+            if shown is not None and self._state.prefix_quarantine(shown[0]) is None:
+                return shown[0]
         return None
 
-    def match(self, hashes: list[bytes]) -> tuple[int, PrefixView | None]:
-        """Leading chunks stored, and a holder of them: a healthy manifest holding chunk j holds all before it (binary search)."""
+    def match(self, hashes: list[bytes], *, provisional: bool = False) -> tuple[int, PrefixView | None]:
+        """Leading chunks stored, and a holder of them: a healthy manifest holding chunk j holds all before it (binary search);
+        ``provisional``: fills shown before their commit count."""
         lo, hi, best = 0, len(hashes), None  # invariant: chunks [0, lo) matched
         while lo < hi:
             mid = (lo + hi) // 2
-            view = self.holder(hashes[mid])
+            view = self.holder(hashes[mid], provisional=provisional)
             if view is not None:
                 lo, best = mid + 1, view
             else:

@@ -168,7 +168,6 @@ class ChunkStore:
             catalogue,
             state,
             self.files,
-            self.backend,
             holds,
             in_flight=self.reads_in_flight,
             max_read_run_bytes=config.max_read_run_bytes,
@@ -183,7 +182,9 @@ class ChunkStore:
         if tier is None:
             return
         self.remote_link = link = RemoteLink(tier)
-        self.remote_fill = RemoteFill(link, self.catalogue, self.writer, batch_bytes=cfg.remote_batch_bytes, ttl_s=cfg.remote_ttl_seconds)
+        self.remote_fill = RemoteFill(
+            link, self.catalogue, self.writer, batch_bytes=cfg.remote_batch_bytes, ttl_s=cfg.remote_ttl_seconds, files=self.files
+        )
         self.pages.remote = self.remote_fill
         self.replicator = Replicator(
             link,
@@ -210,6 +211,8 @@ class ChunkStore:
 
     # ------------------------------------------------------------ lifecycle
     def close(self) -> None:
+        if self.remote_fill is not None:
+            self.remote_fill.close()
         if self.replicator is not None:
             self.replicator.stop()
         if not self.state.read_only:
@@ -263,9 +266,9 @@ class ChunkStore:
         """Longest stored prefix of ``tokens``, at chunk granularity."""
         arr = validate_tokens(tokens, self.config.max_prefix_tokens)
         hashes = chunk_hashes(arr, geometry, namespace, model_fingerprint)
-        k, holder = self.catalogue.match(hashes)
+        k, holder = self.catalogue.match(hashes, provisional=True)
         if self.remote_fill is not None and k < len(hashes) and self.remote_fill.extend(hashes, k):
-            k, holder = self.catalogue.match(hashes)  # the remote tier's leading chunks are local now
+            k, holder = self.catalogue.match(hashes, provisional=True)  # the remote tier's leading chunks are here now
         tokens_matched = min(k * geometry.chunk_tokens, arr.size)
         return LookupResult(k, tokens_matched, len(hashes), holder.prefix_id if holder else "")
 

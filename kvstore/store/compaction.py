@@ -226,7 +226,7 @@ def read_whole(sink: SegmentSink, info: SegmentInfo) -> np.ndarray:
     """The bytes of a segment's layout, as one array."""
     buf = aligned_buffer(info.layout.total_bytes)
     with sink.files.reading(info.segment_id) as fh:
-        sink.backend.pread(fh, buf, 0).result()
+        sink.files.pread(fh, buf, 0).result()
     return np.frombuffer(buf, dtype=np.uint8)
 
 

@@ -21,7 +21,7 @@ from ..contract.results import PutResult
 from ..faults import crash_point
 from ..holds import PrefixHold
 from ..manifest_files import ManifestFiles
-from ..records import PREFIX, Piece
+from ..records import PREFIX, Piece, PrefixView, SegmentInfo
 from ..writer import SegmentImage
 from .catalogue import Catalogue
 from .new_segment import NewSegment, SegmentSink, is_full, put_manifest, segment_record
@@ -88,6 +88,8 @@ class PendingPut:
         self._hold = hold  # this prefix and the one it reuses chunks of
         self.reserved = 0  # bytes of max_disk_bytes reserved for the new segment
         self.origin = "put"  # "remote": filled from the remote tier (store/remote_fill.py), not a client's put
+        self.on_durable: Callable[[], None] | None = None  # called once the segment and manifest file are synced
+        self._prepared: tuple[dict | None, dict] | None = None  # (segment record, manifest), made once
 
     @property
     def num_chunks(self) -> int:
@@ -151,7 +153,7 @@ class PendingPut:
             if self.image is not None and self.image.missing:
                 g, j = self.image.first_missing()
                 raise InvalidArgument("extents", f"{self.image.missing} extents missing, first: group {g} chunk {j}")
-            record = segment_record(self.segment_id, self.geometry, self.image) if self.image is not None else None
+            record, _ = self._prepare()
             with path.manifest_files.locked(self.prefix_id):
                 stored, written = (False, 0) if path.catalogue.is_stored(self.prefix_id) else self._write_and_commit(record)
         except BaseException:
@@ -169,10 +171,27 @@ class PendingPut:
                 hook(self)
         return PutResult(self.prefix_id, int(self.tokens.size), self.num_chunks, self.reused_chunks, written, not stored)
 
+    def _prepare(self) -> tuple[dict | None, dict]:
+        """The segment's index record (None when every chunk is reused) and the prefix's manifest, made once."""
+        if self._prepared is None:
+            record = segment_record(self.segment_id, self.geometry, self.image) if self.image is not None else None
+            self._prepared = (record, self._manifest())
+        return self._prepared
+
+    def provisional_view(self) -> tuple[PrefixView, SegmentInfo | None]:
+        """What the commit will list, before it: the prefix's view and its new segment's (every extent must be in)."""
+        if self.image is not None and self.image.missing:
+            g, j = self.image.first_missing()
+            raise InvalidArgument("extents", f"{self.image.missing} extents missing, first: group {g} chunk {j}")
+        record, manifest = self._prepare()
+        return PrefixView.from_manifest(manifest), SegmentInfo.from_record(record) if record is not None else None
+
     def _write_and_commit(self, record: dict | None) -> tuple[bool, int]:
         """Segment and manifest file durable, then the index commit; (stored, bytes written)."""
-        manifest = self._manifest()
+        _, manifest = self._prepare()
         written = self._write_and_sync(record, manifest)
+        if self.on_durable is not None:
+            self.on_durable()
         try:
             stored = self._path.catalogue.commit_put(
                 self.prefix_id,

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 import xxhash
 
-from ..contract.errors import DataLoss, InvalidArgument
+from ..contract.errors import DataLoss, InvalidArgument, NotFound
 from ..contract.geometry import StoreGeometry, align_up
 from ..holds import PrefixHolds
-from ..io import IOBackend, aligned_buffer
+from ..io import aligned_buffer
 from ..io.inflight import InFlight
 from ..reader import ReadResult, SegmentUnreadable, execute_reads, plan_extents, validate_chunks, validate_groups
 from ..records import Piece, PrefixView, SegmentInfo
@@ -23,13 +23,16 @@ from .catalogue import Catalogue
 from .state import StoreState
 
 
+class _UnlistedSegment(Exception):
+    """A read reached a segment the index does not record (a shown fill's, gone since)."""
+
+
 class Reader:
     def __init__(
         self,
         catalogue: Catalogue,
         state: StoreState,
         files: SegmentFiles,
-        backend: IOBackend,
         holds: PrefixHolds,
         *,
         in_flight: InFlight,
@@ -38,7 +41,6 @@ class Reader:
         self._catalogue = catalogue
         self._state = state
         self._files = files
-        self._backend = backend
         self._holds = holds
         self._in_flight = in_flight
         self._max_run_bytes = max_read_run_bytes
@@ -49,7 +51,17 @@ class Reader:
             return self.read_held(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
 
     def read_held(self, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:
-        """``read`` of a prefix the caller holds (``pages.py`` holds every batch of a call at once)."""
+        """``read`` of a prefix the caller holds (``pages.py`` holds every batch of a call at once).
+
+        A fill shown before its commit (``Catalogue.show_provisional``) whose segment went before the
+        read reached it (its commit failed, or a put of the same prefix won) is read again as listed now.
+        """
+        try:
+            return self._read_held(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
+        except _UnlistedSegment:
+            return self._read_held(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
+
+    def _read_held(self, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:
         view = self._catalogue.describe(prefix_id)
         q = self._state.prefix_quarantine(view)
         if q:
@@ -62,13 +74,14 @@ class Reader:
             views, buf, nreads, bad = execute_reads(
                 refs,
                 self._files,
-                self._backend,
                 coalesce_reads=coalesce,
                 max_run_bytes=self._max_run_bytes,
                 alloc=alloc,
                 in_flight=self._in_flight,
             )
         except SegmentUnreadable as exc:
+            if not self._catalogue.segment_listed(exc.segment_id):
+                raise _UnlistedSegment(exc.segment_id) from None
             raise self._state.unreadable(exc.segment_id, exc.cause) from None
         nbytes = sum(r.padded for r in refs)  # runs are unions of padded extents
         self._state.count(bytes_read=nbytes, reads=1)
@@ -130,8 +143,10 @@ class Reader:
         buf = aligned_buffer(align_up(length))
         try:
             with self._files.reading(seg.segment_id) as fh:
-                self._in_flight.track(self._backend.pread(fh, buf, offset)).result()
+                self._in_flight.track(self._files.pread(fh, buf, offset)).result()
         except (OSError, EOFError) as exc:
+            if not self._catalogue.segment_listed(seg.segment_id):  # a shown fill's, gone since: not damage
+                raise NotFound(f"segment {seg.segment_id} is no longer stored; look the prefix up again") from None
             raise state.unreadable(seg.segment_id, exc) from None
         state.count(bytes_read=len(buf))
         arr = np.frombuffer(buf, dtype=np.uint8)[:length]

@@ -12,6 +12,17 @@ capacity policy, which may evict); the commit makes it durable and listed
 like any put.  Then the caller goes on exactly as for a local hit, so the
 client sees the same API and the same bytes, and the next read is local.
 
+The write runs behind the request.  Once every extent is fetched and
+checked, the fill is *shown* (``Catalogue.show_provisional``) and its new
+segment is served from the image in memory (``SegmentFiles.serve_from_memory``)
+while one background thread writes, syncs and commits it; reads switch to
+the file once it is synced, and the commit lists it.  So a cross-node hit
+costs the fetch, not the fetch plus a local write and fdatasync.  Nothing
+a client put is involved: the remote copy is the durable one, listings
+show the fill only after its commit, and a fill whose commit fails (or
+that a concurrent put of the same prefix beat) is simply no longer shown,
+so the next look-up fills it again.  ``close`` waits for the commits.
+
 A prefix filled for a look-up is the leading part that matched: its id is
 the chain hash of its last chunk (any chunk hash names the prefix ending
 there), so a 3-chunk match in a 100-chunk remote prefix moves 3 chunks.
@@ -26,14 +37,17 @@ link is degraded nothing here touches the remote tier.
 from __future__ import annotations
 
 import logging
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from ..contract.errors import DataLoss, KVStoreError
+from ..contract.errors import DataLoss, KVStoreError, StoreFull
 from ..contract.geometry import StoreGeometry
 from ..policy.remote import ttl_seconds
 from ..records import PAGES, PREFIX
 from ..remote.base import RemoteUnavailable
 from ..remote.records import RemoteChecksumError, RemoteManifest, decode_extent, decode_manifest, is_hash_hex
+from ..segment_files import SegmentFiles
 from .catalogue import Catalogue
 from .pages import batch_id
 from .pending_put import PendingPut
@@ -55,12 +69,40 @@ class _Stop:
 
 
 class RemoteFill:
-    def __init__(self, link: RemoteLink, catalogue: Catalogue, writer: Writer, *, batch_bytes: int, ttl_s: int):
+    def __init__(
+        self,
+        link: RemoteLink,
+        catalogue: Catalogue,
+        writer: Writer,
+        *,
+        batch_bytes: int,
+        ttl_s: int,
+        files: SegmentFiles | None = None,
+    ):
         self._link = link
         self._catalogue = catalogue
         self._writer = writer
         self._batch_bytes = batch_bytes
         self._ttl_s = ttl_s
+        self._files = files  # None: every fill is committed before the request goes on
+        self._behind: ThreadPoolExecutor | None = None  # the commits running behind their requests
+        self._behind_lock = threading.Lock()
+        self._behind_count = 0  # fills handed to the background thread and not yet committed
+
+    def settle(self) -> None:
+        """Wait until every fill served so far is committed (listed, or given up)."""
+        with self._behind_lock:
+            behind = self._behind
+        if behind is not None:
+            behind.submit(lambda: None).result()  # one worker: every commit queued before it is done
+
+    def close(self) -> None:
+        """Wait for the fills still being written behind their requests."""
+        with self._behind_lock:
+            behind, self._behind = self._behind, None
+            self._files = None
+        if behind is not None:
+            behind.shutdown(wait=True)
 
     # ------------------------------------------------------------ look-up
     def extend(self, hashes: list[bytes], local_chunks: int) -> bool:
@@ -217,8 +259,53 @@ class RemoteFill:
         ``shorter_ok``: an evicted or damaged chunk shortens the fill to the
         chunks before it; otherwise it is a miss (0) or DataLoss.
         """
+        self._settle_reused([bytes.fromhex(h) for h in manifest.chunk_hashes[:upto]])
         for _ in range(_ATTEMPTS):
-            pending = self._writer.begin_fill(
+            pending = self._begin(manifest, upto)
+            handed_off = False
+            try:
+                stop, nbytes = self._fetch_into(pending, manifest)
+                if stop is None:
+                    handed_off = self._write_behind(pending)
+                    if not handed_off:
+                        pending.commit()
+                    self._link.count(fill_prefixes=1, fill_chunks=upto - pending.reused_chunks, fill_bytes=nbytes)
+                    return upto
+            finally:
+                if not handed_off:
+                    pending.abort()  # a no-op after the commit
+            if stop.damaged and not shorter_ok:
+                raise DataLoss(f"prefix {manifest.chunk_hashes[upto - 1]}: remote chunk {stop.chunk} {stop.reason}; not served")
+            if not shorter_ok or stop.chunk <= pending.reused_chunks:
+                return 0
+            upto = stop.chunk
+        return 0
+
+    def _write_behind(self, pending: PendingPut) -> bool:
+        """Show the fill and serve its segment from memory, and commit it on the background thread; False: commit it now."""
+        with self._behind_lock:
+            files = self._files
+            if files is None or pending.image is None or self._catalogue.is_stored(pending.prefix_id):
+                return False
+            view, segment = pending.provisional_view()
+            seg_id = segment.segment_id
+            files.serve_from_memory(seg_id, pending.image.buffer)
+            if not self._catalogue.show_provisional(view, segment):  # another fill of this prefix is being written
+                files.stop_serving_from_memory(seg_id)
+                return False
+            pending.on_durable = lambda: files.stop_serving_from_memory(seg_id)  # the file holds every byte now
+            if self._behind is None:
+                self._behind = ThreadPoolExecutor(1, thread_name_prefix="kvstore-fill-commit")
+            self._behind_count += 1
+            self._behind.submit(self._commit_behind, pending, files)
+        return True
+
+    def _begin(self, manifest: RemoteManifest, upto: int) -> PendingPut:
+        """``Writer.begin_fill`` of chunks ``[0, upto)``; when the store is full while fills are written behind,
+        again once they are committed (their reservations become stored bytes the capacity policy can evict)."""
+
+        def begin():
+            return self._writer.begin_fill(
                 manifest.chunk_hashes[upto - 1],
                 [bytes.fromhex(h) for h in manifest.chunk_hashes[:upto]],
                 manifest.tokens_upto(upto),
@@ -226,20 +313,32 @@ class RemoteFill:
                 namespace=manifest.namespace,
                 model_fingerprint=manifest.model_fingerprint,
             )
-            try:
-                stop, nbytes = self._fetch_into(pending, manifest)
-                if stop is None:
-                    pending.commit()
-                    self._link.count(fill_prefixes=1, fill_chunks=upto - pending.reused_chunks, fill_bytes=nbytes)
-                    return upto
-            finally:
-                pending.abort()  # a no-op after the commit
-            if stop.damaged and not shorter_ok:
-                raise DataLoss(f"prefix {manifest.chunk_hashes[upto - 1]}: remote chunk {stop.chunk} {stop.reason}; not served")
-            if not shorter_ok or stop.chunk <= pending.reused_chunks:
-                return 0
-            upto = stop.chunk
-        return 0
+
+        try:
+            return begin()
+        except StoreFull:
+            if not self._behind_count:
+                raise
+        self.settle()
+        return begin()
+
+    def _settle_reused(self, hashes: list[bytes]) -> None:
+        """A fill reuses only listed chunks: when some of ``hashes`` are a shown fill's, wait for the commits behind."""
+        if self._catalogue.match(hashes)[0] < self._catalogue.match(hashes, provisional=True)[0]:
+            self.settle()
+
+    def _commit_behind(self, pending: PendingPut, files: SegmentFiles) -> None:
+        try:
+            pending.commit()
+        except Exception as exc:  # noqa: BLE001 - the fill was served; not keeping it is the whole failure
+            self._link.count(fill_failures=1)
+            log.warning("a fill from the remote tier was served but not stored locally: %s", exc)
+        finally:
+            pending.abort()  # a no-op after the commit
+            files.stop_serving_from_memory(pending.segment_id)
+            self._catalogue.drop_provisional(pending.prefix_id)
+            with self._behind_lock:
+                self._behind_count -= 1
 
     def _fetch_into(self, pending: PendingPut, manifest: RemoteManifest) -> tuple[_Stop | None, int]:
         """Fetch and check every needed extent into ``pending``, in batches; where it stopped (None: all), and the bytes."""

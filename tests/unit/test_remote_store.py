@@ -193,6 +193,7 @@ def test_the_directory_follows_local_puts_fills_and_deletes(nodes):
     hashes = [h.hex() for h in chunk_hashes(np.asarray(tokens, dtype="<u4"), GEO, "", "")]
     assert tier.directory(hashes) == [frozenset({"a"})] * 3
     b.lookup(tokens, GEO)
+    b.remote_fill.settle()  # the fill is committed behind the look-up, and the directory follows the commit
     assert b.replicator.wait_idle(10)
     assert tier.directory(hashes) == [frozenset({"a", "b"})] * 3
     a.delete(res.prefix_id)
