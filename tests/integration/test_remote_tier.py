@@ -194,3 +194,69 @@ def test_a_bounded_cluster_evicts_and_an_evicted_chunk_is_a_miss_never_an_error(
         for s in stores:
             s.close()
         c.close()
+
+
+FILL_CHILD = """
+import sys, time
+sys.path[:0] = [{root!r}, {root!r} + "/tests"]
+import numpy as np
+from helpers import GEOMETRIES, make_tokens
+from kvstore.config import StoreConfig
+from kvstore.remote import RemoteConfig, make_tier
+from kvstore.store import ChunkStore
+
+cfg = RemoteConfig(remote_url={url!r}, node_id="b")
+store = ChunkStore(StoreConfig(data_dir={data!r}, min_free_bytes=0), remote=make_tier(cfg), remote_config=cfg)
+for seed in range(3):
+    tokens = make_tokens(256, 70 + seed)
+    hit = store.lookup(tokens, GEOMETRIES[2])
+    assert hit.matched_chunks == 16, hit
+    store.read(hit.prefix_id, range(16))  # served while its write runs behind (killed at {step})
+time.sleep(30)
+"""
+
+
+@needs_redis
+@pytest.mark.parametrize("step", ["put:opened", "put:synced"])
+def test_sigkill_while_fills_are_written_behind_leaves_only_whole_listed_prefixes(cluster, tmp_path, step):
+    """A node killed while it writes remote hits behind their reads: on restart every listed prefix is whole and
+    byte-exact, no orphan file is left, and the prefixes it lost are filled again from the remote tier."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from helpers import GEOMETRIES, data_root, make_kv, make_tokens
+
+    from kvstore.config import StoreConfig
+    from kvstore.remote.config import RemoteConfig
+    from kvstore.segment_files import parse_segment_file_name
+    from kvstore.store import ChunkStore
+
+    geo = GEOMETRIES[2]
+    ns_tokens = [make_tokens(256, 70 + s) for s in range(3)]
+    kvs = [make_kv(geo, 256, 70 + s) for s in range(3)]
+
+    def node(name):
+        cfg = RemoteConfig(remote_url=cluster.url, node_id=name)
+        return ChunkStore(StoreConfig(data_dir=str(tmp_path / name), min_free_bytes=0), remote=redis_tier(cluster.url), remote_config=cfg)
+
+    with node("a") as a:
+        for tokens, kv in zip(ns_tokens, kvs):
+            a.put(tokens, kv, geo)
+        assert a.replicator.wait_idle(30)
+    env = {**os.environ, "KVSTORE_FAULTS": "1", "KVSTORE_CRASH_AT": step}
+    child = FILL_CHILD.format(root=data_root(), url=cluster.url, data=str(tmp_path / "b"), step=step)
+    proc = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == -signal.SIGKILL, f"the child did not reach {step}: {proc.stdout}{proc.stderr}"
+    with node("b") as b:
+        listed = {p["prefix_id"] for p in b.list_prefixes()}
+        assert listed == set()  # killed opening the first fill's file, or after syncing it and before its commit
+        assert all(r["ok"] for r in b.verify())
+        seg_dir = b.segment_dir
+        referenced = {s for pid in listed for s in b.describe(pid).segment_ids}
+        assert {parse_segment_file_name(n) for n in os.listdir(seg_dir) if n.endswith(".kvs")} == referenced  # no orphan
+        for tokens, kv in zip(ns_tokens, kvs):  # what was lost is filled again, byte-exact
+            hit = b.lookup(tokens, geo)
+            assert hit.matched_chunks == 16
+            assert np.array_equal(b.read(hit.prefix_id, range(16)).to_kv(), kv)
