@@ -98,6 +98,64 @@ class SegmentImage:
             self._derive(group, local, self._array[base : base + expected])
             self._written[group, local] = True
 
+    def put_extents(self, group: int, chunks, payloads) -> None:
+        """Whole extents of one group for consecutive prefix chunks ``chunks``, derived in one vectorized pass.
+
+        The image ends up byte for byte as after ``put_extent`` of each (a fill moves a batch of chunks
+        at once; per extent, numpy's call overheads cost more than the arithmetic).
+        """
+        chunks = [int(j) for j in chunks]
+        if len(chunks) != len(payloads):
+            raise InvalidArgument("extents", f"{len(chunks)} chunks but {len(payloads)} payloads")
+        if any(b != a + 1 for a, b in zip(chunks, chunks[1:])):
+            raise InvalidArgument("extent.chunk", f"chunks must be consecutive, got {chunks}")
+        tokens = self.layout.chunk_tokens
+        full = [j for j in chunks if int(tokens[j - self.first_chunk]) == self.layout.geometry.chunk_tokens]
+        if len(full) < 2:
+            for j, payload in zip(chunks, payloads):
+                self.put_extent(group, j, payload)
+            return
+        datas = []
+        for j, payload in zip(chunks, payloads):
+            data = _payload_bytes(payload)
+            expected = self.extent_length(group, j)
+            local = j - self.first_chunk
+            if data.size != expected:
+                raise InvalidArgument("extent.payload", f"group {group} chunk {j} must be {expected} bytes, got {data.size}")
+            if self._received[group, local]:
+                raise InvalidArgument("extent", f"group {group} chunk {j} was already sent")
+            datas.append(data)
+        views = []
+        for j, data in zip(chunks, datas):
+            local = j - self.first_chunk
+            start = int(self.layout.extent_offsets[group, local])
+            self._array[start : start + data.size] = data
+            self._received[group, local] = data.size
+            views.append(self._array[start : start + data.size])
+        n = len(full)  # the run's full chunks come first: only the prefix's last chunk can be shorter
+        self._derive_run(group, full[0] - self.first_chunk, views[:n])
+        for j, view in zip(chunks[n:], views[n:]):
+            self._derive(group, j - self.first_chunk, view)
+        for j in chunks:
+            self._written[group, j - self.first_chunk] = True
+
+    def _derive_run(self, group: int, first_local: int, views: list[np.ndarray]) -> None:
+        """``_derive`` of consecutive full chunks from ``first_local`` on, in one pass."""
+        layout, geo = self.layout, self.layout.geometry
+        tokens, n = geo.chunk_tokens, len(views)
+        ext = np.stack([geo.extent_array(v, group, tokens) for v in views])  # [n, layers, 2, heads, tokens, dim]
+        layers = geo.group_layer_range(group)
+        nl = layers.stop - layers.start
+        summary = key_summary(ext.reshape(n * nl, *ext.shape[2:]), geo.model.dtype)  # [n * layers, heads, 2, dim]
+        self.summaries[first_local : first_local + n, layers.start : layers.stop] = summary.reshape(n, nl, *summary.shape[1:])
+        if self.probes:
+            t0 = int(layout.token_offsets[first_local])
+            keys = ext[:, 0, 0]  # the group's first layer: [n, heads, tokens, dim]
+            keys = keys.transpose(1, 0, 2, 3).reshape(keys.shape[1], n * tokens, keys.shape[3])
+            if geo.probe_bits:
+                keys = quantize_probe_rows(keys_as_float32(keys, geo.model.dtype), geo.probe_bits)
+            self.probes[group][:, t0 : t0 + n * tokens, :] = keys
+
     def _derive(self, group: int, local: int, data: np.ndarray) -> None:
         layout, geo = self.layout, self.layout.geometry
         tokens = int(layout.chunk_tokens[local])

@@ -112,6 +112,10 @@ class PendingPut:
     def put_extent(self, group: int, chunk: int, payload) -> None:
         self._image().put_extent(group, chunk, payload)
 
+    def put_extents(self, group: int, chunks, payloads) -> None:
+        """Whole extents of one group for consecutive chunks (``SegmentImage.put_extents``)."""
+        self._image().put_extents(group, chunks, payloads)
+
     def put_extent_part(self, group: int, chunk: int, offset: int, payload) -> None:
         self._image().put_extent_part(group, chunk, offset, payload)
 

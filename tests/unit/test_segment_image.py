@@ -1,0 +1,59 @@
+"""``SegmentImage.put_extents`` (a run of chunks at once) builds the same image as ``put_extent`` one by one."""
+
+import numpy as np
+import pytest
+from helpers import GEOMETRIES, ids, make_kv
+
+from kvstore.contract.errors import InvalidArgument
+from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry, split_extents
+from kvstore.writer import SegmentImage
+
+CASES = [
+    *GEOMETRIES,
+    StoreGeometry(ModelSpec(6, 3, 64, "float32"), chunk_tokens=16, group_layers=2, probe_bits=4),
+    StoreGeometry(ModelSpec(4, 2, 32, "bfloat16"), chunk_tokens=16, group_layers=1, probe_bits=8),
+    StoreGeometry(ModelSpec(4, 2, 32, "float16"), chunk_tokens=16, group_layers=2, kv_quant="kv8"),
+    StoreGeometry(ModelSpec(3, 2, 8, "bfloat16"), chunk_tokens=16, group_layers=2, streaming_heads=((0,), (), (1,))),
+]
+
+
+def extents_of(geo, kv):
+    return {(g, j): ext for g, j, ext in split_extents(geo, kv)}
+
+
+def payload(geo, g, ext):
+    return geo.extent_payload(ext, g)
+
+
+@pytest.mark.parametrize("geo", CASES, ids=ids)
+@pytest.mark.parametrize("tokens", [16 * 9, 16 * 9 + 5], ids=["whole-chunks", "short-last-chunk"])
+def test_a_run_of_extents_builds_the_image_extent_by_extent_does(geo, tokens):
+    kv = make_kv(geo, tokens, 3)
+    layout = SegmentLayout(geo, tokens)
+    one, run = SegmentImage(layout, 0), SegmentImage(layout, 0)
+    ext = extents_of(geo, kv)
+    chunks = range(geo.num_chunks(tokens))
+    for (g, j), e in ext.items():
+        one.put_extent(g, j, payload(geo, g, e))
+    for g in range(geo.num_groups):
+        run.put_extents(g, chunks[:4], [payload(geo, g, ext[g, j]) for j in chunks[:4]])  # two runs per group
+        run.put_extents(g, chunks[4:], [payload(geo, g, ext[g, j]) for j in chunks[4:]])
+    assert run.missing == 0 and one.missing == 0
+    assert bytes(run.buffer) == bytes(one.buffer)  # extents, summaries and probe keys alike
+    assert run.checksums() == one.checksums()
+
+
+def test_a_bad_run_is_refused_whole_and_changes_nothing():
+    geo = GEOMETRIES[2]
+    kv = make_kv(geo, 64, 1)
+    image = SegmentImage(SegmentLayout(geo, 64), 0)
+    ext = extents_of(geo, kv)
+    good = [payload(geo, 0, ext[0, j]) for j in range(4)]
+    with pytest.raises(InvalidArgument, match="consecutive"):
+        image.put_extents(0, [0, 2, 3, 1], good)
+    with pytest.raises(InvalidArgument, match="chunk 3 must be"):
+        image.put_extents(0, range(4), [*good[:3], good[3][:-1]])
+    assert image.missing == geo.num_groups * 4 and not np.frombuffer(image.buffer, np.uint8).any()
+    image.put_extents(0, range(4), good)
+    with pytest.raises(InvalidArgument, match="already sent"):
+        image.put_extents(0, range(2), good[:2])
