@@ -12,16 +12,10 @@ capacity policy, which may evict); the commit makes it durable and listed
 like any put.  Then the caller goes on exactly as for a local hit, so the
 client sees the same API and the same bytes, and the next read is local.
 
-The write runs behind the request.  Once every extent is fetched and
-checked, the fill is *shown* (``Catalogue.show_provisional``) and its new
-segment is served from the image in memory (``SegmentFiles.serve_from_memory``)
-while one background thread writes, syncs and commits it; reads switch to
-the file once it is synced, and the commit lists it.  So a cross-node hit
-costs the fetch, not the fetch plus a local write and fdatasync.  Nothing
-a client put is involved: the remote copy is the durable one, listings
-show the fill only after its commit, and a fill whose commit fails (or
-that a concurrent put of the same prefix beat) is simply no longer shown,
-so the next look-up fills it again.  ``close`` waits for the commits.
+The write runs behind the request (``fill_behind.CommitsBehind``): once
+every extent is fetched and checked, the fill is shown to reads, served
+from memory, and committed on a background thread, so a cross-node hit
+costs the fetch, not the fetch plus a local write and fdatasync.
 
 A prefix filled for a look-up is the leading part that matched: its id is
 the chain hash of its last chunk (any chunk hash names the prefix ending
@@ -49,6 +43,7 @@ from ..remote.base import RemoteUnavailable
 from ..remote.records import RemoteChecksumError, RemoteManifest, decode_extent, decode_manifest, is_hash_hex
 from ..segment_files import SegmentFiles
 from .catalogue import Catalogue
+from .fill_behind import CommitsBehind
 from .pages import batch_id
 from .pending_put import PendingPut
 from .puts import Writer
@@ -57,6 +52,8 @@ from .remote_link import RemoteLink
 log = logging.getLogger("kvstore.remote")
 
 _ATTEMPTS = 3  # a look-up's fill shortened by evicted values at most this often
+_OVERLAP_BATCHES = 4  # a fill's fetch is cut into at least this many batches, each fetched while the one before is checked
+_FETCH_THREADS = 4  # fills whose next batch can be in flight at once
 
 
 @dataclass(frozen=True)
@@ -84,25 +81,23 @@ class RemoteFill:
         self._writer = writer
         self._batch_bytes = batch_bytes
         self._ttl_s = ttl_s
-        self._files = files  # None: every fill is committed before the request goes on
-        self._behind: ThreadPoolExecutor | None = None  # the commits running behind their requests
-        self._behind_lock = threading.Lock()
-        self._behind_count = 0  # fills handed to the background thread and not yet committed
+        self._behind = CommitsBehind(catalogue, files, link) if files is not None else None
+        self._fetcher: ThreadPoolExecutor | None = None  # fetches of each fill's next batch
+        self._fetcher_lock = threading.Lock()
 
     def settle(self) -> None:
         """Wait until every fill served so far is committed (listed, or given up)."""
-        with self._behind_lock:
-            behind = self._behind
-        if behind is not None:
-            behind.submit(lambda: None).result()  # one worker: every commit queued before it is done
+        if self._behind is not None:
+            self._behind.settle()
 
     def close(self) -> None:
         """Wait for the fills still being written behind their requests."""
-        with self._behind_lock:
-            behind, self._behind = self._behind, None
-            self._files = None
-        if behind is not None:
-            behind.shutdown(wait=True)
+        with self._fetcher_lock:
+            fetcher, self._fetcher = self._fetcher, None
+        if fetcher is not None:
+            fetcher.shutdown(wait=True)
+        if self._behind is not None:
+            self._behind.close()
 
     # ------------------------------------------------------------ look-up
     def extend(self, hashes: list[bytes], local_chunks: int) -> bool:
@@ -266,7 +261,7 @@ class RemoteFill:
             try:
                 stop, nbytes = self._fetch_into(pending, manifest)
                 if stop is None:
-                    handed_off = self._write_behind(pending)
+                    handed_off = self._behind is not None and self._behind.hand_off(pending)
                     if not handed_off:
                         pending.commit()
                     self._link.count(fill_prefixes=1, fill_chunks=upto - pending.reused_chunks, fill_bytes=nbytes)
@@ -280,25 +275,6 @@ class RemoteFill:
                 return 0
             upto = stop.chunk
         return 0
-
-    def _write_behind(self, pending: PendingPut) -> bool:
-        """Show the fill and serve its segment from memory, and commit it on the background thread; False: commit it now."""
-        with self._behind_lock:
-            files = self._files
-            if files is None or pending.image is None or self._catalogue.is_stored(pending.prefix_id):
-                return False
-            view, segment = pending.provisional_view()
-            seg_id = segment.segment_id
-            files.serve_from_memory(seg_id, pending.image.buffer)
-            if not self._catalogue.show_provisional(view, segment):  # another fill of this prefix is being written
-                files.stop_serving_from_memory(seg_id)
-                return False
-            pending.on_durable = lambda: files.stop_serving_from_memory(seg_id)  # the file holds every byte now
-            if self._behind is None:
-                self._behind = ThreadPoolExecutor(1, thread_name_prefix="kvstore-fill-commit")
-            self._behind_count += 1
-            self._behind.submit(self._commit_behind, pending, files)
-        return True
 
     def _begin(self, manifest: RemoteManifest, upto: int) -> PendingPut:
         """``Writer.begin_fill`` of chunks ``[0, upto)``; when the store is full while fills are written behind,
@@ -317,7 +293,7 @@ class RemoteFill:
         try:
             return begin()
         except StoreFull:
-            if not self._behind_count:
+            if self._behind is None or not self._behind.queued:
                 raise
         self.settle()
         return begin()
@@ -327,47 +303,60 @@ class RemoteFill:
         if self._catalogue.match(hashes)[0] < self._catalogue.match(hashes, provisional=True)[0]:
             self.settle()
 
-    def _commit_behind(self, pending: PendingPut, files: SegmentFiles) -> None:
-        try:
-            pending.commit()
-        except Exception as exc:  # noqa: BLE001 - the fill was served; not keeping it is the whole failure
-            self._link.count(fill_failures=1)
-            log.warning("a fill from the remote tier was served but not stored locally: %s", exc)
-        finally:
-            pending.abort()  # a no-op after the commit
-            files.stop_serving_from_memory(pending.segment_id)
-            self._catalogue.drop_provisional(pending.prefix_id)
-            with self._behind_lock:
-                self._behind_count -= 1
-
     def _fetch_into(self, pending: PendingPut, manifest: RemoteManifest) -> tuple[_Stop | None, int]:
-        """Fetch and check every needed extent into ``pending``, in batches; where it stopped (None: all), and the bytes."""
+        """Fetch and check every needed extent into ``pending``, in batches; where it stopped (None: all), and the bytes.
+
+        The next batch is fetched (on the fetch pool) while this one is checked and copied: batches of
+        at most ``remote_batch_bytes``, and at least ``_OVERLAP_BATCHES`` of them for a fill that large.
+        """
         geo = manifest.geometry
         groups = range(geo.num_groups)
         per_chunk = sum(geo.extent_bytes(g, geo.chunk_tokens) for g in groups)
-        step = max(1, self._batch_bytes // per_chunk)
         needed = list(pending.needed_chunks)
+        step = max(1, min(self._batch_bytes // per_chunk, -(-len(needed) // _OVERLAP_BATCHES)))
+        batches = [needed[i : i + step] for i in range(0, len(needed), step)]
+
+        def keys_of(chunks):
+            return [manifest.extent_key(j, g) for j in chunks for g in groups]
+
+        def fetch(chunks):
+            return self._link.call(self._link.tier.get_extents, keys_of(chunks))
+
         nbytes = 0
-        for start in range(0, len(needed), step):
-            chunks = needed[start : start + step]
-            keys = [manifest.extent_key(j, g) for j in chunks for g in groups]
-            values = self._link.call(self._link.tier.get_extents, keys)
-            for i, j in enumerate(chunks):
+        ahead = self._fetch_pool().submit(fetch, batches[0]) if batches else None
+        try:
+            for k, chunks in enumerate(batches):
+                values, ahead = ahead.result(), None
+                if k + 1 < len(batches):
+                    ahead = self._fetch_pool().submit(fetch, batches[k + 1])
+                payloads: list[list] = [[] for _ in groups]
+                for i, j in enumerate(chunks):
+                    for g in groups:
+                        value = values[i * geo.num_groups + g]
+                        if value is None:
+                            self._link.count(remote_misses=1)
+                            return _Stop(j, "is not stored (evicted)", False), nbytes
+                        try:
+                            payload = decode_extent(value, length=manifest.extent_length(j, g), xxh3=int(manifest.extent_xxh3[j, g]))
+                        except RemoteChecksumError as exc:
+                            self._link.count(remote_checksum_failures=1)
+                            log.error("remote chunk %d group %d of prefix %s is damaged and not served: %s", j, g, manifest.prefix_id, exc)
+                            return _Stop(j, f"failed its checksum ({exc})", True), nbytes
+                        payloads[g].append(payload)
                 for g in groups:
-                    value = values[i * geo.num_groups + g]
-                    if value is None:
-                        self._link.count(remote_misses=1)
-                        return _Stop(j, "is not stored (evicted)", False), nbytes
-                    try:
-                        payload = decode_extent(value, length=manifest.extent_length(j, g), xxh3=int(manifest.extent_xxh3[j, g]))
-                    except RemoteChecksumError as exc:
-                        self._link.count(remote_checksum_failures=1)
-                        log.error("remote chunk %d group %d of prefix %s is damaged and not served: %s", j, g, manifest.prefix_id, exc)
-                        return _Stop(j, f"failed its checksum ({exc})", True), nbytes
-                    pending.put_extent(g, j, payload)
-                    nbytes += payload.nbytes
-            self._touch(keys)
-        return None, nbytes
+                    pending.put_extents(g, chunks, payloads[g])
+                    nbytes += sum(p.nbytes for p in payloads[g])
+                self._touch(keys_of(chunks))
+            return None, nbytes
+        finally:
+            if ahead is not None and not ahead.cancel():  # stopped early: the fetch already running ends unused
+                ahead.exception()
+
+    def _fetch_pool(self) -> ThreadPoolExecutor:
+        with self._fetcher_lock:
+            if self._fetcher is None:
+                self._fetcher = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="kvstore-fill-fetch")
+            return self._fetcher
 
     def _touch(self, keys: list[str]) -> None:
         """A remote hit keeps its values longer (``remote_ttl_seconds``)."""

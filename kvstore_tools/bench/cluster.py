@@ -149,7 +149,7 @@ def _run_mode(args, mode: str, url: str, prefixes, kvs, order, suffixes) -> dict
     served = {"local": 0, "remote": 0, "miss": 0}
     repeated = repeated_local = 0
     seen: set[int] = set()
-    times = {"local": [], "cross_node": [], "miss_read": []}
+    times = {"local": [], "cross_node": [], "miss_read": [], "cross_node_lookup": [], "cross_node_read": []}
     recompute_ms = 0.0
     namespace = f"bench-{mode}-{time.time_ns()}"  # every mode starts from an empty cluster (the namespace is in every key)
     with ExitStack() as stack:
@@ -190,6 +190,8 @@ def _run_mode(args, mode: str, url: str, prefixes, kvs, order, suffixes) -> dict
                 times["local"].append(1e3 * read_s / chunks)
             elif kind == "remote":
                 times["cross_node"].append(1e3 * (lookup_s + read_s) / chunks)
+                times["cross_node_lookup"].append(1e3 * lookup_s / chunks)  # the fetch, checks and copy
+                times["cross_node_read"].append(1e3 * read_s / chunks)  # served from memory while the write runs behind
             if mode != "isolated":
                 _settle([client])  # write-back done before the next request: a fair count of what the cluster holds
         stats = [c.stats() for c in clients]
@@ -212,6 +214,8 @@ def _run_mode(args, mode: str, url: str, prefixes, kvs, order, suffixes) -> dict
             "cross_node": median["cross_node"],
             "remote_fetch": fetch_ms,
             "recompute": 1e3 * GEOMETRY.chunk_tokens / args.recompute_tokens_per_s,
+            "cross_node_lookup": median["cross_node_lookup"],
+            "cross_node_read": median["cross_node_read"],
         },
         "recompute_ms_total": recompute_ms,
         "requests_per_node": {k: int(v) for k, v in loads.items()},
