@@ -20,7 +20,8 @@ no routing without it.  The report: hit rates by tier, repeated prefixes
 served locally, bytes moved (client reads, fills from the cluster,
 replication to it), and the time to serve one chunk from each tier next to
 recomputing it: ``local`` is a ReadChunks of a prefix on the node's NVMe,
-``cross-node`` a look-up that fills it from the cluster plus that read.
+``cross-node`` a look-up that fills it from the cluster plus that read
+(the JSON has the two apart: the fill's local write runs behind the read).
 Targets (docs/cluster.md): cross-node at most 2x local; with routing, at
 least 90% of repeated prefixes served from a local tier.
 """
@@ -283,7 +284,8 @@ def format_cluster(report: dict) -> str:
     lines.append(format_table(headers, rows, right=set(range(1, 12))))
     lines.append(
         "LOCAL: a ReadChunks of a prefix on the node's NVMe; X-NODE: a look-up that fills it from the cluster (fetch, check, "
-        "local write and fdatasync), then that read; FETCH: the cluster's read of the same bytes with every check; RECOMPUTE: modelled"
+        "copy; its local write runs behind), then that read; FETCH: the cluster's read of the same bytes with every check; "
+        "RECOMPUTE: modelled"
     )
     ratio, fetch = report.get("cross_node_over_local"), report.get("fetch_over_local")
     if ratio and fetch:
