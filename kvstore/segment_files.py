@@ -6,8 +6,8 @@ closing earlier could let the descriptor number be reused under a read in
 flight.
 
 A segment whose file is still being written can be read from memory
-instead (``serve_from_memory``: a fill from the remote tier, listed
-provisionally while its write runs behind it, ``store/remote_fill.py``);
+instead (``serve_from_memory``: a fill from the remote tier, shown to
+reads while its write runs behind it, ``store/fill_behind.py``);
 every read goes through ``pread`` so it finds either source.
 """
 

@@ -8,7 +8,7 @@ views are cached, and those drop the entries they change.  Look-ups by chunk has
 stored.  Every transaction is one of ``index_ops``.
 
 A prefix filled from the remote tier is *shown* before its commit lists it
-(``show_provisional``, ``store/remote_fill.py``): ``describe`` and
+(``show_provisional``, ``store/fill_behind.py``): ``describe`` and
 ``segment_info`` answer for it, and look-ups that ask (``match(...,
 provisional=True)``, the daemon's look-up) find it, so it is read while
 its write runs behind; listings, puts that reuse chunks and every
@@ -102,9 +102,6 @@ class Catalogue:
                     key = bytes.fromhex(h)
                     if self._provisional_hashes.get(key) == prefix_id:
                         del self._provisional_hashes[key]
-
-    def is_provisional(self, prefix_id: str) -> bool:
-        return prefix_id in self._provisional
 
     def segment_listed(self, segment_id: int) -> bool:
         """Whether the index records the segment (a shown fill's new segment is not, until its commit)."""

@@ -59,7 +59,11 @@ class Reader:
         try:
             return self._read_held(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
         except _UnlistedSegment:
+            pass
+        try:
             return self._read_held(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
+        except _UnlistedSegment as exc:
+            raise NotFound(f"prefix {prefix_id}: segment {exc.args[0]} is no longer stored; look the prefix up again") from None
 
     def _read_held(self, prefix_id: str, chunks, groups, *, coalesce: bool, alloc) -> ReadResult:
         view = self._catalogue.describe(prefix_id)
