@@ -53,7 +53,7 @@ demo: $(STAMP)
 test: $(STAMP) fio prometheus redis
 	$(VENV)/bin/ruff check --quiet .
 	$(VENV)/bin/ruff format --check --quiet .
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=20
 
 clean:
 	rm -rf $(VENV) .kvstore
