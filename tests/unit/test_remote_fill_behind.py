@@ -35,7 +35,7 @@ def nodes(tmp_path):
     b.close()
 
 
-def stored_on(tmp_path, tier, tokens, kv, seed=1):
+def stored_on(tmp_path, tier, tokens, kv):
     """A prefix put on node a and replicated; its id."""
     a = open_node(tmp_path, "a", tier)
     try:
