@@ -77,14 +77,11 @@ class SegmentFiles:
         if not isinstance(handle, MemorySegment):
             return self.backend.pread(handle, buf, offset)
         dst = memoryview(buf).cast("B")
-        future = Future()
         n = dst.nbytes
         if offset + n > handle.buffer.nbytes:
-            future._complete(None, EOFError(f"segment {handle.segment_id}: read of {n} bytes at {offset} past its end"))
-        else:
-            dst[:] = handle.buffer[offset : offset + n]
-            future._complete(n, None)
-        return future
+            return Future.finished(None, EOFError(f"segment {handle.segment_id}: read of {n} bytes at {offset} past its end"))
+        dst[:] = handle.buffer[offset : offset + n]
+        return Future.finished(n)
 
     @contextmanager
     def reading(self, segment_id: int):

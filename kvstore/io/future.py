@@ -35,6 +35,13 @@ class Future:
         self._gate = None  # a held lock, made by the first waiter; released on completion
         self._callbacks: list | None = None
 
+    @classmethod
+    def finished(cls, result, error: BaseException | None = None) -> Future:
+        """A future already done (a request served without the backend, e.g. from memory)."""
+        future = cls()
+        future._complete(result, error)
+        return future
+
     def done(self) -> bool:
         return self._done
 
