@@ -11,28 +11,12 @@ import threading
 import numpy as np
 import pytest
 from helpers import GEOMETRIES, make_kv, make_tokens
+from test_remote_store import open_node
 
-from kvstore.config import StoreConfig
 from kvstore.contract.errors import NotFound
-from kvstore.remote.config import RemoteConfig
 from kvstore.remote.memory import MemoryTier
-from kvstore.store import ChunkStore
 
 GEO = GEOMETRIES[0]
-
-
-def open_node(tmp_path, name: str, tier) -> ChunkStore:
-    cfg = StoreConfig(data_dir=str(tmp_path / name), min_free_bytes=0, index_map_bytes=1 << 20)
-    return ChunkStore(cfg, remote=tier, remote_config=RemoteConfig(node_id=name))
-
-
-@pytest.fixture
-def nodes(tmp_path):
-    tier = MemoryTier()
-    a, b = open_node(tmp_path, "a", tier), open_node(tmp_path, "b", tier)
-    yield tier, a, b
-    a.close()
-    b.close()
 
 
 def stored_on(tmp_path, tier, tokens, kv):
