@@ -54,6 +54,7 @@ log = logging.getLogger("kvstore.remote")
 _ATTEMPTS = 3  # a look-up's fill shortened by evicted values at most this often
 _OVERLAP_BATCHES = 4  # a fill's fetch is cut into at least this many batches, each fetched while the one before is checked
 _FETCH_THREADS = 4  # fills whose next batch can be in flight at once
+_PROBES = 32  # chunks whose holders one round trip of the longest-run search asks for
 
 
 @dataclass(frozen=True)
@@ -126,17 +127,22 @@ class RemoteFill:
     def _longest(self, names: list[str], lo: int) -> tuple[int, str] | None:
         """``(index of the last chunk, a manifest holding it)`` of the longest run the chunk index knows beyond ``lo``.
 
-        A manifest holding chunk ``j`` holds every chunk before it, so the
-        search is a bisection over the chunk index, as ``Catalogue.match``.
+        A manifest holding chunk ``j`` holds every chunk before it, so the run
+        ends where the chunk index stops naming holders.  The search probes up
+        to ``_PROBES`` chunks spread over the open interval in one pipelined
+        round trip and narrows to the gap between the last named and the first
+        unnamed: 64 chunks take two round trips, 4,096 three.
         """
         hi, best = len(names), None
         while lo < hi:
-            mid = (lo + hi) // 2
-            holder = self._link.call(self._link.tier.holders, [names[mid]])[0]
-            if holder is not None and is_hash_hex(holder):
-                lo, best = mid + 1, (mid, holder)
-            else:
-                hi = mid
+            span = hi - lo
+            at = list(range(lo, hi)) if span <= _PROBES else sorted({lo + (span * k) // _PROBES for k in range(1, _PROBES + 1)} - {hi})
+            holders = self._link.call(self._link.tier.holders, [names[j] for j in at])
+            for j, holder in zip(at, holders):
+                if holder is None or not is_hash_hex(holder):
+                    hi = j
+                    break
+                lo, best = j + 1, (j, holder)
         return best
 
     # ------------------------------------------------------------ by id
