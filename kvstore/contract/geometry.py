@@ -543,5 +543,15 @@ def key_summary(extent: np.ndarray, dtype: str) -> np.ndarray:
     ``extent``: ``[layers, 2, heads, tokens, dim]`` -> ``[layers, heads, 2, dim]``
     (index 0 = min, 1 = max), float32.
     """
-    keys = keys_as_float32(extent[:, 0], dtype)  # [layers, heads, tokens, dim]
-    return np.stack([keys.min(axis=2), keys.max(axis=2)], axis=2)
+    # widened with the tokens axis outermost: the min and max are then elementwise passes over whole
+    # [layers, heads, dim] arrays, about 3x faster than reducing the short tokens axis in place
+    by_token = extent[:, 0].transpose(2, 0, 1, 3)  # [tokens, layers, heads, dim]
+    if dtype == "bfloat16":
+        wide = np.empty(by_token.shape, dtype=np.uint32)
+        wide[...] = by_token
+        wide <<= 16
+        keys = wide.view(np.float32)
+    else:
+        keys = np.empty(by_token.shape, dtype=np.float32)
+        keys[...] = by_token
+    return np.stack([np.minimum.reduce(keys, axis=0), np.maximum.reduce(keys, axis=0)], axis=2)

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import ALIGN_BYTES, ModelSpec, SegmentLayout, StoreGeometry, key_summary, split_extents
+from kvstore.contract.geometry import ALIGN_BYTES, ModelSpec, SegmentLayout, StoreGeometry, key_summary, keys_as_float32, split_extents
 
 
 def test_token_bytes_of_qwen7b_bf16_is_2kib_per_layer():
@@ -123,6 +123,22 @@ def test_bfloat16_summary_widens_bits_exactly():
     ext = np.concatenate([bf, bf], axis=1)  # K and V
     s = key_summary(ext, "bfloat16")
     assert s[0, 0, 0, 0] == -2.0 and s[0, 0, 1, 0] == 1.5
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("shape", [(8, 2, 2, 16, 64), (3, 2, 4, 5, 128), (1, 2, 1, 1, 8)])
+def test_key_summary_is_the_min_and_max_over_tokens_bit_for_bit(dtype, shape):
+    """Signed zeros included: the summary is stored, so the same keys must always give the same bytes."""
+    rng = np.random.default_rng(len(shape) + shape[3])
+    values = rng.standard_normal(shape).astype(np.float32)
+    values.reshape(-1)[::7] = -0.0
+    values.reshape(-1)[::11] = 0.0
+    ext = (values.view(np.uint32) >> 16).astype(np.uint16) if dtype == "bfloat16" else values.astype(dtype)
+    keys = keys_as_float32(ext[:, 0], dtype)
+    expected = np.stack([keys.min(axis=2), keys.max(axis=2)], axis=2)
+    got = key_summary(ext, dtype)
+    assert got.dtype == np.float32 and got.shape == expected.shape
+    assert np.array_equal(got.view(np.uint32), expected.view(np.uint32))
 
 
 def test_records_keep_the_stored_group_under_its_first_name_so_ids_do_not_change():
