@@ -133,17 +133,19 @@ class SegmentImage:
             self._received[group, local] = data.size
             views.append(self._array[start : start + data.size])
         n = len(full)  # the run's full chunks come first: only the prefix's last chunk can be shorter
-        self._derive_run(group, full[0] - self.first_chunk, views[:n])
+        self._derive_run(group, full[0] - self.first_chunk, views[:n], int(self.layout.extent_offsets[group, full[0] - self.first_chunk]))
         for j, view in zip(chunks[n:], views[n:]):
             self._derive(group, j - self.first_chunk, view)
         for j in chunks:
             self._written[group, j - self.first_chunk] = True
 
-    def _derive_run(self, group: int, first_local: int, views: list[np.ndarray]) -> None:
-        """``_derive`` of consecutive full chunks from ``first_local`` on, in one pass."""
+    def _derive_run(self, group: int, first_local: int, views: list[np.ndarray], start: int) -> None:
+        """``_derive`` of consecutive full chunks from ``first_local`` on (the first at byte ``start``), in one pass."""
         layout, geo = self.layout, self.layout.geometry
         tokens, n = geo.chunk_tokens, len(views)
-        ext = np.stack([geo.extent_array(v, group, tokens) for v in views])  # [n, layers, 2, heads, tokens, dim]
+        ext = self._run_array(group, first_local, n, start)
+        if ext is None:
+            ext = np.stack([geo.extent_array(v, group, tokens) for v in views])  # [n, layers, 2, heads, tokens, dim]
         layers = geo.group_layer_range(group)
         nl = layers.stop - layers.start
         summary = key_summary(ext.reshape(n * nl, *ext.shape[2:]), geo.model.dtype)  # [n * layers, heads, 2, dim]
@@ -155,6 +157,22 @@ class SegmentImage:
             if geo.probe_bits:
                 keys = quantize_probe_rows(keys_as_float32(keys, geo.model.dtype), geo.probe_bits)
             self.probes[group][:, t0 : t0 + n * tokens, :] = keys
+
+    def _run_array(self, group: int, first_local: int, n: int, start: int) -> np.ndarray | None:
+        """The run's extents as one ``[n, layers, 2, heads, tokens, dim]`` view of the image, without a copy:
+        None where a copy is needed (quantized or streaming-heads extents, uneven spacing)."""
+        layout, geo = self.layout, self.layout.geometry
+        if geo.kv_quant or geo.streaming_heads:
+            return None
+        offsets = layout.extent_offsets[group, first_local : first_local + n]
+        steps = np.diff(offsets)
+        if steps.size and (steps != steps[0]).any():
+            return None
+        step = int(steps[0]) if steps.size else 0
+        size = int(layout.extent_lengths[group, first_local])
+        itemsize = geo.model.numpy_dtype().itemsize
+        rows = np.lib.stride_tricks.as_strided(self._array[start:], shape=(n, size), strides=(step, 1), writeable=False)
+        return rows.view(geo.model.numpy_dtype()).reshape(n, *geo.extent_shape(group, geo.chunk_tokens)) if size % itemsize == 0 else None
 
     def _derive(self, group: int, local: int, data: np.ndarray) -> None:
         layout, geo = self.layout, self.layout.geometry
