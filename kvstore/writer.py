@@ -104,17 +104,20 @@ class SegmentImage:
         The image ends up byte for byte as after ``put_extent`` of each (a fill moves a batch of chunks
         at once; per extent, numpy's call overheads cost more than the arithmetic).
         """
+        chunks = self.copy_extents(group, chunks, payloads)
+        self.derive_extents(group, chunks)
+
+    def copy_extents(self, group: int, chunks, payloads) -> list[int]:
+        """The copy half of ``put_extents``: validate and copy; the chunks, for ``derive_extents``.
+
+        The two halves may run on different threads (a fill derives one batch while it copies the
+        next); an extent copied and not yet derived counts as missing.
+        """
         chunks = [int(j) for j in chunks]
         if len(chunks) != len(payloads):
             raise InvalidArgument("extents", f"{len(chunks)} chunks but {len(payloads)} payloads")
         if any(b != a + 1 for a, b in zip(chunks, chunks[1:])):
             raise InvalidArgument("extent.chunk", f"chunks must be consecutive, got {chunks}")
-        tokens = self.layout.chunk_tokens
-        full = [j for j in chunks if int(tokens[j - self.first_chunk]) == self.layout.geometry.chunk_tokens]
-        if len(full) < 2:
-            for j, payload in zip(chunks, payloads):
-                self.put_extent(group, j, payload)
-            return
         datas = []
         for j, payload in zip(chunks, payloads):
             data = _payload_bytes(payload)
@@ -125,26 +128,40 @@ class SegmentImage:
             if self._received[group, local]:
                 raise InvalidArgument("extent", f"group {group} chunk {j} was already sent")
             datas.append(data)
-        views = []
         for j, data in zip(chunks, datas):
             local = j - self.first_chunk
             start = int(self.layout.extent_offsets[group, local])
             self._array[start : start + data.size] = data
             self._received[group, local] = data.size
-            views.append(self._array[start : start + data.size])
-        n = len(full)  # the run's full chunks come first: only the prefix's last chunk can be shorter
-        self._derive_run(group, full[0] - self.first_chunk, views[:n], int(self.layout.extent_offsets[group, full[0] - self.first_chunk]))
-        for j, view in zip(chunks[n:], views[n:]):
-            self._derive(group, j - self.first_chunk, view)
-        for j in chunks:
-            self._written[group, j - self.first_chunk] = True
+        return chunks
 
-    def _derive_run(self, group: int, first_local: int, views: list[np.ndarray], start: int) -> None:
-        """``_derive`` of consecutive full chunks from ``first_local`` on (the first at byte ``start``), in one pass."""
+    def derive_extents(self, group: int, chunks: list[int]) -> None:
+        """The derive half of ``put_extents``: summaries and probe keys of extents ``copy_extents`` took."""
+        layout = self.layout
+        locals_ = [j - self.first_chunk for j in chunks]
+        full = [k for k in locals_ if int(layout.chunk_tokens[k]) == layout.geometry.chunk_tokens]
+        n = len(full) if len(full) >= 2 else 0  # the run's full chunks come first: only the prefix's last can be shorter
+        if n:
+            self._derive_run(group, full[0], n)
+        for k in locals_[n:]:
+            start = int(layout.extent_offsets[group, k])
+            self._derive(group, k, self._array[start : start + int(layout.extent_lengths[group, k])])
+        for k in locals_:
+            self._written[group, k] = True
+
+    def _derive_run(self, group: int, first_local: int, n: int) -> None:
+        """``_derive`` of ``n`` consecutive full chunks from ``first_local`` on, in one pass."""
         layout, geo = self.layout, self.layout.geometry
-        tokens, n = geo.chunk_tokens, len(views)
-        ext = self._run_array(group, first_local, n, start)
+        tokens = geo.chunk_tokens
+        ext = self._run_array(group, first_local, n)
         if ext is None:
+            views = [
+                self._array[o : o + size]
+                for o, size in zip(
+                    layout.extent_offsets[group, first_local : first_local + n].tolist(),
+                    layout.extent_lengths[group, first_local : first_local + n].tolist(),
+                )
+            ]
             ext = np.stack([geo.extent_array(v, group, tokens) for v in views])  # [n, layers, 2, heads, tokens, dim]
         layers = geo.group_layer_range(group)
         nl = layers.stop - layers.start
@@ -158,7 +175,7 @@ class SegmentImage:
                 keys = quantize_probe_rows(keys_as_float32(keys, geo.model.dtype), geo.probe_bits)
             self.probes[group][:, t0 : t0 + n * tokens, :] = keys
 
-    def _run_array(self, group: int, first_local: int, n: int, start: int) -> np.ndarray | None:
+    def _run_array(self, group: int, first_local: int, n: int) -> np.ndarray | None:
         """The run's extents as one ``[n, layers, 2, heads, tokens, dim]`` view of the image, without a copy:
         None where a copy is needed (quantized or streaming-heads extents, uneven spacing)."""
         layout, geo = self.layout, self.layout.geometry
@@ -168,11 +185,11 @@ class SegmentImage:
         steps = np.diff(offsets)
         if steps.size and (steps != steps[0]).any():
             return None
-        step = int(steps[0]) if steps.size else 0
-        size = int(layout.extent_lengths[group, first_local])
-        itemsize = geo.model.numpy_dtype().itemsize
-        rows = np.lib.stride_tricks.as_strided(self._array[start:], shape=(n, size), strides=(step, 1), writeable=False)
-        return rows.view(geo.model.numpy_dtype()).reshape(n, *geo.extent_shape(group, geo.chunk_tokens)) if size % itemsize == 0 else None
+        dtype = geo.model.numpy_dtype()
+        shape = geo.extent_shape(group, geo.chunk_tokens)
+        inner = tuple(int(x) for x in np.cumprod((1, *shape[:0:-1]))[::-1] * dtype.itemsize)  # C-contiguous strides
+        step = int(steps[0]) if steps.size else int(layout.extent_lengths[group, first_local])
+        return np.ndarray((n, *shape), dtype=dtype, buffer=self._array, offset=int(offsets[0]), strides=(step, *inner))
 
     def _derive(self, group: int, local: int, data: np.ndarray) -> None:
         layout, geo = self.layout, self.layout.geometry

@@ -116,6 +116,13 @@ class PendingPut:
         """Whole extents of one group for consecutive chunks (``SegmentImage.put_extents``)."""
         self._image().put_extents(group, chunks, payloads)
 
+    def copy_extents(self, group: int, chunks, payloads) -> list[int]:
+        """``put_extents`` without the derivation (``SegmentImage.copy_extents``); ``derive_extents`` of the chunks follows."""
+        return self._image().copy_extents(group, chunks, payloads)
+
+    def derive_extents(self, group: int, chunks: list[int]) -> None:
+        self._image().derive_extents(group, chunks)
+
     def put_extent_part(self, group: int, chunk: int, offset: int, payload) -> None:
         self._image().put_extent_part(group, chunk, offset, payload)
 

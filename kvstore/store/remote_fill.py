@@ -312,8 +312,10 @@ class RemoteFill:
     def _fetch_into(self, pending: PendingPut, manifest: RemoteManifest) -> tuple[_Stop | None, int]:
         """Fetch and check every needed extent into ``pending``, in batches; where it stopped (None: all), and the bytes.
 
-        The next batch is fetched (on the fetch pool) while this one is checked and copied: batches of
-        at most ``remote_batch_bytes``, and at least ``_OVERLAP_BATCHES`` of them for a fill that large.
+        The next batch is fetched (on the fetch pool) while this one is checked and copied, and each
+        copied batch's summaries and probe keys are derived on the pool too (numpy lets go of the
+        interpreter lock for them): batches of at most ``remote_batch_bytes``, and at least
+        ``_OVERLAP_BATCHES`` of them for a fill that large.
         """
         geo = manifest.geometry
         groups = range(geo.num_groups)
@@ -328,7 +330,12 @@ class RemoteFill:
         def fetch(chunks):
             return self._link.call(self._link.tier.get_extents, keys_of(chunks))
 
+        def derive(copied):
+            for g, chunks in enumerate(copied):
+                pending.derive_extents(g, chunks)
+
         nbytes = 0
+        derived = []  # each batch's summaries and probe keys, derived on the pool while the next batch is copied
         ahead = self._fetch_pool().submit(fetch, batches[0]) if batches else None
         try:
             for k, chunks in enumerate(batches):
@@ -349,14 +356,18 @@ class RemoteFill:
                             log.error("remote chunk %d group %d of prefix %s is damaged and not served: %s", j, g, manifest.prefix_id, exc)
                             return _Stop(j, f"failed its checksum ({exc})", True), nbytes
                         payloads[g].append(payload)
-                for g in groups:
-                    pending.put_extents(g, chunks, payloads[g])
-                    nbytes += sum(p.nbytes for p in payloads[g])
+                copied = [pending.copy_extents(g, chunks, payloads[g]) for g in groups]
+                derived.append(self._fetch_pool().submit(derive, copied))
+                nbytes += sum(p.nbytes for g in groups for p in payloads[g])
                 self._touch(keys_of(chunks))
+            for job in derived:
+                job.result()
             return None, nbytes
         finally:
             if ahead is not None and not ahead.cancel():  # stopped early: the fetch already running ends unused
                 ahead.exception()
+            for job in derived:  # nothing writes into the image once this returns (a stopped fill is aborted)
+                job.exception()
 
     def _fetch_pool(self) -> ThreadPoolExecutor:
         with self._fetcher_lock:

@@ -57,3 +57,29 @@ def test_a_bad_run_is_refused_whole_and_changes_nothing():
     image.put_extents(0, range(4), good)
     with pytest.raises(InvalidArgument, match="already sent"):
         image.put_extents(0, range(2), good[:2])
+
+
+@pytest.mark.parametrize("geo", CASES, ids=ids)
+def test_copies_then_derives_on_other_threads_build_the_same_image(geo):
+    """A fill copies one batch while a pool thread derives the one before: copied, not derived, is missing."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    tokens = 16 * 9 + 5
+    kv = make_kv(geo, tokens, 4)
+    layout = SegmentLayout(geo, tokens)
+    one, split = SegmentImage(layout, 0), SegmentImage(layout, 0)
+    ext = extents_of(geo, kv)
+    for (g, j), e in ext.items():
+        one.put_extent(g, j, payload(geo, g, e))
+    n = geo.num_chunks(tokens)
+    batches = [range(0, 3), range(3, n // 2), range(n // 2, n)]
+    with ThreadPoolExecutor(2) as pool:
+        derives = []
+        for batch in batches:
+            copied = [split.copy_extents(g, batch, [payload(geo, g, ext[g, j]) for j in batch]) for g in range(geo.num_groups)]
+            assert split.missing >= geo.num_groups * len(batch)  # copied, not derived yet
+            derives += [pool.submit(split.derive_extents, g, chunks) for g, chunks in enumerate(copied)]
+        for d in derives:
+            d.result()
+    assert split.missing == 0
+    assert bytes(split.buffer) == bytes(one.buffer)
