@@ -35,12 +35,13 @@ def parse_segment_file_name(name: str) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class MemorySegment:
     """A read handle on a segment image held in memory (its bytes from offset 0, as the file will hold them)."""
 
     segment_id: int
     buffer: memoryview
+    readers: int = 0  # ``reading`` blocks holding it now
 
 
 @dataclass
@@ -62,10 +63,17 @@ class SegmentFiles:
     def path(self, segment_id: int) -> str:
         return os.path.join(self.directory, segment_file_name(segment_id))
 
-    def serve_from_memory(self, segment_id: int, buffer) -> None:
+    def serve_from_memory(self, segment_id: int, buffer) -> MemorySegment:
         """Reads of ``segment_id`` come from ``buffer`` (the segment's image) until ``stop_serving_from_memory``."""
+        memory = MemorySegment(segment_id, memoryview(buffer).cast("B"))
         with self._lock:
-            self._memory[segment_id] = MemorySegment(segment_id, memoryview(buffer).cast("B"))
+            self._memory[segment_id] = memory
+        return memory
+
+    def released(self, memory: MemorySegment) -> bool:
+        """Whether no read can touch ``memory``'s buffer any more: no longer served, and no reader holds it."""
+        with self._lock:
+            return self._memory.get(memory.segment_id) is not memory and memory.readers == 0
 
     def stop_serving_from_memory(self, segment_id: int) -> None:
         """Reads of ``segment_id`` go to its file again (a reader that took the memory handle keeps it)."""
@@ -88,8 +96,14 @@ class SegmentFiles:
         """Yield a read handle of the segment, held open for the block (``pread`` reads through it)."""
         with self._lock:
             memory = self._memory.get(segment_id)
+            if memory is not None:
+                memory.readers += 1
         if memory is not None:
-            yield memory
+            try:
+                yield memory
+            finally:
+                with self._lock:
+                    memory.readers -= 1
             return
         with self._lock:
             entry = self._open.get(segment_id)

@@ -21,10 +21,13 @@ from .io import aligned_buffer
 
 
 class SegmentImage:
-    def __init__(self, layout: SegmentLayout, first_chunk: int):
+    def __init__(self, layout: SegmentLayout, first_chunk: int, buffer: memoryview | None = None):
+        """``buffer``: zero-filled aligned memory of ``layout.total_bytes`` (``KeptBuffers.take``); default a fresh one."""
         self.layout = layout
         self.first_chunk = first_chunk  # prefix chunk index of local chunk 0
-        self.buffer = aligned_buffer(layout.total_bytes)
+        if buffer is not None and buffer.nbytes != layout.total_bytes:
+            raise ValueError(f"a segment image of {layout.total_bytes} bytes got a buffer of {buffer.nbytes}")
+        self.buffer = buffer if buffer is not None else aligned_buffer(layout.total_bytes)
         self._array = np.frombuffer(self.buffer, dtype=np.uint8)
         geo = layout.geometry
         m = geo.model

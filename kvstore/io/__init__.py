@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from ..contract.errors import BackendUnavailable, InvalidArgument
-from .base import FileHandle, IOBackend, IOFuture, aligned_buffer, check_aligned
+from .base import FileHandle, IOBackend, IOFuture, KeptBuffers, aligned_buffer, check_aligned
 from .posix import PosixBackend
 
 log = logging.getLogger(__name__)
@@ -25,6 +25,7 @@ __all__ = [
     "IOBackend",
     "IOFuture",
     "PosixBackend",
+    "KeptBuffers",
     "aligned_buffer",
     "check_aligned",
     "make_backend",

@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import ctypes
 import mmap
+import threading
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -48,6 +49,47 @@ def aligned_buffer(nbytes: int) -> memoryview:
     if nbytes <= 0:
         return memoryview(bytearray(0))
     return memoryview(mmap.mmap(-1, nbytes, flags=_POPULATE))
+
+
+class KeptBuffers:
+    """``aligned_buffer``s kept for reuse, by size, up to ``max_bytes`` in all.
+
+    A fresh 12 MiB buffer costs about 4.4 ms to populate on the development VM;
+    a kept one is zeroed in about 0.2 ms.  ``take`` returns one as
+    ``aligned_buffer`` would (zero-filled); ``give`` hands back a buffer no one
+    reads or writes any more.
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes = max_bytes
+        self._lock = threading.Lock()
+        self._kept: dict[int, list[memoryview]] = {}
+        self._bytes = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes
+
+    def take(self, nbytes: int) -> memoryview:
+        with self._lock:
+            stack = self._kept.get(nbytes)
+            buf = stack.pop() if stack else None
+            if buf is not None:
+                self._bytes -= nbytes
+        if buf is None:
+            return aligned_buffer(nbytes)
+        np.frombuffer(buf, dtype=np.uint8).fill(0)
+        return buf
+
+    def give(self, buf: memoryview) -> bool:
+        """Keep ``buf`` for a later ``take`` of its size (False: over ``max_bytes``, left to be freed)."""
+        n = buf.nbytes
+        with self._lock:
+            if n == 0 or self._bytes + n > self.max_bytes:
+                return False
+            self._kept.setdefault(n, []).append(buf)
+            self._bytes += n
+        return True
 
 
 _c_char_from_buffer = ctypes.c_char.from_buffer

@@ -21,12 +21,15 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from ..segment_files import SegmentFiles
+from ..io import KeptBuffers
+from ..segment_files import MemorySegment, SegmentFiles
 from .catalogue import Catalogue
 from .pending_put import PendingPut
 from .remote_link import RemoteLink
 
 log = logging.getLogger("kvstore.remote")
+
+_KEPT_BYTES = 256 << 20  # image memory kept for later fills (a fresh buffer's pages cost more than zeroing a kept one)
 
 
 class CommitsBehind:
@@ -37,6 +40,7 @@ class CommitsBehind:
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None  # one thread: commits in the order their fills were served
         self._queued = 0  # fills handed off and not yet committed (or given up)
+        self.buffers = KeptBuffers(_KEPT_BYTES)  # images of committed fills, for the next fills
 
     @property
     def queued(self) -> int:
@@ -50,7 +54,7 @@ class CommitsBehind:
                 return False
             view, segment = pending.provisional_view()
             seg_id = segment.segment_id
-            files.serve_from_memory(seg_id, pending.image.buffer)
+            memory = files.serve_from_memory(seg_id, pending.image.buffer)
             if not self._catalogue.show_provisional(view, segment):  # another fill of this prefix is being written
                 files.stop_serving_from_memory(seg_id)
                 return False
@@ -58,10 +62,10 @@ class CommitsBehind:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="kvstore-fill-commit")
             self._queued += 1
-            self._pool.submit(self._commit, pending, files)
+            self._pool.submit(self._commit, pending, files, memory)
         return True
 
-    def _commit(self, pending: PendingPut, files: SegmentFiles) -> None:
+    def _commit(self, pending: PendingPut, files: SegmentFiles, memory: MemorySegment) -> None:
         try:
             pending.commit()
         except Exception as exc:  # noqa: BLE001 - the fill was served; not keeping it is the whole failure
@@ -71,6 +75,9 @@ class CommitsBehind:
             pending.abort()  # a no-op after the commit
             files.stop_serving_from_memory(pending.segment_id)
             self._catalogue.drop_provisional(pending.prefix_id)
+            if files.released(memory):  # written, synced and no longer read: the next fill's image
+                image, pending.image = pending.image, None
+                self.buffers.give(image.buffer)
             with self._lock:
                 self._queued -= 1
 

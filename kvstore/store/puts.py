@@ -17,6 +17,7 @@ from ..contract.geometry import SegmentLayout, StoreGeometry
 from ..faults import crash_point
 from ..hashing import chunk_hashes, validate_tokens
 from ..holds import PrefixHolds
+from ..io import KeptBuffers
 from ..writer import SegmentImage
 from .capacity import DiskCapacity
 from .pending_put import PendingPut, PutPath
@@ -77,13 +78,21 @@ class Writer:
         return self._open(pending)
 
     def begin_fill(
-        self, prefix_id: str, hashes: list[bytes], num_tokens: int, geometry: StoreGeometry, *, namespace: str, model_fingerprint: str
+        self,
+        prefix_id: str,
+        hashes: list[bytes],
+        num_tokens: int,
+        geometry: StoreGeometry,
+        *,
+        namespace: str,
+        model_fingerprint: str,
+        buffers: KeptBuffers | None = None,
     ) -> PendingPut:
         """A put of a prefix known by its chunk hashes (``remote_fill.py``: a prefix fetched from the remote tier).
 
         As ``begin_put`` without the tokens: the stored leading chunks are
         reused, the rest written, synced, indexed and acknowledged the same
-        way; the put's ``origin`` is ``remote``.
+        way; the put's ``origin`` is ``remote``.  ``buffers``: where its segment image's memory comes from.
         """
         self._path.state.check_writable()
         k, holder = self._path.catalogue.match(hashes)
@@ -92,9 +101,9 @@ class Writer:
         tokens = np.zeros(num_tokens, dtype=np.int64)  # sizes only: the store keeps no tokens
         pending = PendingPut(self._path, prefix_id, tokens, geometry, namespace, model_fingerprint, hashes, k, reused, hold=hold)
         pending.origin = "remote"
-        return self._open(pending)
+        return self._open(pending, buffers)
 
-    def _open(self, pending: PendingPut) -> PendingPut:
+    def _open(self, pending: PendingPut, buffers: KeptBuffers | None = None) -> PendingPut:
         """Reserve space for and open the segment of the chunks ``pending`` writes (none: nothing to open)."""
         k, geometry = pending.reused_chunks, pending.geometry
         if k == pending.num_chunks:
@@ -107,7 +116,8 @@ class Writer:
         except BaseException:
             pending.abort()
             raise
-        pending.open_segment(self._path.state.new_segment_id(), SegmentImage(layout, first_chunk=k))
+        buffer = buffers.take(layout.total_bytes) if buffers is not None else None
+        pending.open_segment(self._path.state.new_segment_id(), SegmentImage(layout, first_chunk=k, buffer=buffer))
         crash_point("put:opened")
         return pending
 

@@ -294,6 +294,7 @@ class RemoteFill:
                 manifest.geometry,
                 namespace=manifest.namespace,
                 model_fingerprint=manifest.model_fingerprint,
+                buffers=self._behind.buffers if self._behind is not None else None,
             )
 
         try:

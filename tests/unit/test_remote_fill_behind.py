@@ -14,6 +14,7 @@ from helpers import GEOMETRIES, make_kv, make_tokens
 from test_remote_store import open_node
 
 from kvstore.contract.errors import NotFound
+from kvstore.contract.geometry import SegmentLayout
 from kvstore.remote.memory import MemoryTier
 
 GEO = GEOMETRIES[0]
@@ -36,6 +37,14 @@ def listed(store) -> set[str]:
 
 def segment_files(store) -> set[str]:
     return {n for n in os.listdir(store.segment_dir) if n.endswith(".kvs")}
+
+
+def file_bytes(store) -> dict[str, bytes]:
+    out = {}
+    for name in segment_files(store):
+        with open(os.path.join(store.segment_dir, name), "rb") as f:
+            out[name] = f.read()
+    return out
 
 
 def test_a_fill_is_read_from_memory_before_its_commit_and_listed_only_after_it(tmp_path):
@@ -129,3 +138,35 @@ def test_a_fill_whose_commit_fails_is_no_longer_shown_and_nothing_is_quarantined
         assert listed(b) == set(ids)
     finally:
         b.close()
+
+
+def test_the_next_fill_of_the_same_size_reuses_a_committed_image_and_reads_exact(tmp_path):
+    tier = MemoryTier()
+    prefixes = [(make_tokens(100, 20 + i), make_kv(GEO, 100, 20 + i)) for i in range(3)]  # one segment size
+    ids = [stored_on(tmp_path, tier, t, kv) for t, kv in prefixes]
+    b = open_node(tmp_path, "b", tier)
+    try:
+        kept = b.remote_fill._behind.buffers
+        assert b.lookup(prefixes[0][0], GEO).matched_chunks == 7
+        b.remote_fill.settle()
+        assert kept.kept_bytes > 0  # written, synced, no reader: kept for the next fill
+        with b.manifest_files.locked(ids[1]):
+            assert b.lookup(prefixes[1][0], GEO).matched_chunks == 7
+            assert kept.kept_bytes == 0  # taken by this fill
+            assert np.array_equal(b.read(ids[1], range(7)).to_kv(), prefixes[1][1])  # from the reused memory
+        b.remote_fill.settle()
+        assert b.lookup(prefixes[2][0], GEO).matched_chunks == 7
+        b.remote_fill.settle()
+        for pid, (tokens, kv) in zip(ids, prefixes):
+            assert np.array_equal(b.read(pid, range(7)).to_kv(), kv)
+        assert all(r["ok"] for r in b.verify())  # every region as its checksum says
+        files_b = file_bytes(b)
+    finally:
+        b.close()
+    a = open_node(tmp_path, "a", tier)  # the node that computed them: its own puts' files
+    try:
+        files_a = file_bytes(a)
+    finally:
+        a.close()
+    image = SegmentLayout(GEO, 100).total_bytes  # the trailer follows (it names its store: not compared)
+    assert sorted(blob[:image] for blob in files_b.values()) == sorted(blob[:image] for blob in files_a.values())
