@@ -207,11 +207,15 @@ class SegmentImage:
                 keys = quantize_probe_rows(keys_as_float32(keys, geo.model.dtype), geo.probe_bits)
             self.probes[group][:, t0 : t0 + tokens, :] = keys
 
-    def checksums(self) -> dict:
-        """xxh3-64 of every region (unpadded bytes), for the segment record."""
+    def checksums(self, extent_xxh3: list[list[int]] | None = None) -> dict:
+        """xxh3-64 of every region (unpadded bytes), for the segment record.
+
+        ``extent_xxh3`` (``[groups][chunks]``): the extents' checksums, where every extent was checked
+        against them on its way in (a fill from the remote tier); the rest is hashed here.
+        """
         layout = self.layout
         arr = self._array
-        ext = [
+        ext = extent_xxh3 or [
             [xxhash.xxh3_64_intdigest(arr[o : o + n]) for o, n in zip(layout.extent_offsets[g].tolist(), layout.extent_lengths[g].tolist())]
             for g in range(layout.geometry.num_groups)
         ]

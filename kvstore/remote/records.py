@@ -23,11 +23,12 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import xxhash
 
-from ..contract.geometry import StoreGeometry
+from ..contract.geometry import SegmentLayout, StoreGeometry
 
 EXTENT_MAGIC = b"KVX1"
 MANIFEST_MAGIC = b"KVM1"
@@ -97,8 +98,12 @@ class RemoteManifest:
 
     def extent_length(self, chunk: int, group: int) -> int:
         """Bytes of the extent of ``chunk`` in ``group`` (the last chunk of a prefix may be short)."""
-        tokens = int(self.geometry.chunk_token_counts(self.num_tokens)[chunk])
-        return self.geometry.extent_bytes(group, tokens)
+        return int(self._extent_lengths[chunk, group])
+
+    @cached_property
+    def _extent_lengths(self) -> np.ndarray:
+        """``[chunks, groups]`` extent bytes (a fill asks for each of them)."""
+        return SegmentLayout(self.geometry, self.num_tokens).extent_lengths.T
 
     def tokens_upto(self, num_chunks: int) -> int:
         """Tokens of the sub-prefix of the first ``num_chunks`` chunks."""

@@ -30,8 +30,8 @@ def is_full(exc: OSError) -> bool:
     return exc.errno in (errno.ENOSPC, errno.EDQUOT)
 
 
-def segment_record(segment_id: int, geometry: StoreGeometry, image: SegmentImage) -> dict:
-    """The index record of a new segment holding ``image``."""
+def segment_record(segment_id: int, geometry: StoreGeometry, image: SegmentImage, extent_xxh3: list[list[int]] | None = None) -> dict:
+    """The index record of a new segment holding ``image`` (``extent_xxh3``: ``SegmentImage.checksums``)."""
     return {
         "segment_id": segment_id,
         "geometry": geometry.to_record(),
@@ -41,7 +41,7 @@ def segment_record(segment_id: int, geometry: StoreGeometry, image: SegmentImage
         "refcount": 1,
         "created": time.time(),
         "quarantined": None,
-        **image.checksums(),
+        **image.checksums(extent_xxh3),
     }
 
 

@@ -90,6 +90,8 @@ class PendingPut:
         self.origin = "put"  # "remote": filled from the remote tier (store/remote_fill.py), not a client's put
         self.on_durable: Callable[[], None] | None = None  # called once the segment and manifest file are synced
         self._prepared: tuple[dict | None, dict] | None = None  # (segment record, manifest), made once
+        # [groups][chunks] checksums every extent of the new segment was checked against as it came in (a fill's)
+        self.extent_xxh3: list[list[int]] | None = None
 
     @property
     def num_chunks(self) -> int:
@@ -185,7 +187,7 @@ class PendingPut:
     def _prepare(self) -> tuple[dict | None, dict]:
         """The segment's index record (None when every chunk is reused) and the prefix's manifest, made once."""
         if self._prepared is None:
-            record = segment_record(self.segment_id, self.geometry, self.image) if self.image is not None else None
+            record = segment_record(self.segment_id, self.geometry, self.image, self.extent_xxh3) if self.image is not None else None
             self._prepared = (record, self._manifest())
         return self._prepared
 

@@ -363,6 +363,10 @@ class RemoteFill:
                 self._touch(keys_of(chunks))
             for job in derived:
                 job.result()
+            image = pending.image
+            if image is not None:  # every extent was checked against these: the record need not hash them again
+                chunks = range(image.first_chunk, image.first_chunk + image.layout.num_chunks)
+                pending.extent_xxh3 = [[int(manifest.extent_xxh3[j, g]) for j in chunks] for g in groups]
             return None, nbytes
         finally:
             if ahead is not None and not ahead.cancel():  # stopped early: the fetch already running ends unused
