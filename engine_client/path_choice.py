@@ -19,6 +19,14 @@ Reads and compute overlap Period by Period: a loading path costs the larger
 of its I/O and its compute, plus the smaller spread over the Periods (the
 first Period's wait is not hidden).  A path whose cost the profile cannot
 say (no disk rate) is left out of the choice, and the reason says so.
+
+Speculation (the daemon reading Period i's set for Period i+1 as soon as
+it is known) pays only where a Period's compute outlasts the read of one
+Period's set: then the guess is read while the worker computes.  Where
+compute is the shorter (a small model at GPU speed), the guessed chunks are
+read beside the ones the Period needs and only delay them: the choice turns
+it off for the sparse path (``speculation``; measured in the trace replay,
+docs/serving.md).
 """
 
 from __future__ import annotations
@@ -60,6 +68,30 @@ class Choice:
     seconds: float  # its predicted time to first token
     predicted: dict  # path -> seconds, for every path the profile could cost
     reason: str
+    speculate: bool | None = None  # the sparse path's speculation (``speculation``); None: not costed
+
+
+@dataclass(frozen=True)
+class Speculation:
+    pays: bool
+    period_compute_s: float  # one Period's modelled compute on the sparse path
+    period_read_s: float  # the read of one Period's set (its bytes at the disk rate, plus the per-Period cost)
+
+
+def speculation(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> Speculation | None:
+    """Whether the sparse path's speculation pays on this machine (module docstring); None without a disk rate."""
+    if profile.disk_bytes_per_s is None:
+        return None
+    periods = shape.num_periods
+    layers = -(-config.num_hidden_layers // periods)
+    rows = max(1, round(shape.budget * shape.prefix_tokens))
+    compute = layers * layer_seconds(config, shape.suffix_tokens, rows, profile).total
+    if shape.budget < 1 and shape.scored_rows:
+        compute += query_seconds(config, shape.suffix_tokens, profile) + score_seconds(
+            config, shape.suffix_tokens, shape.scored_rows, profile
+        )
+    read = shape.budget * shape.kv_bytes / periods / profile.disk_bytes_per_s + (profile.period_overhead_s or 0.0)
+    return Speculation(compute >= read, compute, read)
 
 
 def recompute_seconds(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> float:
@@ -104,4 +136,9 @@ def choose(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape
     why = f"{path} {predicted[path] * 1e3:.2f} ms predicted, against {others}"
     if missing:
         why += f"; {' and '.join(missing)} not costed (the profile has no disk rate: kvstore-bench calibrate)"
-    return Choice(path, predicted[path], predicted, why)
+    spec = speculation(config, profile, shape)
+    if spec is not None and path == "sparse":
+        verb = "speculating" if spec.pays else "no speculation"
+        rel = ">=" if spec.pays else "<"
+        why += f"; {verb}: a Period's compute {spec.period_compute_s * 1e3:.2f} ms {rel} its read {spec.period_read_s * 1e3:.2f} ms"
+    return Choice(path, predicted[path], predicted, why, None if spec is None else spec.pays)

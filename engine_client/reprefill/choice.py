@@ -17,6 +17,7 @@ path, beside the first token's logits and the measured time to them.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -95,5 +96,7 @@ def answer(runner, prefix_tokens, suffix_tokens, cfg: ReprefillConfig, profile: 
         logits, _ = chunked_prefill(runner.model, torch.cat([prefix, suffix]))
         return Answer("recompute", choice.reason, logits, time.perf_counter() - t0, choice, None, None)
     run_cfg = parse_system("full", warn=False) if choice.path == "full-load" else cfg
+    if choice.path == "sparse" and choice.speculate is False and cfg.fetch.speculate:  # a Period's compute cannot hide a read here
+        run_cfg = dataclasses.replace(cfg, fetch=dataclasses.replace(cfg.fetch, speculate=False))
     res = runner.reprefill(hit.prefix_id, suffix, run_cfg)
     return Answer(choice.path, choice.reason, res.logits, time.perf_counter() - t0, choice, res, None)

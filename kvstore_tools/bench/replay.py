@@ -62,7 +62,7 @@ from engine_client.compute_model import h2d_seconds, layer_seconds, lm_head_seco
 from kvstore.contract.errors import InvalidArgument
 
 from .io_jobs import BenchError
-from .replay_choice import choice_rows, recompute_rows
+from .replay_choice import choice_rows, no_speculation_systems, recompute_rows
 from .replay_report import concurrency_level
 from .trace import load_trace
 
@@ -147,9 +147,8 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
                 client.describe(pid)
             elif op == "open":
                 t_start, pending = time.perf_counter(), 0.0
-                stream = client.prefetch(
-                    pid, period_layers=ev["period_layers"], speculate=ev["speculate"], hints=ev["hints"], push=ev["push"]
-                )
+                speculate = ev["speculate"] and not system.get("no_speculation", False)
+                stream = client.prefetch(pid, period_layers=ev["period_layers"], speculate=speculate, hints=ev["hints"], push=ev["push"])
             elif op in ("summaries", "probe"):
                 t0 = time.perf_counter()
                 arr = client.get_summaries(pid) if op == "summaries" else client.get_probe_keys(pid, ev["group"])
@@ -273,6 +272,8 @@ def run_replay(args) -> dict:
         if unknown:
             raise BenchError(f"--systems: {', '.join(unknown)} not in the trace (it has {', '.join(sorted(keys))})")
         systems = [s for s in systems if s["key"] in args.systems]
+    quiet, quiet_requests = no_speculation_systems(header, systems, requests, config, profile, _geometry)
+    systems, requests = systems + quiet, requests + quiet_requests
     records: dict[str, list[dict]] = {}
     daemon_bytes: dict[str, int] = {}
     concurrency: dict[str, dict[int, dict]] = {}

@@ -218,3 +218,30 @@ def test_the_storage_paths_fixed_cost_is_its_own_column(replays):
             assert row["storage_fixed_mean_s"] == 0
         else:
             assert row["storage_fixed_mean_s"] > 0  # a replayed request always pays its round trips
+
+
+def test_where_a_periods_compute_cannot_hide_a_read_the_choice_takes_a_replay_without_speculation(recorded, tmp_path):
+    trace, _, directory = recorded
+
+    def replay(profile):
+        return json.loads(run_bench("replay", "--trace", str(trace), "--profile", profile, "--directory", str(directory), "--json").stdout)
+
+    # compute cheap beside a 10 ms round trip a Period, a prefill dearer than loading: sparse, without speculation
+    report = replay(
+        _measured_profile(tmp_path / "q.json", peak_flops=1e9, mem_bytes_per_s=1e9, disk_bytes_per_s=1e12, period_overhead_s=1e-2)
+    )
+    quiet, spec = report["requests"]["contiguouskv-nospec@0.25"], report["requests"]["contiguouskv@0.25"]
+    assert sum(r["spec_used"] + r["spec_wasted"] for r in spec) > 0  # the traced run speculated
+    assert all(r["spec_used"] + r["spec_wasted"] == 0 for r in quiet)
+    assert [r["sets"] for r in quiet] == [r["sets"] for r in spec]  # the same requests, the same sets
+    rows = [r for r in report["requests"]["choice@0.25"] if not r["warmup"]]
+    assert rows and {r["chosen"] for r in rows} == {"sparse"}
+    for row in rows:
+        assert "no speculation" in row["reason"]
+        assert row["ttft_s"] == next(r["ttft_s"] for r in quiet if r["request"] == row["request"])
+    # slow compute: a Period outlasts its read, speculation stays and no second replay is made
+    report = replay(
+        _measured_profile(tmp_path / "s.json", peak_flops=1e8, mem_bytes_per_s=1e8, disk_bytes_per_s=1e12, period_overhead_s=1e-3)
+    )
+    assert not any("nospec" in key for key in report["systems"])
+    assert {r["chosen"] for r in report["requests"]["choice@0.25"]} == {"sparse"}

@@ -56,6 +56,24 @@ def test_a_stored_prefix_takes_the_path_the_profile_makes_cheapest(runner):
     assert torch.equal(whole.logits, runner.reprefill(handle.prefix_id, SUFFIX, parse_system("full", warn=False)).logits)
 
 
+# compute cheap beside a Period's storage round trip, yet a 300-token prefill dearer than loading: the sparse
+# path, where a Period's compute cannot hide a read, so without speculation
+SHORT_PERIODS = AcceleratorProfile("short-periods", 1e9, 1e9, 1e12, layer_overhead_s=1e-9, disk_bytes_per_s=1e12, period_overhead_s=0.01)
+
+
+def test_the_sparse_path_runs_without_speculation_where_a_periods_compute_cannot_hide_a_read(runner):
+    handle = runner.store_prefix(PREFIX)
+    cfg = runner_cfg(0.3)
+    got = runner.answer(PREFIX, SUFFIX, cfg, profile=SHORT_PERIODS)
+    assert got.path == "sparse" and got.choice.speculate is False and "no speculation" in got.reason
+    assert got.reprefill.spec_bytes_used + got.reprefill.spec_bytes_wasted == 0
+    direct = runner.reprefill(handle.prefix_id, SUFFIX, cfg)  # the configuration as given: it speculates
+    assert direct.spec_bytes_used + direct.spec_bytes_wasted > 0
+    assert torch.equal(got.logits, direct.logits)  # speculation moves bytes earlier, never changes them
+    slow = runner.answer(PREFIX, SUFFIX, cfg, profile=SLOW_COMPUTE)
+    assert slow.path == "sparse" and slow.choice.speculate is True and "speculating" in slow.reason
+
+
 def runner_cfg(budget):
     from engine_client.reprefill import ReprefillConfig
 

@@ -6,7 +6,7 @@ import pytest
 
 from engine_client.compute_model import AcceleratorProfile
 from engine_client.model.config import ModelConfig
-from engine_client.path_choice import RequestShape, choose, predict
+from engine_client.path_choice import RequestShape, choose, predict, speculation
 from kvstore_tools.bench.calibrate import SHAPES
 
 # an H200-like measured profile (../shared/gpu figures: achieved GEMM rate, pinned copies, a virtio disk)
@@ -86,3 +86,27 @@ def test_bad_shapes_are_refused_naming_the_field():
         RequestShape(100, 8, 1000, 2, 1.5)
     with pytest.raises(ValueError, match="num_periods must be a positive integer"):
         RequestShape(100, 8, 1000, 0, 0.5)
+
+
+def test_speculation_pays_where_a_periods_compute_outlasts_its_read_and_not_at_gpu_speed_on_a_small_model():
+    """Qwen2.5-0.5B shape, 2048 tokens, 5%, 3 Periods: ~0.4 ms of compute a Period on an H200 cannot hide a
+    ~1.6 ms read (the replay measured 3.5-4.8 ms a request lost to it); a CPU-like rate can."""
+    cfg = config("qwen2.5-0.5b", 24)
+    shape = request(cfg, 2048, 0.05, 3)
+    floor = dataclasses.replace(H200, layer_overhead_s=40e-6, disk_bytes_per_s=1.05e9, period_overhead_s=1.4e-3)
+    gpu = speculation(cfg, floor, shape)
+    assert not gpu.pays and gpu.period_compute_s < gpu.period_read_s
+    cpu = speculation(cfg, dataclasses.replace(floor, peak_flops=0.3e12, mem_bytes_per_s=20e9), shape)
+    assert cpu.pays and cpu.period_compute_s > gpu.period_compute_s
+    assert speculation(cfg, dataclasses.replace(floor, disk_bytes_per_s=None), shape) is None
+    c = choose(cfg, floor, dataclasses.replace(shape, state_bytes=0))
+    assert c.speculate is False
+    if c.path == "sparse":
+        assert "no speculation" in c.reason
+
+
+def test_the_sparse_choice_says_whether_it_speculates():
+    cfg = config("llama3-8b", 32)
+    c = choose(cfg, H200, request(cfg, 16384, 0.05, 32))
+    assert c.path == "sparse" and c.speculate is not None
+    assert ("no speculation" in c.reason) == (not c.speculate)
