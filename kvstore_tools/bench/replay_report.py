@@ -30,6 +30,10 @@ def _row(records: list[dict]) -> dict:
     # the storage path's own cost: what is neither disk wait, selection nor compute (resident-state
     # fetches, round trips, client and daemon work)
     out["storage_fixed_mean_s"] = out["fetch_mean_s"] + out["other_mean_s"]
+    # the same on requests served wholly from memory (no disk byte, no state fetched): the path's floor
+    resident = [r["fetch_s"] + r["other_s"] for r in timed if r["bytes_disk"] == 0 and r["state_bytes"] == 0]
+    out["resident_requests"] = len(resident)
+    out["storage_fixed_resident_mean_s"] = float(np.mean(resident)) if resident else None
     cpu = [r["cpu_ttft_s"] for r in timed if r.get("cpu_ttft_s") is not None]
     out["recorded_cpu_ttft_mean_s"] = float(np.mean(cpu)) if cpu else None
     return out
@@ -108,22 +112,23 @@ def format_replay_report(report: dict) -> str:
         f"HBM {p['mem_bytes_per_s'] / 1e12:.2f} TB/s x {p['mem_efficiency']:g}, H2D {p['h2d_bytes_per_s'] / 1e9:.1f} GB/s, "
         f"{p['layer_overhead_s'] * 1e6:.0f} us per layer; I/O real (this machine's daemon and disk)",
         f"{'system @ budget':<30}{'TTFT ms':>9}{'p50':>8}{'p95':>8}{'select':>8}{'I/O wait':>9}{'compute':>9}{'(h2d)':>7}"
-        f"{'fetch':>7}{'other':>7}{'fixed':>7}{'MB disk':>9}{'MB mem':>8}{'MB recv':>8}{'CPU TTFT':>10}",
+        f"{'fetch':>7}{'other':>7}{'fixed':>7}{'(res)':>7}{'MB disk':>9}{'MB mem':>8}{'MB recv':>8}{'CPU TTFT':>10}",
     ]
     ms = 1e3
     for key, r in sorted(report["systems"].items()):
-        cpu = r["recorded_cpu_ttft_mean_s"]
+        cpu, res = r["recorded_cpu_ttft_mean_s"], r.get("storage_fixed_resident_mean_s")
         label = key if r["budgeted"] else key + {"recompute": " (modelled)", "choice": " (chosen)"}.get(r.get("kind"), " (full load)")
         lines.append(
             f"{label:<30}{r['ttft_mean_s'] * ms:>9.2f}{r['ttft_p50_s'] * ms:>8.2f}"
             f"{r['ttft_p95_s'] * ms:>8.2f}{r['select_mean_s'] * ms:>8.2f}{r['io_wait_mean_s'] * ms:>9.2f}{r['compute_mean_s'] * ms:>9.2f}"
             f"{r['h2d_mean_s'] * ms:>7.2f}{r['fetch_mean_s'] * ms:>7.2f}{r['other_mean_s'] * ms:>7.2f}{r['storage_fixed_mean_s'] * ms:>7.2f}"
+            f"{(f'{res * ms:.2f}' if res is not None and r.get('kind', 'replayed') == 'replayed' else '-'):>7}"
             f"{r['bytes_disk_mean'] / 1e6:>9.3f}{r['bytes_memory_mean'] / 1e6:>8.3f}{r['bytes_received_mean'] / 1e6:>8.3f}"
             f"{(f'{cpu * ms:.0f}' if cpu is not None else '-'):>10}"
         )
     lines.append(
-        "(ms per request, means over timed requests; fixed: the storage path's own cost, fetch + other; "
-        "MB per request; CPU TTFT: the recorded run's, on this CPU)"
+        "(ms per request, means over timed requests; fixed: the storage path's own cost, fetch + other; (res): the same "
+        "over the requests that read no disk byte and fetched no state; MB per request; CPU TTFT: the recorded run's, on this CPU)"
     )
     for key, r in sorted(report["systems"].items()):
         if r.get("chosen"):

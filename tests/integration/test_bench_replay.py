@@ -218,6 +218,16 @@ def test_the_storage_paths_fixed_cost_is_its_own_column(replays):
             assert row["storage_fixed_mean_s"] == 0
         else:
             assert row["storage_fixed_mean_s"] > 0  # a replayed request always pays its round trips
+        # (res): over the timed requests that read no disk byte and fetched no state, recounted from the records
+        timed = [r for r in replays[0]["requests"][key] if not r["warmup"]]
+        resident = [r["fetch_s"] + r["other_s"] for r in timed if r["bytes_disk"] == 0 and r["state_bytes"] == 0]
+        assert row["resident_requests"] == len(resident)
+        if resident:
+            assert row["storage_fixed_resident_mean_s"] == pytest.approx(sum(resident) / len(resident))
+        else:
+            assert row["storage_fixed_resident_mean_s"] is None
+    replayed = [r for r in replays[0]["systems"].values() if r["kind"] == "replayed"]
+    assert any(r["resident_requests"] for r in replayed)  # the trace has such requests
 
 
 def test_where_a_periods_compute_cannot_hide_a_read_the_choice_takes_a_replay_without_speculation(recorded, tmp_path):
