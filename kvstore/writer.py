@@ -142,6 +142,8 @@ class SegmentImage:
         """The derive half of ``put_extents``: summaries and probe keys of extents ``copy_extents`` took."""
         layout = self.layout
         locals_ = [j - self.first_chunk for j in chunks]
+        if (self._received[group, locals_] != layout.extent_lengths[group, locals_]).any():
+            raise InvalidArgument("extents", f"group {group}: derive_extents of chunks {chunks} before copy_extents took them whole")
         full = [k for k in locals_ if int(layout.chunk_tokens[k]) == layout.geometry.chunk_tokens]
         n = len(full) if len(full) >= 2 else 0  # the run's full chunks come first: only the prefix's last can be shorter
         if n:

@@ -83,3 +83,16 @@ def test_copies_then_derives_on_other_threads_build_the_same_image(geo):
             d.result()
     assert split.missing == 0
     assert bytes(split.buffer) == bytes(one.buffer)
+
+
+def test_extents_are_derived_only_once_copied():
+    geo = GEOMETRIES[2]
+    image = SegmentImage(SegmentLayout(geo, 64), 0)
+    ext = extents_of(geo, make_kv(geo, 64, 2))
+    with pytest.raises(InvalidArgument, match="before copy_extents"):
+        image.derive_extents(0, [0, 1])
+    image.copy_extents(0, [0, 1], [payload(geo, 0, ext[0, j]) for j in (0, 1)])
+    with pytest.raises(InvalidArgument, match="before copy_extents"):
+        image.derive_extents(0, [1, 2])
+    image.derive_extents(0, [0, 1])
+    assert image.missing == geo.num_groups * 4 - 2
