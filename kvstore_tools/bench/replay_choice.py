@@ -11,9 +11,10 @@
   measurement times.  Where the choice runs the sparse path without
   speculation (a Period's compute cannot hide a read on this profile), the
   reference system is replayed a second time with speculation off
-  (``NAME-nospec@B``, its own row) and the choice takes that replay.  A profile without a disk rate (a named one) cannot
-  cost the loading paths: there is no choice row then, and the report says
-  why (``kvstore-bench calibrate`` writes a profile that has one).
+  (``NAME-nospec@B``, its own row) and the choice takes that replay.  A
+  profile without a disk rate (a named one) cannot cost the loading paths:
+  there is no choice row then, and the report says why (``kvstore-bench
+  calibrate`` writes a profile that has one).
 """
 
 from __future__ import annotations
