@@ -23,7 +23,8 @@ from helpers import GEOMETRIES, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
 from kvstore.contract.errors import DataLoss, NotFound
-from kvstore.contract.geometry import StoreGeometry, keys_as_float32
+from kvstore.contract.geometry import StoreGeometry
+from kvstore.contract.kv_values import keys_as_float32
 from kvstore.contract.probes import quantize_probe_rows
 from kvstore.store import ChunkStore
 

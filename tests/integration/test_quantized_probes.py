@@ -10,7 +10,8 @@ from helpers import flat_config, make_kv, make_tokens
 from engine_client.client import KVStoreClient
 from engine_client.reprefill import ModelRunner, parse_system
 from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import ModelSpec, StoreGeometry, keys_as_float32
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.kv_values import keys_as_float32
 from kvstore.contract.probes import dequantize_probe_rows, quantize_probe_rows, unpack_probe_rows
 
 # odd sizes: 5 layers in groups of 2 (2, 2, 1), 150 tokens (the last chunk short)

@@ -18,7 +18,7 @@ from engine_client.selection import (
     summaries_for_layer,
     summary_chunk_scores,
 )
-from kvstore.contract.geometry import key_summary
+from kvstore.contract.kv_values import key_summary
 
 
 def chunk_min_max(keys: torch.Tensor, chunk_tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
