@@ -8,7 +8,8 @@ from functools import cached_property
 
 import numpy as np
 
-from .contract.geometry import SegmentLayout, StoreGeometry
+from .contract.geometry import StoreGeometry
+from .contract.layout import SegmentLayout
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ import numpy as np
 import xxhash
 
 from .contract.errors import InvalidArgument
-from .contract.geometry import SUMMARY_DTYPE, SegmentLayout
+from .contract.geometry import SUMMARY_DTYPE
 from .contract.kv_values import key_summary, keys_as_float32
+from .contract.layout import SegmentLayout
 from .contract.probes import quantize_probe_rows
 from .io import aligned_buffer
 

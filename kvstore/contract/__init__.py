@@ -7,8 +7,9 @@ modules for the same things:
 - ``pb``: the generated messages; ``kvstore.contract.rpc``: the gRPC stubs
   (apart, so that only a gRPC caller loads grpc);
 - ``geometry``: a model's KV shape and the store's layout of it (every
-  on-disk and on-wire size); ``kvquant``: the stored KV's quantization;
-  ``probes``: the probe keys' format;
+  on-disk and on-wire size); ``layout``: a segment file's byte offsets;
+  ``kv_values``: KV dtype conversions and key summaries; ``kvquant``: the
+  stored KV's quantization; ``probes``: the probe keys' format;
 - ``errors``: the error vocabulary, each class one status code
   (``KVStoreError.code``, mapped by ``kvstore.server.status``);
 - ``codec``: geometry, tokens, array frames and layer ranges both ways, and

@@ -11,19 +11,7 @@ Terms:
 * An **extent** is the KV of one chunk for all layers of one group, laid out
   ``[layer-in-group][K|V][head][token][dim]``.
 
-A **segment** is a run of consecutive chunks written in one data file::
-
-    extents of group 0, chunk 0..k-1   (each padded to ALIGN_BYTES)
-    extents of group 1, chunk 0..k-1
-    ...
-    key summaries  [chunk][layer][head][min|max][dim] float32  (padded)
-    probe keys of group 0  [head][token][dim] in the KV dtype   (padded)
-    probe keys of group 1  ...                                  (optional)
-
-The probe keys are the keys of each group's first layer.  With ``probe_bits``
-4 or 8 they are stored quantized instead, each (head, token) row packed as
-``[codes (d*bits/8 bytes) | scale (float32)]`` (``kvstore.contract.probes``), so
-a group's region is ``[head][token][row_bytes]`` uint8, still sliced by token.
+The byte layout of a segment file is ``kvstore.contract.layout``.
 
 With ``kv_quant`` (``"kv8"``, ``"kv4"``, ``"kv8t"``, ``"kv4t"``, ``"kv8h"``,
 ``"kv4h"``) an extent holds each layer's K and V as quantized codes with
@@ -38,16 +26,6 @@ the streaming heads' slots as zeros.  Their sink and recent rows are not a
 property of one chunk (a chunk recent in one prefix is in the middle of a
 longer one), so the client keeps them per prefix as pages
 (``engine_client.stream_tail``).
-
-Period-major order puts the chunks of one group next to each other, so chunks
-selected together for a Period are adjacent on disk and coalesce into one
-read.  Every region starts on a 4 KiB boundary, as O_DIRECT and GDS require.
-
-Why one module of ~520 lines: every size and offset of the on-disk format is
-computed here and nowhere else (the daemon, the client and the tools all ask
-it), so a change to the format is a change to this file only; the quantized
-codes (``kvquant``) and the streaming layout's tail (``engine_client.stream_tail``)
-already live apart, and what is left is the one table of sizes.
 """
 
 from __future__ import annotations
@@ -113,7 +91,7 @@ def dtype_name(dtype, field: str = "dtype") -> str:
     return name
 
 
-def _check_int(field: str, value, lo: int, hi: int) -> int:
+def check_int(field: str, value, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise InvalidArgument(field, f"must be an integer, got {type(value).__name__}")
     if not lo <= int(value) <= hi:
@@ -131,9 +109,9 @@ class ModelSpec:
     dtype: str = "bfloat16"  # a torch or numpy dtype is taken by its name (dtype_name)
 
     def __post_init__(self) -> None:
-        _check_int("num_layers", self.num_layers, 1, MAX_LAYERS)
-        _check_int("num_kv_heads", self.num_kv_heads, 1, MAX_KV_HEADS)
-        _check_int("head_dim", self.head_dim, 1, MAX_HEAD_DIM)
+        check_int("num_layers", self.num_layers, 1, MAX_LAYERS)
+        check_int("num_kv_heads", self.num_kv_heads, 1, MAX_KV_HEADS)
+        check_int("head_dim", self.head_dim, 1, MAX_HEAD_DIM)
         object.__setattr__(self, "dtype", dtype_name(self.dtype))  # torch.bfloat16 is "bfloat16"
 
     @property
@@ -162,7 +140,7 @@ def _check_streaming_heads(value, model: ModelSpec) -> tuple[tuple[int, ...], ..
     for layer, heads in enumerate(value):
         if isinstance(heads, (str, bytes)) or not isinstance(heads, (tuple, list)):
             raise InvalidArgument(f"streaming_heads[{layer}]", f"must be a list of KV heads, got {type(heads).__name__}")
-        checked = [_check_int(f"streaming_heads[{layer}]", h, 0, model.num_kv_heads - 1) for h in heads]
+        checked = [check_int(f"streaming_heads[{layer}]", h, 0, model.num_kv_heads - 1) for h in heads]
         if len(set(checked)) != len(checked):
             raise InvalidArgument(f"streaming_heads[{layer}]", f"names a head twice: {list(heads)}")
         if len(checked) == model.num_kv_heads:
@@ -193,11 +171,11 @@ class StoreGeometry:
     streaming_heads: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
-        _check_int("chunk_tokens", self.chunk_tokens, 1, MAX_CHUNK_TOKENS)
+        check_int("chunk_tokens", self.chunk_tokens, 1, MAX_CHUNK_TOKENS)
         object.__setattr__(self, "streaming_heads", _check_streaming_heads(self.streaming_heads, self.model))
         if check_quant_name(self.kv_quant).startswith("kv4") and self.model.head_dim % 2:
             raise InvalidArgument("kv_quant", f"4-bit codes pack two channels to a byte; head_dim {self.model.head_dim} is odd")
-        _check_int("group_layers", self.group_layers, 1, MAX_LAYERS)
+        check_int("group_layers", self.group_layers, 1, MAX_LAYERS)
         bits = self.probe_bits
         if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or bits not in PROBE_BITS:
             raise InvalidArgument("probe_bits", f"must be one of {', '.join(map(str, PROBE_BITS))}, got {bits!r}")
@@ -415,109 +393,3 @@ class StoreGeometry:
         """Stable digest of everything that decides the stored bytes' layout."""
         blob = json.dumps(self.to_record(), sort_keys=True, separators=(",", ":")).encode()
         return hashlib.sha256(b"kvstore.geometry.v1\0" + blob).digest()
-
-
-@dataclass(frozen=True)
-class SegmentLayout:
-    """Byte offsets of every region of one segment file (see module doc)."""
-
-    geometry: StoreGeometry
-    num_tokens: int  # tokens of the chunks in this segment
-
-    def __post_init__(self) -> None:
-        _check_int("num_tokens", self.num_tokens, 1, 1 << 40)
-
-    @cached_property
-    def num_chunks(self) -> int:
-        return self.geometry.num_chunks(self.num_tokens)
-
-    @cached_property
-    def chunk_tokens(self) -> np.ndarray:
-        return self.geometry.chunk_token_counts(self.num_tokens)
-
-    @cached_property
-    def token_offsets(self) -> np.ndarray:
-        """First token of each chunk within the segment; ``[num_chunks + 1]``."""
-        return np.concatenate([[0], np.cumsum(self.chunk_tokens)])
-
-    @cached_property
-    def extent_lengths(self) -> np.ndarray:
-        """Unpadded extent bytes; ``[groups, chunks]``."""
-        g = self.geometry
-        if g.kv_quant or g.streaming_heads:  # per-channel key parameters make the size affine in tokens, not linear
-            sizes = {int(t): [g.extent_bytes(i, int(t)) for i in range(g.num_groups)] for t in np.unique(self.chunk_tokens)}
-            return np.array([sizes[int(t)] for t in self.chunk_tokens], dtype=np.int64).T.reshape(g.num_groups, self.num_chunks)
-        per_token = np.array([g.layers_in_group(i) * g.model.token_layer_bytes for i in range(g.num_groups)], dtype=np.int64)
-        return per_token[:, None] * self.chunk_tokens[None, :]
-
-    @cached_property
-    def extent_padded(self) -> np.ndarray:
-        """Padded extent bytes (multiples of ALIGN_BYTES); ``[groups, chunks]``."""
-        return (self.extent_lengths + ALIGN_BYTES - 1) // ALIGN_BYTES * ALIGN_BYTES
-
-    @cached_property
-    def extent_offsets(self) -> np.ndarray:
-        """File offset of each extent, period-major; ``[groups, chunks]``."""
-        flat = self.extent_padded.reshape(-1)
-        starts = np.concatenate([[0], np.cumsum(flat)[:-1]])
-        return starts.reshape(self.extent_padded.shape)
-
-    @cached_property
-    def extents_end(self) -> int:
-        return int(self.extent_padded.sum())
-
-    @cached_property
-    def summaries_offset(self) -> int:
-        return self.extents_end
-
-    @cached_property
-    def summaries_length(self) -> int:
-        return self.num_chunks * self.geometry.summary_chunk_bytes()
-
-    @cached_property
-    def probe_offsets(self) -> list[int]:
-        """File offset of each group's probe-key region (empty when disabled)."""
-        if not self.geometry.probe_keys:
-            return []
-        start = self.summaries_offset + align_up(self.summaries_length)
-        step = align_up(self.probe_length)
-        return [start + i * step for i in range(self.geometry.num_groups)]
-
-    @cached_property
-    def probe_length(self) -> int:
-        return self.geometry.probe_bytes(self.num_tokens)
-
-    @cached_property
-    def total_bytes(self) -> int:
-        end = self.summaries_offset + align_up(self.summaries_length)
-        if self.geometry.probe_keys:
-            end += self.geometry.num_groups * align_up(self.probe_length)
-        return end
-
-    @cached_property
-    def payload_bytes(self) -> int:
-        """Bytes of data (without alignment padding)."""
-        total = int(self.extent_lengths.sum()) + self.summaries_length
-        if self.geometry.probe_keys:
-            total += self.geometry.num_groups * self.probe_length
-        return total
-
-    @property
-    def padding_bytes(self) -> int:
-        return self.total_bytes - self.payload_bytes
-
-
-def split_extents(geometry: StoreGeometry, kv: np.ndarray, first_chunk: int = 0):
-    """Yield ``(group, chunk, extent_array)`` from a full KV array.
-
-    ``kv``: ``[layers, 2, kv_heads, tokens, head_dim]``.  Chunks are numbered
-    from ``first_chunk`` (relative to ``kv``'s token axis, which starts at the
-    first token of that chunk); each extent is a C-contiguous copy.
-    """
-    c = geometry.chunk_tokens
-    n = kv.shape[3]
-    for g in range(geometry.num_groups):
-        layers = geometry.group_layer_range(g)
-        for j in range(geometry.num_chunks(n)):
-            ext = kv[layers.start : layers.stop, :, :, j * c : (j + 1) * c, :]
-            yield g, first_chunk + j, np.ascontiguousarray(ext)

@@ -28,7 +28,8 @@ from functools import cached_property
 import numpy as np
 import xxhash
 
-from ..contract.geometry import SegmentLayout, StoreGeometry
+from ..contract.geometry import StoreGeometry
+from ..contract.layout import SegmentLayout
 
 EXTENT_MAGIC = b"KVX1"
 MANIFEST_MAGIC = b"KVM1"

@@ -25,7 +25,7 @@ import numpy as np
 import xxhash
 
 from ..contract.errors import NotFound, StoreFull
-from ..contract.geometry import SegmentLayout
+from ..contract.layout import SegmentLayout
 from ..faults import crash_point
 from ..holds import PrefixHolds
 from ..io import aligned_buffer

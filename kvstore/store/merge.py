@@ -34,7 +34,8 @@ import threading
 from collections.abc import Callable
 
 from ..contract.errors import Conflict, NotFound
-from ..contract.geometry import SegmentLayout, StoreGeometry
+from ..contract.geometry import StoreGeometry
+from ..contract.layout import SegmentLayout
 from ..faults import crash_point
 from ..holds import PrefixHolds
 from ..manifest_files import ManifestFiles

@@ -13,7 +13,8 @@ import os
 import numpy as np
 
 from ..contract.errors import Conflict, InvalidArgument, StoreFull
-from ..contract.geometry import SegmentLayout, StoreGeometry
+from ..contract.geometry import StoreGeometry
+from ..contract.layout import SegmentLayout
 from ..faults import crash_point
 from ..hashing import chunk_hashes, validate_tokens
 from ..holds import PrefixHolds

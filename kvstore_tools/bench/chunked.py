@@ -28,7 +28,8 @@ import numpy as np
 from engine_client.rounding import fraction_count
 from kvstore.config import StoreConfig
 from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry, align_up
+from kvstore.contract.geometry import ModelSpec, StoreGeometry, align_up
+from kvstore.contract.layout import SegmentLayout
 from kvstore.store import ChunkStore
 
 from ..fmt import format_table, human_bytes

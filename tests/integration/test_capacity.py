@@ -8,7 +8,8 @@ from helpers import make_kv, make_tokens
 
 from kvstore.config import StoreConfig
 from kvstore.contract.errors import InvalidArgument, StoreFull
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.layout import SegmentLayout
 from kvstore.store import ChunkStore
 
 GEO = StoreGeometry(ModelSpec(4, 1, 16, "float16"), chunk_tokens=16, group_layers=2)

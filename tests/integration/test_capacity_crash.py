@@ -18,7 +18,8 @@ import pytest
 from helpers import data_root, make_kv, make_tokens
 
 from kvstore.config import StoreConfig
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.layout import SegmentLayout
 from kvstore.rebuild import rebuild_index
 from kvstore.store import ChunkStore
 

@@ -9,7 +9,8 @@ import numpy as np
 from helpers import data_root, make_kv, make_tokens
 
 from engine_client.client import KVStoreClient
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.layout import SegmentLayout
 
 GEO = StoreGeometry(ModelSpec(4, 1, 16, "float16"), chunk_tokens=16, group_layers=2)
 TOKENS = 256

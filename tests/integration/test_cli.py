@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 from helpers import assert_png
 
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.layout import SegmentLayout
 from kvstore.io import resolve_backend
 from kvstore.store import ChunkStore
 from kvstore_tools.bench.chunked import run_chunked

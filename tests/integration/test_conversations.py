@@ -14,7 +14,8 @@ from helpers import data_root, make_kv, make_tokens
 from test_metrics import metrics_port, scrape
 
 from engine_client.client import KVStoreClient, KVStoreRpcError
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.layout import SegmentLayout
 
 GEO = StoreGeometry(ModelSpec(4, 2, 8, "float16"), chunk_tokens=16, group_layers=2)
 # the compressed form: half the layers (a merge of layer pairs), stored under its own geometry

@@ -168,7 +168,7 @@ SWEEP_WRITER = textwrap.dedent(
     from test_crash import SWEEP_GEO, sweep_inputs, sweep_plan
     from kvstore.config import StoreConfig
     from kvstore.contract.errors import NotFound
-    from kvstore.contract.geometry import SegmentLayout
+    from kvstore.contract.layout import SegmentLayout
     from kvstore.hashing import chunk_hashes
     from kvstore.store import ChunkStore
 

@@ -8,8 +8,9 @@ from helpers import GEOMETRIES, ids, make_kv, make_tokens
 
 from kvstore.contract import kvquant
 from kvstore.contract.errors import InvalidArgument, NotFound, StoreLocked
-from kvstore.contract.geometry import SegmentLayout, StoreGeometry, split_extents
+from kvstore.contract.geometry import StoreGeometry
 from kvstore.contract.kv_values import key_summary
+from kvstore.contract.layout import SegmentLayout, split_extents
 from kvstore.store import ChunkStore
 
 

@@ -4,8 +4,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import ALIGN_BYTES, ModelSpec, SegmentLayout, StoreGeometry, split_extents
+from kvstore.contract.geometry import ALIGN_BYTES, ModelSpec, StoreGeometry
 from kvstore.contract.kv_values import key_summary, keys_as_float32
+from kvstore.contract.layout import SegmentLayout, split_extents
 
 
 def test_token_bytes_of_qwen7b_bf16_is_2kib_per_layer():

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from engine_client.stream_tail import tail_bytes, tail_geometry, tail_keys, tail_pages, tail_pairs, tail_positions
 from kvstore.contract.codec import geometry_from_pb, geometry_to_pb
 from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.contract.kv_values import float32_as_kv
+from kvstore.contract.layout import SegmentLayout
 
 MODEL = ModelSpec(4, 3, 8, "bfloat16")
 LEFT_OUT = ((0,), (), (1, 2), (2,))  # 4 of 12 (layer, head) pairs

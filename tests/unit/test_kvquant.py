@@ -7,8 +7,9 @@ from hypothesis import strategies as st
 
 from kvstore.contract import kvquant
 from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from kvstore.contract.kv_values import float32_as_kv, keys_as_float32
+from kvstore.contract.layout import SegmentLayout
 
 SCHEMES = list(kvquant.KV_QUANT)
 

@@ -14,7 +14,7 @@ from helpers import GEOMETRIES, make_kv, make_tokens
 from test_remote_store import open_node
 
 from kvstore.contract.errors import NotFound
-from kvstore.contract.geometry import SegmentLayout
+from kvstore.contract.layout import SegmentLayout
 from kvstore.remote.memory import MemoryTier
 
 GEO = GEOMETRIES[0]

@@ -5,7 +5,8 @@ import pytest
 from helpers import GEOMETRIES, ids, make_kv
 
 from kvstore.contract.errors import InvalidArgument
-from kvstore.contract.geometry import ModelSpec, SegmentLayout, StoreGeometry, split_extents
+from kvstore.contract.geometry import ModelSpec, StoreGeometry
+from kvstore.contract.layout import SegmentLayout, split_extents
 from kvstore.writer import SegmentImage
 
 CASES = [
