@@ -27,6 +27,7 @@ nodes that announced themselves.
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import ssl
 import threading
@@ -207,6 +208,12 @@ class RedisClusterTier(RemoteTier):
                 raise RemoteFull(str(exc)) from None
             self._reset()
             raise RemoteUnavailable(f"{type(exc).__name__}: {exc}") from None
+        except Exception as exc:
+            if not _raised_in_client(exc):
+                raise
+            # the client itself can fail mid-failover (a slot map changing under a pipeline): the call failed
+            self._reset()
+            raise RemoteUnavailable(f"{type(exc).__name__} in the Redis client: {exc}") from None
 
     def close(self) -> None:
         self._reset()
@@ -337,6 +344,14 @@ class RedisClusterTier(RemoteTier):
             return self._call(run)
         except RemoteUnavailable as exc:
             return str(exc)
+
+
+def _raised_in_client(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised inside the ``redis`` package (not in this module's own code)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and f"{os.sep}redis{os.sep}" in tb.tb_frame.f_code.co_filename
 
 
 def _remap(write: Callable, absent: list[int] | None) -> Callable:
