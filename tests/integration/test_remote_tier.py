@@ -57,6 +57,9 @@ def test_the_contract_every_engine_keeps(tier, request):
     assert tier.put_extents([(a, b"other"), (b, b"other")], ttl_s=60) == PutOutcome(0, 0, 2)  # present keys are kept
     assert tier.get_extents([a, "kvx:{none}:0:0", b]) == [b"A" * 100, None, b"B" * 7]
     assert tier.get_extent(a) == b"A" * 100
+    a1, a2 = f"kvx:{{a{tag}}}:1:1", f"kvx:{{a{tag}}}:2:1"  # a chunk's groups share its hash tag: one MGET on a cluster
+    tier.put_extents([(a2, b"a2")])
+    assert tier.get_extents([a, a1, a2, b, a, a2]) == [b"A" * 100, None, b"a2", b"B" * 7, b"A" * 100, b"a2"]
     assert tier.exists([a, "kvx:{none}:0:0"]) == [True, False]
     tier.touch([a, "kvx:{none}:0:0"], 120)
     mid, h1, h2 = hashlib.sha256(tag.encode()).hexdigest(), "a" * 64, "b" * 64
