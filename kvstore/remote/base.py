@@ -70,6 +70,23 @@ class RemoteTier(abc.ABC):
     def get_extent(self, key: str) -> bytes | None:
         return self.get_extents([key])[0]
 
+    def get_extents_into(self, keys: Sequence[str], outs: Sequence[memoryview], head: int) -> list[bytes | None]:
+        """``get_extents`` that writes each value past its first ``head`` bytes into ``outs[i]``.
+
+        Per key: None where absent; the leading ``head`` bytes where the value is
+        ``head + len(outs[i])`` bytes long (the rest is in ``outs[i]``); the whole
+        value, with nothing written, where its length is any other (the caller's
+        check refuses it).  An engine that can receive into caller memory
+        overrides this (a fill then skips one copy of every byte).
+        """
+        got = []
+        for value, out in zip(self.get_extents(keys), outs):
+            if value is not None and len(value) == head + len(out):
+                out[:] = memoryview(value)[head:]
+                value = bytes(value[:head])
+            got.append(value)
+        return got
+
     @abc.abstractmethod
     def put_manifest(self, manifest_id: str, value: bytes, chunk_hashes: Sequence[str], *, ttl_s: int = 0) -> None:
         """Store a manifest, then point the chunk index of each of ``chunk_hashes`` at it; acknowledged when replicated."""

@@ -35,11 +35,20 @@ from collections.abc import Callable, Sequence
 from urllib.parse import unquote
 
 from .base import NotReplicated, PutOutcome, RemoteFull, RemoteRefused, RemoteTier, RemoteUnavailable
+from .resp_into import NotPlain, pack_gets, read_gets_into
 
 log = logging.getLogger("kvstore.remote")
 
 SCHEMES = ("redis-cluster", "redis-cluster+tls")
 NODES_KEY = "kvnodes"
+
+
+def _pooled_connection(pool):
+    """A connection from a redis-py pool (redis-py 5 names the command it is for; later versions take none)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("GET")
 
 
 def _hash_tag(key: str) -> str | None:
@@ -315,6 +324,45 @@ class RedisClusterTier(RemoteTier):
             lambda pipe: [pipe.get(run[0]) if len(run) == 1 else pipe.execute_command("MGET", *run) for run in runs], len(runs)
         )
         return [v for run, reply in zip(runs, replies) for v in ([reply] if len(run) == 1 else reply)]
+
+    def get_extents_into(self, keys: Sequence[str], outs: Sequence[memoryview], head: int) -> list[bytes | None]:
+        """Pipelined ``GET``s on one connection per master, received into ``outs`` (``resp_into``).
+
+        A reply that is not a value or nil (the slot moved: a failover) drops that
+        connection and the keys are read through the cluster client instead, which
+        follows the redirection; so does a connection without a plain socket.
+        """
+        if not keys:
+            return []
+
+        def run(rc):
+            got: list = [None] * len(keys)
+            sent = []  # (connection, its pool, the key indices), every request sent before any reply is read
+            try:
+                for name, idx in self._by_master(rc, keys).items():
+                    pool = rc.get_redis_connection(rc.get_node(node_name=name)).connection_pool
+                    conn = _pooled_connection(pool)
+                    sent.append((conn, pool, idx))
+                    conn.connect()
+                    if getattr(conn, "_sock", None) is None or conn.can_read(timeout=0):
+                        raise NotPlain("no plain socket, or unread bytes on it")
+                    conn.send_packed_command([pack_gets([keys[i] for i in idx])], check_health=False)
+                while sent:
+                    conn, pool, idx = sent[0]
+                    for i, value in zip(idx, read_gets_into(conn._sock, [outs[i] for i in idx], head)):  # noqa: SLF001
+                        got[i] = value
+                    sent.pop(0)
+                    pool.release(conn)
+                return got
+            finally:
+                for conn, pool, _ in sent:  # out of step with its replies: never reused
+                    conn.disconnect()
+                    pool.release(conn)
+
+        try:
+            return self._call(run)
+        except NotPlain:
+            return super().get_extents_into(keys, outs, head)
 
     def get_manifest(self, manifest_id: str) -> bytes | None:
         return self._call(lambda rc: rc.get(f"kvm:{manifest_id}"))

@@ -15,7 +15,7 @@ import pytest
 import redis_cluster
 from redis_cluster import LocalRedisCluster
 
-from kvstore.remote.base import NotReplicated, PutOutcome, RemoteRefused, RemoteUnavailable
+from kvstore.remote.base import NotReplicated, PutOutcome, RemoteRefused, RemoteTier, RemoteUnavailable
 from kvstore.remote.memory import MemoryTier
 
 redis = pytest.importorskip("redis")  # the remote extra (make test installs it)
@@ -60,6 +60,9 @@ def test_the_contract_every_engine_keeps(tier, request):
     a1, a2 = f"kvx:{{a{tag}}}:1:1", f"kvx:{{a{tag}}}:2:1"  # a chunk's groups share its hash tag: one MGET on a cluster
     tier.put_extents([(a2, b"a2")])
     assert tier.get_extents([a, a1, a2, b, a, a2]) == [b"A" * 100, None, b"a2", b"B" * 7, b"A" * 100, b"a2"]
+    outs = [memoryview(bytearray(n)) for n in (96, 5, 0, 3)]  # a's 4 + 96, absent, b's 7 (not 4 + 0), a2's 2 (not 4 + 3)
+    assert tier.get_extents_into([a, a1, b, a2], outs, 4) == [b"AAAA", None, b"B" * 7, b"a2"]
+    assert bytes(outs[0]) == b"A" * 96 and bytes(outs[1]) == bytes(5) and bytes(outs[3]) == bytes(3)  # a mismatched length writes nothing
     assert tier.exists([a, "kvx:{none}:0:0"]) == [True, False]
     tier.touch([a, "kvx:{none}:0:0"], 120)
     mid, h1, h2 = hashlib.sha256(tag.encode()).hexdigest(), "a" * 64, "b" * 64
@@ -263,3 +266,33 @@ def test_sigkill_while_fills_are_written_behind_leaves_only_whole_listed_prefixe
             hit = b.lookup(tokens, geo)
             assert hit.matched_chunks == 16
             assert np.array_equal(b.read(hit.prefix_id, range(16)).to_kv(), kv)
+
+
+@needs_redis
+def test_reads_into_memory_follow_a_moved_slot_through_the_cluster_client(cluster, monkeypatch):
+    """Keys sent to a master that does not own their slot answer ``-MOVED``: the read drops that connection and
+    reads them through the cluster client, with the same values."""
+    tier = redis_tier(cluster.url)
+    try:
+        tag = str(time.monotonic_ns())
+        keys = [f"kvx:{{m{tag}-{i}}}:0:0" for i in range(12)]
+        values = [bytes([i]) * 4 + bytes([100 + i]) * (1000 + i) for i in range(12)]
+        tier.put_extents(list(zip(keys, values)))
+        rc = tier._cluster()
+        assert len({rc.get_node_from_key(k).name for k in keys}) > 1  # 12 tags over 3 masters
+        one = rc.get_node_from_key(keys[0]).name
+        through_client = []
+        plain = RemoteTier.get_extents_into
+        monkeypatch.setattr(RemoteTier, "get_extents_into", lambda self, *a: through_client.append(1) or plain(self, *a))
+        monkeypatch.setattr(tier, "_by_master", lambda rc, ks: {one: list(range(len(ks)))})  # every key sent to one master
+        outs = [memoryview(bytearray(len(v) - 4)) for v in values]
+        assert tier.get_extents_into(keys, outs, 4) == [v[:4] for v in values]
+        assert [bytes(o) for o in outs] == [v[4:] for v in values]
+        assert through_client == [1]
+        monkeypatch.setattr(tier, "_by_master", type(tier)._by_master.__get__(tier))
+        outs = [memoryview(bytearray(len(v) - 4)) for v in values]  # the pool's connections are in step again
+        assert tier.get_extents_into(keys, outs, 4) == [v[:4] for v in values]
+        assert [bytes(o) for o in outs] == [v[4:] for v in values]
+        assert through_client == [1]  # received in place, no redirection
+    finally:
+        tier.close()
