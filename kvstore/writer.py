@@ -140,6 +140,29 @@ class SegmentImage:
             self._received[group, local] = data.size
         return chunks
 
+    def extent_views(self, group: int, chunks) -> list[memoryview]:
+        """Writable views of the extents of ``chunks`` in the image, for a fetch that receives them in place
+        (``RemoteTier.get_extents_into``); ``received_in_place`` then takes them as ``copy_extents`` would."""
+        views = []
+        for j in chunks:
+            length = self.extent_length(group, j)
+            start = int(self.layout.extent_offsets[group, j - self.first_chunk])
+            views.append(self.buffer[start : start + length])
+        return views
+
+    def received_in_place(self, group: int, chunks) -> list[int]:
+        """``copy_extents`` of extents already written into their ``extent_views``; the chunks, for ``derive_extents``."""
+        chunks = [int(j) for j in chunks]
+        if any(b != a + 1 for a, b in zip(chunks, chunks[1:])):
+            raise InvalidArgument("extent.chunk", f"chunks must be consecutive, got {chunks}")
+        locals_ = [j - self.first_chunk for j in chunks]
+        for j in chunks:
+            self.extent_length(group, j)  # validates group and chunk
+        if self._received[group, locals_].any():
+            raise InvalidArgument("extent", f"group {group}: some of chunks {chunks} were already sent")
+        self._received[group, locals_] = self.layout.extent_lengths[group, locals_]
+        return chunks
+
     def derive_extents(self, group: int, chunks: list[int]) -> None:
         """The derive half of ``put_extents``: summaries and probe keys of extents ``copy_extents`` took."""
         layout = self.layout

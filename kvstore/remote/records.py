@@ -34,6 +34,7 @@ from ..contract.layout import SegmentLayout
 EXTENT_MAGIC = b"KVX1"
 MANIFEST_MAGIC = b"KVM1"
 _EXTENT_HEADER = struct.Struct("<4sIQ")  # magic, payload bytes, xxh3-64 of the payload
+EXTENT_HEAD = _EXTENT_HEADER.size  # bytes before an extent value's payload
 _MANIFEST_HEADER = struct.Struct("<4sQ")  # magic, xxh3-64 of the JSON
 MANIFEST_VERSION = 1
 _HEX = frozenset("0123456789abcdef")
@@ -64,17 +65,23 @@ def decode_extent(value: bytes, *, length: int, xxh3: int) -> memoryview:
     n = _EXTENT_HEADER.size
     if len(value) < n:
         raise RemoteChecksumError(f"value of {len(value)} bytes is shorter than its header")
-    magic, size, stored = _EXTENT_HEADER.unpack_from(value)
+    payload = memoryview(value)[n:]
+    check_extent(value[:n], payload, length=length, xxh3=xxh3)
+    return payload
+
+
+def check_extent(head: bytes, payload: memoryview, *, length: int, xxh3: int) -> None:
+    """RemoteChecksumError unless ``head`` (an extent value's ``EXTENT_HEAD`` bytes) and the ``payload`` after it
+    hold ``length`` bytes hashing to ``xxh3`` (a fill receives the payload in place: ``get_extents_into``)."""
+    magic, size, stored = _EXTENT_HEADER.unpack_from(head)
     if magic != EXTENT_MAGIC:
         raise RemoteChecksumError("value is not an extent (bad magic)")
-    payload = memoryview(value)[n:]
     if size != length or payload.nbytes != length:
         raise RemoteChecksumError(f"value holds {payload.nbytes} bytes (header says {size}), the extent has {length}")
     if stored != xxh3:
         raise RemoteChecksumError(f"header checksum {stored:016x} is not the manifest's {xxh3:016x}")
     if xxhash.xxh3_64_intdigest(payload) != xxh3:
         raise RemoteChecksumError("payload does not match its checksum")
-    return payload
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,12 @@ class PendingPut:
         """``put_extents`` without the derivation (``SegmentImage.copy_extents``); ``derive_extents`` of the chunks follows."""
         return self._image().copy_extents(group, chunks, payloads)
 
+    def extent_views(self, group: int, chunks) -> list[memoryview]:
+        return self._image().extent_views(group, chunks)
+
+    def received_in_place(self, group: int, chunks) -> list[int]:
+        return self._image().received_in_place(group, chunks)
+
     def derive_extents(self, group: int, chunks: list[int]) -> None:
         self._image().derive_extents(group, chunks)
 

@@ -40,7 +40,7 @@ from ..contract.geometry import StoreGeometry
 from ..policy.remote import ttl_seconds
 from ..records import PAGES, PREFIX
 from ..remote.base import RemoteUnavailable
-from ..remote.records import RemoteChecksumError, RemoteManifest, decode_extent, decode_manifest, is_hash_hex
+from ..remote.records import EXTENT_HEAD, RemoteChecksumError, RemoteManifest, check_extent, decode_extent, decode_manifest, is_hash_hex
 from ..segment_files import SegmentFiles
 from .catalogue import Catalogue
 from .fill_behind import CommitsBehind
@@ -313,10 +313,11 @@ class RemoteFill:
     def _fetch_into(self, pending: PendingPut, manifest: RemoteManifest) -> tuple[_Stop | None, int]:
         """Fetch and check every needed extent into ``pending``, in batches; where it stopped (None: all), and the bytes.
 
-        The next batch is fetched (on the fetch pool) while this one is checked and copied, and each
-        copied batch's summaries and probe keys are derived on the pool too (numpy lets go of the
-        interpreter lock for them): batches of at most ``remote_batch_bytes``, and at least
-        ``_OVERLAP_BATCHES`` of them for a fill that large.
+        Each batch is received in place, into its extents of the segment image (``get_extents_into``:
+        no copy), the next one (on the fetch pool) while this one is checked; each checked batch's
+        summaries and probe keys are derived on the pool too (numpy lets go of the interpreter lock
+        for them): batches of at most ``remote_batch_bytes``, and at least ``_OVERLAP_BATCHES`` of
+        them for a fill that large.
         """
         geo = manifest.geometry
         groups = range(geo.num_groups)
@@ -328,8 +329,10 @@ class RemoteFill:
         def keys_of(chunks):
             return [manifest.extent_key(j, g) for j in chunks for g in groups]
 
-        def fetch(chunks):
-            return self._link.call(self._link.tier.get_extents, keys_of(chunks))
+        def fetch(chunks):  # received in place: each payload straight into its extent of the image
+            views = [pending.extent_views(g, chunks) for g in groups]
+            outs = [views[g][i] for i in range(len(chunks)) for g in groups]
+            return self._link.call(self._link.tier.get_extents_into, keys_of(chunks), outs, EXTENT_HEAD), outs
 
         def derive(copied):
             for g, chunks in enumerate(copied):
@@ -340,26 +343,28 @@ class RemoteFill:
         ahead = self._fetch_pool().submit(fetch, batches[0]) if batches else None
         try:
             for k, chunks in enumerate(batches):
-                values, ahead = ahead.result(), None
+                (heads, outs), ahead = ahead.result(), None
                 if k + 1 < len(batches):
                     ahead = self._fetch_pool().submit(fetch, batches[k + 1])
-                payloads: list[list] = [[] for _ in groups]
                 for i, j in enumerate(chunks):
                     for g in groups:
-                        value = values[i * geo.num_groups + g]
-                        if value is None:
+                        head = heads[i * geo.num_groups + g]
+                        if head is None:
                             self._link.count(remote_misses=1)
                             return _Stop(j, "is not stored (evicted)", False), nbytes
-                        try:
-                            payload = decode_extent(value, length=manifest.extent_length(j, g), xxh3=int(manifest.extent_xxh3[j, g]))
+                        length, xxh3 = manifest.extent_length(j, g), int(manifest.extent_xxh3[j, g])
+                        try:  # whatever the view holds now is what is served: it is what the checksum covers
+                            if len(head) == EXTENT_HEAD:
+                                check_extent(head, outs[i * geo.num_groups + g], length=length, xxh3=xxh3)
+                            else:  # a value of another length came back whole: this refuses it
+                                decode_extent(head, length=length, xxh3=xxh3)
                         except RemoteChecksumError as exc:
                             self._link.count(remote_checksum_failures=1)
                             log.error("remote chunk %d group %d of prefix %s is damaged and not served: %s", j, g, manifest.prefix_id, exc)
                             return _Stop(j, f"failed its checksum ({exc})", True), nbytes
-                        payloads[g].append(payload)
-                copied = [pending.copy_extents(g, chunks, payloads[g]) for g in groups]
-                derived.append(self._fetch_pool().submit(derive, copied))
-                nbytes += sum(p.nbytes for g in groups for p in payloads[g])
+                received = [pending.received_in_place(g, chunks) for g in groups]
+                derived.append(self._fetch_pool().submit(derive, received))
+                nbytes += sum(o.nbytes for o in outs)
                 self._touch(keys_of(chunks))
             for job in derived:
                 job.result()

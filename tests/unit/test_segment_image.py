@@ -97,3 +97,29 @@ def test_extents_are_derived_only_once_copied():
         image.derive_extents(0, [1, 2])
     image.derive_extents(0, [0, 1])
     assert image.missing == geo.num_groups * 4 - 2
+
+
+@pytest.mark.parametrize("geo", CASES, ids=ids)
+def test_extents_received_in_place_build_the_same_image(geo):
+    """A fill's fetch writes payloads straight into ``extent_views``; ``received_in_place`` takes them as copied."""
+    tokens = 16 * 9 + 5
+    kv = make_kv(geo, tokens, 5)
+    layout = SegmentLayout(geo, tokens)
+    one, placed = SegmentImage(layout, 0), SegmentImage(layout, 0)
+    ext = extents_of(geo, kv)
+    for (g, j), e in ext.items():
+        one.put_extent(g, j, payload(geo, g, e))
+    n = geo.num_chunks(tokens)
+    for batch in (range(0, 4), range(4, n)):
+        for g in range(geo.num_groups):
+            for j, view in zip(batch, placed.extent_views(g, batch)):
+                view[:] = np.ascontiguousarray(payload(geo, g, ext[g, j])).view(np.uint8).reshape(-1)
+            placed.derive_extents(g, placed.received_in_place(g, batch))
+    assert placed.missing == 0
+    assert bytes(placed.buffer) == bytes(one.buffer)
+    with pytest.raises(InvalidArgument, match="already sent"):
+        placed.received_in_place(0, [1, 2])
+    with pytest.raises(InvalidArgument, match="consecutive"):
+        SegmentImage(layout, 0).received_in_place(0, [0, 2])
+    with pytest.raises(InvalidArgument, match="extent.chunk"):
+        SegmentImage(layout, 0).extent_views(0, [n])
