@@ -313,9 +313,11 @@ class AsyncKVStoreClient(AsyncConversationCalls, AsyncRouteCalls):
         res = await acall(self.stub.DataChannel, pb.DataChannelRequest(), **self._kw(timeout))
         return res.port, res.reason
 
-    async def get_summaries(self, prefix_id: str, *, timeout=None) -> np.ndarray:
-        """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
-        req = pb.GetSummariesRequest(prefix_id=prefix_id)
+    async def get_summaries(self, prefix_id: str, *, layer_step: int = 1, timeout=None) -> np.ndarray:
+        """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32, of layers ``0, layer_step, ...``."""
+        if isinstance(layer_step, bool) or not isinstance(layer_step, int) or layer_step < 1:
+            raise ValueError(f"layer_step must be a positive integer, got {layer_step!r}")
+        req = pb.GetSummariesRequest(prefix_id=prefix_id, layer_step=layer_step)
         return array_from_frames(r.frame for r in await _collect(astream(self.stub.GetSummaries, req, **self._kw(timeout))))
 
     async def get_probe_keys(self, prefix_id: str, group: int, *, timeout=None) -> np.ndarray:

@@ -330,9 +330,11 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
             timeout=timeout,
         )
 
-    def get_summaries(self, prefix_id: str, *, timeout=None) -> np.ndarray:
-        """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
-        req = pb.GetSummariesRequest(prefix_id=prefix_id)
+    def get_summaries(self, prefix_id: str, *, layer_step: int = 1, timeout=None) -> np.ndarray:
+        """``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32, of layers ``0, layer_step, 2 * layer_step, ...``."""
+        if isinstance(layer_step, bool) or not isinstance(layer_step, int) or layer_step < 1:
+            raise ValueError(f"layer_step must be a positive integer, got {layer_step!r}")
+        req = pb.GetSummariesRequest(prefix_id=prefix_id, layer_step=layer_step)
         return array_from_frames(r.frame for r in stream(self.stub.GetSummaries, req, **self._kw(timeout)))
 
     def get_probe_keys(self, prefix_id: str, group: int, *, timeout=None) -> np.ndarray:

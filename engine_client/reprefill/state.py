@@ -71,10 +71,9 @@ class ResidentState:
         """Key summaries of each Period's first layer, ``[chunks, periods, kv_heads, 2, head_dim]``."""
         state = self.prefix(prefix_id)
         if period_layers not in state.summaries:
-            full = self.client.get_summaries(prefix_id)  # [chunks, layers, kv_heads, 2, head_dim] float32
+            firsts = self.client.get_summaries(prefix_id, layer_step=period_layers)  # [chunks, periods, kv_heads, 2, head_dim] float32
             if out is not None:
-                out.state_bytes_fetched += full.nbytes
-            firsts = np.ascontiguousarray(full[:, ::period_layers])  # [chunks, periods, kv_heads, 2, head_dim]
+                out.state_bytes_fetched += firsts.nbytes
             state.summaries[period_layers] = torch.from_numpy(firsts).to(self.device, self.dtype)
         return state.summaries[period_layers]
 

@@ -280,7 +280,7 @@ class KVStoreServicer(ConversationRpcs, RouteRpcs, pb_grpc.KVStoreServicer):
     @streaming
     async def GetSummaries(self, request, context):
         pid = await self.svc.run(self.svc.reach, request.prefix_id, context)
-        arr = await self.svc.run(self.svc.store.read_summaries, pid)
+        arr = await self.svc.run(self.svc.store.read_summaries, pid, request.layer_step or 1)
         for frame in array_frames(arr, self.svc.config.frame_bytes):
             yield pb.GetSummariesResponse(frame=frame)
 

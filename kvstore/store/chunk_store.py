@@ -312,9 +312,9 @@ class ChunkStore:
         """
         return self.reader.read(prefix_id, chunks, groups, coalesce=coalesce, alloc=alloc)
 
-    def read_summaries(self, prefix_id: str) -> np.ndarray:
-        """Key summaries ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
-        return self.reader.read_summaries(prefix_id)
+    def read_summaries(self, prefix_id: str, layer_step: int = 1) -> np.ndarray:
+        """Key summaries ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32, of layers ``0, layer_step, ...``."""
+        return self.reader.read_summaries(prefix_id, layer_step)
 
     def read_probe_keys(self, prefix_id: str, group: int) -> np.ndarray:
         """Keys of the group's first layer: ``[kv_heads, tokens, head_dim]`` (``Reader.read_probe_keys``)."""

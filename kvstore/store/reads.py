@@ -107,11 +107,14 @@ class Reader:
             _views=views,
         )
 
-    def read_summaries(self, prefix_id: str) -> np.ndarray:
-        """Key summaries ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32."""
+    def read_summaries(self, prefix_id: str, layer_step: int = 1) -> np.ndarray:
+        """Key summaries ``[chunks, layers, kv_heads, 2 (min|max), head_dim]`` float32, of layers ``0, layer_step, ...``
+        (a client keeping each Period's first layer asks for those alone)."""
         with self._holds.hold(prefix_id):
             view = self._catalogue.describe(prefix_id)
-            return np.concatenate([self._piece_summaries(view, p) for p in view.pieces], axis=0)
+            if isinstance(layer_step, bool) or not isinstance(layer_step, int) or layer_step < 1:  # past the last layer: layer 0
+                raise InvalidArgument("layer_step", f"must be a positive integer (0 in a request: every layer), got {layer_step!r}")
+            return np.concatenate([self._piece_summaries(view, p)[:, ::layer_step] for p in view.pieces], axis=0)
 
     def _piece_summaries(self, view: PrefixView, p: Piece) -> np.ndarray:
         seg = self._catalogue.segment_info(p.segment_id)

@@ -151,7 +151,10 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
                 stream = client.prefetch(pid, period_layers=ev["period_layers"], speculate=speculate, hints=ev["hints"], push=ev["push"])
             elif op in ("summaries", "probe"):
                 t0 = time.perf_counter()
-                arr = client.get_summaries(pid) if op == "summaries" else client.get_probe_keys(pid, ev["group"])
+                if op == "summaries":  # a trace from before layer_step fetched every layer
+                    arr = client.get_summaries(pid, layer_step=ev.get("layer_step", 1))
+                else:
+                    arr = client.get_probe_keys(pid, ev["group"])
                 state_bytes += arr.nbytes
                 out["fetch_s"] += time.perf_counter() - t0
             elif op in ("send", "hint"):

@@ -68,7 +68,7 @@ class RecordingClient:
 
     def get_summaries(self, prefix_id, **kw):
         arr = self._client.get_summaries(prefix_id, **kw)
-        self.log("summaries", bytes=int(arr.nbytes))
+        self.log("summaries", bytes=int(arr.nbytes), layer_step=int(kw.get("layer_step", 1)))
         return arr
 
     def get_probe_keys(self, prefix_id, group, **kw):

@@ -67,7 +67,10 @@ def test_roundtrip_both_data_paths(daemon, geo):
                 assert got.groups == [g]
                 np.testing.assert_array_equal(got.group_kv(g), kv[list(geo.group_layer_range(g))][:, :, :, : geo.chunk_tokens])
         np.testing.assert_array_equal(client.get_probe_keys(res.prefix_id, 0), kv[0, 0]) if geo.probe_keys else None
-        assert client.get_summaries(res.prefix_id).shape == (m, geo.model.num_layers, geo.model.num_kv_heads, 2, geo.model.head_dim)
+        full = client.get_summaries(res.prefix_id)
+        assert full.shape == (m, geo.model.num_layers, geo.model.num_kv_heads, 2, geo.model.head_dim)
+        for step in {1, 2, geo.group_layers, geo.model.num_layers, geo.model.num_layers + 3}:  # each Period's first layer alone
+            np.testing.assert_array_equal(client.get_summaries(res.prefix_id, layer_step=step), full[:, ::step])
         assert leased_bytes_settle(client) == 0  # every read above was released
 
 
@@ -134,6 +137,8 @@ def test_status_codes_from_real_bad_requests(daemon):
         assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("chunks")
         code, msg = code_of(lambda: client.read_chunks(pid, [0], layer_start=9))
         assert code == grpc.StatusCode.INVALID_ARGUMENT and msg.startswith("layer_start")
+        with pytest.raises(ValueError, match="layer_step"):
+            client.get_summaries(pid, layer_step=0)
         code, _ = code_of(lambda: client.read_chunks("ab" * 32, [0]))
         assert code == grpc.StatusCode.NOT_FOUND
         code, _ = code_of(lambda: client.delete("cd" * 32))

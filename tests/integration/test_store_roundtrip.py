@@ -40,6 +40,10 @@ def test_roundtrip_bit_exact(store_config, geo, num_tokens):
         for g, j, ext in split_extents(geo, kv):
             layers = geo.group_layer_range(g)
             np.testing.assert_array_equal(summ[j, layers.start : layers.stop], key_summary(ext, geo.model.dtype))
+        np.testing.assert_array_equal(store.read_summaries(res.prefix_id, 3), summ[:, ::3])
+        for bad in (0, -1, 1.5, True):
+            with pytest.raises(InvalidArgument, match="layer_step"):
+                store.read_summaries(res.prefix_id, bad)
         if geo.probe_keys:
             for g in range(geo.num_groups):
                 np.testing.assert_array_equal(store.read_probe_keys(res.prefix_id, g), kv[g * geo.group_layers, 0])

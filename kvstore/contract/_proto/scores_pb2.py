@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from kvstore.contract._proto import frames_pb2 as kvstore_dot_v1_dot_frames__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvstore/v1/scores.proto\x12\nkvstore.v1\x1a\x17kvstore/v1/frames.proto\"]\n\x16ReportAttentionRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\r\x12\x0e\n\x06\x63hunks\x18\x03 \x03(\x03\x12\x11\n\tattention\x18\x04 \x03(\x02\"(\n\x17ReportAttentionResponse\x12\r\n\x05units\x18\x01 \x01(\r\"4\n\x10GetScoresRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\r\"I\n\x11GetScoresResponse\x12\x12\n\nimportance\x18\x01 \x03(\x01\x12\x11\n\tfrequency\x18\x02 \x03(\x04\x12\r\n\x05score\x18\x03 \x03(\x01\"(\n\x13GetSummariesRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\"=\n\x14GetSummariesResponse\x12%\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x16.kvstore.v1.ArrayFrame\"7\n\x13GetProbeKeysRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\r\"=\n\x14GetProbeKeysResponse\x12%\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x16.kvstore.v1.ArrayFrameb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17kvstore/v1/scores.proto\x12\nkvstore.v1\x1a\x17kvstore/v1/frames.proto\"]\n\x16ReportAttentionRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\r\x12\x0e\n\x06\x63hunks\x18\x03 \x03(\x03\x12\x11\n\tattention\x18\x04 \x03(\x02\"(\n\x17ReportAttentionResponse\x12\r\n\x05units\x18\x01 \x01(\r\"4\n\x10GetScoresRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\r\"I\n\x11GetScoresResponse\x12\x12\n\nimportance\x18\x01 \x03(\x01\x12\x11\n\tfrequency\x18\x02 \x03(\x04\x12\r\n\x05score\x18\x03 \x03(\x01\"<\n\x13GetSummariesRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\x12\x12\n\nlayer_step\x18\x02 \x01(\r\"=\n\x14GetSummariesResponse\x12%\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x16.kvstore.v1.ArrayFrame\"7\n\x13GetProbeKeysRequest\x12\x11\n\tprefix_id\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\r\"=\n\x14GetProbeKeysResponse\x12%\n\x05\x66rame\x18\x01 \x01(\x0b\x32\x16.kvstore.v1.ArrayFrameb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -41,11 +41,11 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GETSCORESRESPONSE']._serialized_start=255
   _globals['_GETSCORESRESPONSE']._serialized_end=328
   _globals['_GETSUMMARIESREQUEST']._serialized_start=330
-  _globals['_GETSUMMARIESREQUEST']._serialized_end=370
-  _globals['_GETSUMMARIESRESPONSE']._serialized_start=372
-  _globals['_GETSUMMARIESRESPONSE']._serialized_end=433
-  _globals['_GETPROBEKEYSREQUEST']._serialized_start=435
-  _globals['_GETPROBEKEYSREQUEST']._serialized_end=490
-  _globals['_GETPROBEKEYSRESPONSE']._serialized_start=492
-  _globals['_GETPROBEKEYSRESPONSE']._serialized_end=553
+  _globals['_GETSUMMARIESREQUEST']._serialized_end=390
+  _globals['_GETSUMMARIESRESPONSE']._serialized_start=392
+  _globals['_GETSUMMARIESRESPONSE']._serialized_end=453
+  _globals['_GETPROBEKEYSREQUEST']._serialized_start=455
+  _globals['_GETPROBEKEYSREQUEST']._serialized_end=510
+  _globals['_GETPROBEKEYSRESPONSE']._serialized_start=512
+  _globals['_GETPROBEKEYSRESPONSE']._serialized_end=573
 # @@protoc_insertion_point(module_scope)

@@ -44,10 +44,12 @@ class GetScoresResponse(_message.Message):
     def __init__(self, importance: _Optional[_Iterable[float]] = ..., frequency: _Optional[_Iterable[int]] = ..., score: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class GetSummariesRequest(_message.Message):
-    __slots__ = ("prefix_id",)
+    __slots__ = ("prefix_id", "layer_step")
     PREFIX_ID_FIELD_NUMBER: _ClassVar[int]
+    LAYER_STEP_FIELD_NUMBER: _ClassVar[int]
     prefix_id: str
-    def __init__(self, prefix_id: _Optional[str] = ...) -> None: ...
+    layer_step: int
+    def __init__(self, prefix_id: _Optional[str] = ..., layer_step: _Optional[int] = ...) -> None: ...
 
 class GetSummariesResponse(_message.Message):
     __slots__ = ("frame",)
