@@ -32,52 +32,14 @@ import socket
 import ssl
 import threading
 from collections.abc import Callable, Sequence
-from urllib.parse import unquote
 
 from .base import NotReplicated, PutOutcome, RemoteFull, RemoteRefused, RemoteTier, RemoteUnavailable
-from .resp_into import NotPlain, pack_gets, read_gets_into
+from .resp_into import NotPlain, gets_into, tag_runs
+from .urls import parse_url
 
 log = logging.getLogger("kvstore.remote")
 
-SCHEMES = ("redis-cluster", "redis-cluster+tls")
 NODES_KEY = "kvnodes"
-
-
-def _pooled_connection(pool):
-    """A connection from a redis-py pool (redis-py 5 names the command it is for; later versions take none)."""
-    try:
-        return pool.get_connection()
-    except TypeError:
-        return pool.get_connection("GET")
-
-
-def _hash_tag(key: str) -> str | None:
-    """The part of ``key`` Redis Cluster hashes to a slot when it has one (``{...}``, non-empty), else None."""
-    start = key.find("{")
-    end = key.find("}", start + 1) if start >= 0 else -1
-    return key[start + 1 : end] if end > start + 1 else None
-
-
-def parse_url(url: str) -> tuple[bool, list[tuple[str, int]], str | None, str | None]:
-    """``redis-cluster[+tls]://[user[:password]@]host:port[,host:port...]`` -> (tls, nodes, username, password).
-
-    ValueError naming what is wrong.
-    """
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme not in SCHEMES:
-        raise ValueError(f"expected {' or '.join(s + '://' for s in SCHEMES)}host:port[,host:port...], got {url!r}")
-    username = password = None
-    if "@" in rest:
-        cred, rest = rest.rsplit("@", 1)
-        user, has_pw, pw = cred.partition(":")
-        username, password = unquote(user) or None, unquote(pw) if has_pw else None
-    nodes = []
-    for part in rest.strip("/").split(","):
-        host, colon, port = part.strip().rpartition(":")
-        if not colon or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ValueError(f"expected host:port in {url!r}, got {part!r}")
-        nodes.append((host.strip("[]"), int(port)))
-    return scheme.endswith("+tls"), nodes, username, password
 
 
 class RedisClusterTier(RemoteTier):
@@ -311,15 +273,7 @@ class RedisClusterTier(RemoteTier):
         64 chunks of 3 extents one ``MGET`` per chunk reads the 12 MiB in 7-9 ms
         against 10-14 ms for 192 ``GET``s (loopback, 3 masters).
         """
-        runs: list[list[str]] = []
-        last_tag = None
-        for key in keys:
-            tag = _hash_tag(key)
-            if tag is not None and tag == last_tag:
-                runs[-1].append(key)
-            else:
-                runs.append([key])
-            last_tag = tag
+        runs = tag_runs(keys)
         replies = self._pipelined(
             lambda pipe: [pipe.get(run[0]) if len(run) == 1 else pipe.execute_command("MGET", *run) for run in runs], len(runs)
         )
@@ -336,28 +290,11 @@ class RedisClusterTier(RemoteTier):
             return []
 
         def run(rc):
-            got: list = [None] * len(keys)
-            sent = []  # (connection, its pool, the key indices), every request sent before any reply is read
-            try:
-                for name, idx in self._by_master(rc, keys).items():
-                    pool = rc.get_redis_connection(rc.get_node(node_name=name)).connection_pool
-                    conn = _pooled_connection(pool)
-                    sent.append((conn, pool, idx))
-                    conn.connect()
-                    if getattr(conn, "_sock", None) is None or conn.can_read(timeout=0):
-                        raise NotPlain("no plain socket, or unread bytes on it")
-                    conn.send_packed_command([pack_gets([keys[i] for i in idx])], check_health=False)
-                while sent:
-                    conn, pool, idx = sent[0]
-                    for i, value in zip(idx, read_gets_into(conn._sock, [outs[i] for i in idx], head)):  # noqa: SLF001
-                        got[i] = value
-                    sent.pop(0)
-                    pool.release(conn)
-                return got
-            finally:
-                for conn, pool, _ in sent:  # out of step with its replies: never reused
-                    conn.disconnect()
-                    pool.release(conn)
+            per_master = [
+                (rc.get_redis_connection(rc.get_node(node_name=name)).connection_pool, idx)
+                for name, idx in self._by_master(rc, keys).items()
+            ]
+            return gets_into(per_master, keys, outs, head)
 
         try:
             return self._call(run)

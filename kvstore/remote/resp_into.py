@@ -7,10 +7,13 @@ masters, 2 cores) 12 MiB of 64 KiB values took 12.6-13.4 ms that way (one
 received into the image with ``recv_into``.
 
 This speaks only the RESP2 a ``GET`` answers with (a bulk string, or nil) on
-a connection redis-py opened and authenticated (TLS included).  Any other
-reply (``-MOVED`` after a failover, ``-LOADING``, ...) raises ``NotPlain``:
-the connection is out of step and must be dropped, and the caller reads
-through redis-py, which follows the redirection.
+a connection redis-py opened and authenticated (TLS included): ``gets_into``
+takes one from each master's pool, sends every request, then reads every
+reply.  Any other reply (``-MOVED`` after a failover, ``-LOADING``, ...)
+raises ``NotPlain``: the connection is out of step and is dropped, and the
+caller reads through redis-py, which follows the redirection.
+
+``tag_runs`` groups keys for ``MGET`` (the redis-py path's reads).
 """
 
 from __future__ import annotations
@@ -22,6 +25,61 @@ _BUFFER = 64 << 10  # reply headers and short values pass through this; long pay
 
 class NotPlain(Exception):
     """A reply that is not a bulk string or nil (an error such as ``MOVED``): read these keys another way."""
+
+
+def _pooled_connection(pool):
+    """A connection from a redis-py pool (redis-py 5 names the command it is for; later versions take none)."""
+    try:
+        return pool.get_connection()
+    except TypeError:
+        return pool.get_connection("GET")
+
+
+def hash_tag(key: str) -> str | None:
+    """The part of ``key`` Redis Cluster hashes to a slot when it has one (``{...}``, non-empty), else None."""
+    start = key.find("{")
+    end = key.find("}", start + 1) if start >= 0 else -1
+    return key[start + 1 : end] if end > start + 1 else None
+
+
+def tag_runs(keys: Sequence[str]) -> list[list[str]]:
+    """``keys`` cut into runs of consecutive keys sharing a hash tag (one ``MGET`` each; a key without one alone)."""
+    runs: list[list[str]] = []
+    last_tag = None
+    for key in keys:
+        tag = hash_tag(key)
+        if tag is not None and tag == last_tag:
+            runs[-1].append(key)
+        else:
+            runs.append([key])
+        last_tag = tag
+    return runs
+
+
+def gets_into(per_master, keys: Sequence[str], outs: Sequence[memoryview], head: int) -> list[bytes | None]:
+    """``RemoteTier.get_extents_into`` over redis-py connection pools: ``per_master`` is ``(pool, key indices)``
+    for each master owning some of ``keys``.  NotPlain where a reply is not a value or nil."""
+    got: list = [None] * len(keys)
+    sent = []  # (connection, its pool, the key indices), every request sent before any reply is read
+    try:
+        for pool, idx in per_master:
+            conn = _pooled_connection(pool)
+            sent.append((conn, pool, idx))
+            conn.connect()
+            if getattr(conn, "_sock", None) is None or conn.can_read(timeout=0):
+                raise NotPlain("no plain socket, or unread bytes on it")
+            conn.send_packed_command([pack_gets([keys[i] for i in idx])], check_health=False)
+        while sent:
+            conn, pool, idx = sent[0]
+            for i, value in zip(idx, read_gets_into(conn._sock, [outs[i] for i in idx], head)):  # noqa: SLF001
+                got[i] = value
+            sent.pop(0)
+            pool.release(conn)
+        return got
+    finally:
+        for conn, pool, _ in sent:  # out of step with its replies: never reused
+            conn.disconnect()
+            pool.release(conn)
 
 
 def pack_gets(keys: Sequence[str]) -> bytes:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from ..contract.errors import InvalidArgument
 from .base import RemoteTier
+from .urls import REDIS_SCHEMES, parse_url
 
-SCHEMES = ("redis-cluster", "redis-cluster+tls", "memory")
+SCHEMES = (*REDIS_SCHEMES, "memory")
 
 
 def check_url(url: str) -> None:
@@ -13,9 +14,7 @@ def check_url(url: str) -> None:
     scheme = url.partition("://")[0]
     if scheme not in SCHEMES or "://" not in url:
         raise InvalidArgument("remote_url", f"must start with one of {', '.join(s + '://' for s in SCHEMES)}, got {url!r}")
-    if scheme.startswith("redis-cluster"):
-        from .redis_cluster import parse_url
-
+    if scheme in REDIS_SCHEMES:
         try:
             parse_url(url)
         except ValueError as exc:

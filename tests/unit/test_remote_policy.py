@@ -19,7 +19,7 @@ from kvstore.remote.records import (
     encode_manifest,
     extent_key,
 )
-from kvstore.remote.redis_cluster import parse_url
+from kvstore.remote.urls import parse_url
 
 
 def test_the_longest_local_match_wins_then_the_lighter_load_then_the_smaller_id():
