@@ -191,7 +191,7 @@ def _run_mode(args, mode: str, url: str, prefixes, kvs, order, suffixes) -> dict
                 times["local"].append(1e3 * read_s / chunks)
             elif kind == "remote":
                 times["cross_node"].append(1e3 * (lookup_s + read_s) / chunks)
-                times["cross_node_lookup"].append(1e3 * lookup_s / chunks)  # the fetch, checks and copy
+                times["cross_node_lookup"].append(1e3 * lookup_s / chunks)  # the fetch into the image and its checks
                 times["cross_node_read"].append(1e3 * read_s / chunks)  # served from memory while the write runs behind
             if mode != "isolated":
                 _settle([client])  # write-back done before the next request: a fair count of what the cluster holds
@@ -283,8 +283,8 @@ def format_cluster(report: dict) -> str:
     headers += ["LOCAL MS/CHUNK", "X-NODE MS/CHUNK", "FETCH MS/CHUNK", "RECOMPUTE"]
     lines.append(format_table(headers, rows, right=set(range(1, 12))))
     lines.append(
-        "LOCAL: a ReadChunks of a prefix on the node's NVMe; X-NODE: a look-up that fills it from the cluster (fetch, check, "
-        "copy; its local write runs behind), then that read; FETCH: the cluster's read of the same bytes with every check; "
+        "LOCAL: a ReadChunks of a prefix on the node's NVMe; X-NODE: a look-up that fills it from the cluster (fetched into "
+        "memory and checked; its local write runs behind), then that read; FETCH: the cluster's read of the same bytes with every check; "
         "RECOMPUTE: modelled"
     )
     ratio, fetch = report.get("cross_node_over_local"), report.get("fetch_over_local")
