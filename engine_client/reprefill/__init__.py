@@ -20,7 +20,7 @@ from ..selection import Budget
 from .choice import Answer
 from .config import AttentionConfig, DecodeConfig, FetchConfig, ReprefillConfig, ScheduleConfig, SelectionConfig
 from .result import PrefixHandle, ReprefillResult
-from .runner import ModelRunner, model_geometry
+from .runner import ModelRunner, model_geometry, window_periods
 from .systems import DEFAULT_SYSTEM, parse_system
 
 __all__ = [
@@ -38,4 +38,5 @@ __all__ = [
     "SelectionConfig",
     "model_geometry",
     "parse_system",
+    "window_periods",
 ]

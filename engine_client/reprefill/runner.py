@@ -50,6 +50,24 @@ _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.flo
 DEFAULT_CONFIG = ReprefillConfig()
 
 
+def window_periods(config, period_layers: int) -> tuple[int, ...]:
+    """First layers of the Periods of sliding-window layers (a sliding layer's Period loads its window, whatever
+    the budget); InvalidArgument for a Period mixing sliding and global layers."""
+    if not config.sliding_layers:
+        return ()
+    firsts = []
+    for first in range(0, config.num_hidden_layers, period_layers):
+        kinds = {config.window_of(layer) is not None for layer in range(first, min(first + period_layers, config.num_hidden_layers))}
+        if len(kinds) > 1:
+            raise InvalidArgument(
+                "period_layers",
+                f"{period_layers}-layer Periods mix sliding-window and global layers (layers {first}..); use period_layers=1",
+            )
+        if kinds == {True}:
+            firsts.append(first)
+    return tuple(firsts)
+
+
 def model_geometry(
     model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4, probe_bits: int = 0, kv_quant: str = "", streaming_heads=None
 ) -> StoreGeometry:
@@ -204,7 +222,7 @@ class ModelRunner:
         ``num_tokens`` (the prefix's) places the sliding layers' windows, on a model that has them."""
         layers = self.calibrated_layers(cfg) if layers is None else layers
         sel = cfg.selection
-        window = self._window_periods(cfg.schedule.period_layers)
+        window = window_periods(self.model.config, cfg.schedule.period_layers)
         if window and num_tokens is None:
             raise ValueError("plan: a model with sliding-window layers needs num_tokens")
         window_chunks = window_chunk_count(num_tokens, self.model.config.sliding_window, self.geometry.chunk_tokens) if window else 0
@@ -220,23 +238,6 @@ class ModelRunner:
             window_layers=window,
             window_chunks=window_chunks,
         )
-
-    def _window_periods(self, period_layers: int) -> tuple[int, ...]:
-        """First layers of the Periods of sliding layers; refuses a Period mixing sliding and global layers."""
-        c = self.model.config
-        if not c.sliding_layers:
-            return ()
-        firsts = []
-        for first in range(0, c.num_hidden_layers, period_layers):
-            kinds = {c.window_of(layer) is not None for layer in range(first, min(first + period_layers, c.num_hidden_layers))}
-            if len(kinds) > 1:
-                raise InvalidArgument(
-                    "period_layers",
-                    f"{period_layers}-layer Periods mix sliding-window and global layers (layers {first}..); use period_layers=1",
-                )
-            if kinds == {True}:
-                firsts.append(first)
-        return tuple(firsts)
 
     def reprefill(
         self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig = DEFAULT_CONFIG, *, choose=None, keep_kv: bool = False

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from kvstore.contract.errors import InvalidArgument
 from kvstore.progress import progress
 
 from .io_jobs import BenchError
@@ -73,7 +74,7 @@ def summarize(samples: list[Sample]) -> dict:
 def run_reprefill_bench(args) -> dict:
     from engine_client.client import KVStoreClient
     from engine_client.model.loader import load_checkpoint
-    from engine_client.reprefill import ModelRunner, parse_system
+    from engine_client.reprefill import ModelRunner, parse_system, window_periods
     from engine_client.selection import exact_chunk_scores
     from kvstore_tools.bench.fidelity import chunk_recall, compare_logits
     from kvstore_tools.make_checkpoint import checkpoint_path
@@ -84,6 +85,11 @@ def run_reprefill_bench(args) -> dict:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = bench_device(args)  # before the checkpoint is made: a bad --device costs nothing
     model = load_checkpoint(checkpoint_path(args), dtype=dtype, device=device)
+    try:  # before the prefill: Periods that mix sliding-window and global layers are refused
+        for period in {args.period_layers, parse_system(args.system).schedule.period_layers if args.system else args.period_layers}:
+            window_periods(model.config, period)
+    except InvalidArgument as exc:
+        raise BenchError(str(exc)) from None
     gen = torch.Generator().manual_seed(args.seed)
     vocab = model.config.vocab_size
     prefix = torch.randint(0, vocab, (args.prefix_tokens,), generator=gen)
@@ -136,8 +142,14 @@ def run_reprefill_bench(args) -> dict:
                     res = run(budget, args.selector)(suffix)
                     s = _sample(res)
                     s.top1, s.kl = compare_logits(references[i], res.logits)
-                    if true_scores is not None:
-                        s.recall = float(np.mean([chunk_recall(sel, t) for sel, t in zip(res.selected, true_scores[i])]))
+                    if true_scores is not None:  # over the selected Periods: a sliding layer's loads its window, unranked
+                        windows = set(window_periods(model.config, args.period_layers))
+                        recalls = [
+                            chunk_recall(sel, t)
+                            for k, (sel, t) in enumerate(zip(res.selected, true_scores[i]))
+                            if k * args.period_layers not in windows
+                        ]
+                        s.recall = float(np.mean(recalls)) if recalls else None
                     samples.append(s)
                 _add_system(report, f"reprefill@{budget:g}", samples)
             if args.recompute_runs:
@@ -256,11 +268,13 @@ def add_reprefill_parser(sub) -> None:
     from .eval_common import add_device_flag
 
     add_device_flag(p)
+    from engine_client.model import zoo
+
     p.add_argument(
         "--model",
         default="qwen2.5-0.5b-shape",
-        choices=("tiny", "small", "qwen2.5-0.5b-shape", "smollm2-135m"),
-        help="a seeded shape, or a pretrained model (smollm2-135m; --workload zipf)",
+        choices=("tiny", "small", "qwen2.5-0.5b-shape", *sorted(zoo.MODELS)),
+        help=f"a seeded shape, or a pretrained model ({', '.join(sorted(zoo.MODELS))}; --workload zipf)",
     )
     p.add_argument("--checkpoint", help="an HF-format checkpoint directory (default: a seeded one made under --directory)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))

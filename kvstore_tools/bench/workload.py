@@ -75,6 +75,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from kvstore.contract.errors import InvalidArgument
+
 from .baselines import chooser, impress_probe, stored_layout
 from .figures import headline_ratios, summarize
 from .io_jobs import BenchError
@@ -141,6 +143,7 @@ def run_zipf_bench(args) -> dict:
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = bench_device(args)  # before the checkpoint is made: a bad --device costs nothing
     model = load_checkpoint(checkpoint_path(args), dtype=dtype, device=device)
+    _refuse_on_sliding_windows(model, args)
     args.standin_profile = _standin_profile(model, checkpoint_path(args), args)
     tokenizer, examples = _task_examples(args, checkpoint_path(args))
     vocab = model.config.vocab_size
@@ -193,6 +196,32 @@ def run_zipf_bench(args) -> dict:
     report["machine"] = machine_info(args.directory)
     report["ratios"] = headline_ratios(records, args.budgets)
     return report
+
+
+def _period_layers(sysdef: System, args) -> int:
+    """The Period a system runs with (``_start``): a named selection's own, else ``--period-layers``."""
+    from engine_client.reprefill import parse_system
+
+    return parse_system(sysdef.selection).schedule.period_layers if sysdef.selection in NAMED_SELECTION else args.period_layers
+
+
+def _refuse_on_sliding_windows(model, args) -> None:
+    """Before any prefill: on a model with sliding-window layers, one line for a system that cannot run on it."""
+    from engine_client.reprefill import window_periods
+
+    if not model.config.sliding_layers:
+        return
+    for name in args.systems:
+        sysdef = SYSTEMS[name]
+        if sysdef.reordered:
+            raise BenchError(
+                f"{name} stores each Period's rows reordered by attention, and a sliding-window layer reads its window "
+                f"by position: not supported on {args.model} (run contiguouskv-perlayer, as-lru)"
+            )
+        try:
+            window_periods(model.config, _period_layers(sysdef, args))
+        except InvalidArgument as exc:
+            raise BenchError(f"{name} on {args.model}: {exc}") from None
 
 
 def _standin_profile(model, checkpoint: str, args):
@@ -436,6 +465,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
 
 
 def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, tokenizer=None) -> dict:
+    from engine_client.reprefill import window_periods
     from engine_client.selection.tokens import token_cap
     from kvstore_tools.bench.fidelity import compare_logits
 
@@ -452,7 +482,9 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, token
     run.last_result = res
     periods = len(res.selected)
     loaded = [int(np.sum(_chunk_sizes(s.numpy(), n, run.sysdef.chunk_tokens))) for s in res.selected]
-    if max(loaded) > cap:
+    windows = set(window_periods(run.runner.model.config, run.cfg.schedule.period_layers))  # their window, whatever the budget
+    period = run.cfg.schedule.period_layers
+    if max((t for k, t in enumerate(loaded) if k * period not in windows), default=0) > cap:
         raise BenchError(f"{run.key} loaded {max(loaded)} tokens in a period, over the budget of {cap}")
     top1, kl = compare_logits(reference, res.logits)
     return {

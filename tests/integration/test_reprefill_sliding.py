@@ -12,6 +12,7 @@ import json
 
 import pytest
 import torch
+from helpers import run_bench
 from safetensors.torch import save_file
 
 from engine_client.client import KVStoreClient
@@ -49,7 +50,7 @@ CFG = ReprefillConfig().replace(standin_layers=(), report_attention=True)
 
 
 @pytest.fixture(scope="module")
-def gemma(tmp_path_factory):
+def gemma_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("gemma3") / "hf"
     root.mkdir()
     gen = torch.Generator().manual_seed(0)
@@ -58,7 +59,12 @@ def gemma(tmp_path_factory):
         {k: torch.randn(v, generator=gen) * (0.3 if "norm" in k else 0.2) for k, v in shapes.items()}, str(root / "model.safetensors")
     )
     (root / "config.json").write_text(json.dumps(GEMMA3))
-    return load_checkpoint(str(root), dtype=torch.float32)
+    return root
+
+
+@pytest.fixture(scope="module")
+def gemma(gemma_dir):
+    return load_checkpoint(str(gemma_dir), dtype=torch.float32)
 
 
 @pytest.fixture
@@ -142,3 +148,39 @@ def test_reselecting_while_decoding_is_refused(stored):
     runner, handle, _, suffix = stored
     with pytest.raises(InvalidArgument, match="sliding-window"):
         runner.generate(handle.prefix_id, suffix, CFG.replace(reselect_every=1), max_new_tokens=2)
+
+
+def _zipf(gemma_dir, directory, *systems_and_flags, expect=0):
+    return run_bench(
+        "reprefill", "--workload", "zipf", "--model", "tiny", "--checkpoint", str(gemma_dir), "--dtype", "float32",
+        "--prefix-tokens", "400", "--suffix-tokens", str(S), "--prefixes", "2", "--requests", "2", "--warmup", "1",
+        "--budgets", "0.1", "--group-layers", "1", "--memory-fraction", "1", "--threads", "1",
+        "--directory", str(directory), *systems_and_flags, expect=expect,
+    )  # fmt: skip
+
+
+def test_the_zipf_bench_runs_the_product_and_a_full_load_over_sliding_layers(gemma_dir, tmp_path):
+    """A sliding layer's Period loads its window (3 or 4 chunks), over the budget's 40 tokens by design:
+    the bench's budget check holds the global layer to the budget and lets the windows through."""
+    out = _zipf(gemma_dir, tmp_path, "--systems", "contiguouskv-perlayer,as-lru", "--period-layers", "1", "--json")
+    report = json.loads(out.stdout)
+    assert set(report["systems"]) == {"contiguouskv-perlayer@0.1", "as-lru@1"}
+    rows = report["requests"]["contiguouskv-perlayer@0.1"]
+    assert rows and all(r["tokens_loaded"] > 40 for r in rows)  # the windows' rows are in the mean
+
+
+def test_the_zipf_bench_refuses_what_cannot_run_on_sliding_layers_before_any_prefill(gemma_dir, tmp_path):
+    err = _zipf(gemma_dir, tmp_path, "--systems", "impress", "--period-layers", "1", expect=1).stderr.strip()
+    assert len(err.splitlines()) == 1 and "impress" in err and "sliding-window" in err and "prefilled" not in err
+    err = _zipf(gemma_dir, tmp_path, "--systems", "contiguouskv", "--period-layers", "3", expect=1).stderr.strip()
+    assert err.endswith("use period_layers=1") and "contiguouskv on tiny: period_layers" in err
+
+
+def test_the_reprefill_bench_refuses_mixed_periods_first_and_ranks_only_the_selected_periods(gemma_dir, tmp_path):
+    common = ["reprefill", "--model", "tiny", "--checkpoint", str(gemma_dir), "--dtype", "float32", "--prefix-tokens", "400"]
+    common += ["--suffix-tokens", str(S), "--repeats", "2", "--threads", "1", "--directory", str(tmp_path), "--group-layers", "1"]
+    err = run_bench(*common, "--period-layers", "3", expect=1).stderr.strip()
+    assert err.endswith("use period_layers=1") and len(err.splitlines()) == 1  # no prefill before the refusal
+    report = json.loads(run_bench(*common, "--period-layers", "1", "--budgets", "0.25", "--json").stdout)
+    recall = report["systems"]["reprefill@0.25"]["recall"]  # the global layer's selection against its true top chunks
+    assert recall is not None and 0 <= recall <= 1
