@@ -161,6 +161,7 @@ def run_decode(args) -> dict:
     load_before = round(os.getloadavg()[0], 2)
     pm = load_pretrained(args.model, args.threads, bench_device(args))
     model = pm.decoder
+    _refuse_on_sliding_windows(args, model)
     try:
         heads = StreamingHeads.load(args.streaming_heads, model=model) if args.streaming_heads else zoo.streaming_heads(pm)
     except (ProfileError, OSError, ValueError) as exc:
@@ -207,6 +208,24 @@ def run_decode(args) -> dict:
         **({"standin_layers": list(args.standin_profile.layers)} if args.standin_profile else {}),
         "cells": cells,
     }
+
+
+def _refuse_on_sliding_windows(args, model) -> None:
+    """Before any prefill, one line for a system a model with sliding-window layers cannot run: re-selecting while
+    decoding (Quest, LServe, LoopServe) and streaming heads (LServe) are not supported there; dense and the
+    systems that select once at the Re-Prefill are."""
+    if not model.config.sliding_layers:
+        return
+    for name, base, *_ in args.system_list:
+        if base == "dense":
+            continue
+        cfg = system_config(base)
+        what = "streaming heads" if cfg.attention.streaming else "re-selecting while decoding" if cfg.decode.reselect_every else ""
+        if what:
+            raise BenchError(
+                f"--systems {name}: {what} is not supported on a model with sliding-window layers ({args.model}); "
+                "dense and systems that select once (e.g. ckv+int4-probes) run on it"
+            )
 
 
 def _run_cell(args, pm, heads, task: str, n: int, examples) -> dict:

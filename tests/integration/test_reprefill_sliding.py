@@ -184,3 +184,18 @@ def test_the_reprefill_bench_refuses_mixed_periods_first_and_ranks_only_the_sele
     report = json.loads(run_bench(*common, "--period-layers", "1", "--budgets", "0.25", "--json").stdout)
     recall = report["systems"]["reprefill@0.25"]["recall"]  # the global layer's selection against its true top chunks
     assert recall is not None and 0 <= recall <= 1
+
+
+def test_the_decode_bench_names_the_systems_sliding_layers_cannot_run(gemma):
+    from types import SimpleNamespace
+
+    from kvstore_tools.bench.decode import _refuse_on_sliding_windows, parse_systems
+    from kvstore_tools.bench.io_jobs import BenchError
+
+    def refuse(systems):
+        _refuse_on_sliding_windows(SimpleNamespace(system_list=parse_systems(systems, "kv4"), model="tiny"), gemma)
+
+    refuse("dense,ckv+int4-probes,ckv+int4-probes-kv4")  # they select once, at the Re-Prefill
+    for name, what in (("quest", "re-selecting while decoding"), ("lserve-kv4", "streaming heads"), ("loopserve", "re-selecting")):
+        with pytest.raises(BenchError, match=f"--systems {name}: {what}.* not supported on a model with sliding-window layers"):
+            refuse(f"dense,{name}")
