@@ -210,7 +210,7 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
 
 def full_load_system(header: dict, requests: list[dict]) -> tuple[dict, list[dict]] | None:
     """The ``full-load`` system and requests the module docstring describes; None when the trace has one."""
-    from .workload import SLOT
+    from .zipf_memory import SLOT
 
     systems = header["systems"]
     if any(not s["system"]["budgeted"] for s in systems):

@@ -65,7 +65,6 @@ is fair; the figures, plots, baselines' selection and daemons live apart.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import os
 import shutil
 import sys
@@ -82,6 +81,8 @@ from .figures import headline_ratios, summarize
 from .io_jobs import BenchError
 from .machine import machine_info
 from .trace import RecordingClient, TraceWriter, request_record, system_header
+from .zipf_memory import memory_split, probe_state_bytes
+from .zipf_prefixes import Prefix, dense_logits, full_kv_answers, max_new_tokens, prefill_all, task_examples
 
 
 @dataclass(frozen=True)
@@ -124,14 +125,6 @@ def systems_arg(text: str) -> list[str]:
     return names
 
 
-@dataclass
-class _Prefix:
-    tokens: torch.Tensor
-    kv: torch.Tensor  # [L, 2, Hkv, n, d] in the model dtype
-    scores: torch.Tensor  # [periods, n] accumulated attention at each Period's first layer (H2O's)
-    stored: dict = field(default_factory=dict)  # period_layers -> (kv in storage_order, orders [periods, n])
-
-
 def run_zipf_bench(args) -> dict:
     from engine_client.model.loader import load_checkpoint
     from kvstore_tools.make_checkpoint import checkpoint_path
@@ -145,7 +138,7 @@ def run_zipf_bench(args) -> dict:
     model = load_checkpoint(checkpoint_path(args), dtype=dtype, device=device)
     _refuse_on_sliding_windows(model, args)
     args.standin_profile = _standin_profile(model, checkpoint_path(args), args)
-    tokenizer, examples = _task_examples(args, checkpoint_path(args))
+    tokenizer, examples = task_examples(args, checkpoint_path(args))
     vocab = model.config.vocab_size
     requests = zipf_requests(
         args.prefixes,
@@ -158,10 +151,10 @@ def run_zipf_bench(args) -> dict:
     if examples:  # each request asks its prefix's question
         requests = [dataclasses.replace(r, suffix=examples[r.prefix].suffix_tokens.copy()) for r in requests]
     t0 = time.perf_counter()
-    prefixes = _prefill_all(model, args, examples)
+    prefixes = prefill_all(model, args, examples)
     prefill_s = time.perf_counter() - t0
-    references = [_dense_logits(model, prefixes[r.prefix].kv, torch.as_tensor(r.suffix)) for r in requests]
-    full_kv = _full_kv_answers(model, prefixes, examples, tokenizer) if examples else None
+    references = [dense_logits(model, prefixes[r.prefix].kv, torch.as_tensor(r.suffix)) for r in requests]
+    full_kv = full_kv_answers(model, prefixes, examples, tokenizer) if examples else None
     systems, records = _run_interleaved(model, prefixes, requests, references, args, (examples, tokenizer))
     if getattr(args, "trace_out", None):
         print(f"trace written to {args.trace_out}", file=sys.stderr, flush=True)
@@ -237,75 +230,6 @@ def _standin_profile(model, checkpoint: str, args):
         return zoo.standin_layers(model, checkpoint, getattr(args, "standin_layers", None))
     except ProfileError as exc:
         raise BenchError(str(exc)) from None
-
-
-def _task_examples(args, checkpoint: str) -> tuple:
-    """``--task``: ``(tokenizer, one held-out real-text example per prefix)``; ``(None, None)`` for random tokens."""
-    if not args.task:
-        return None, None
-    from engine_client.model.tokenizer import Tokenizer
-    from kvstore_tools.tasks import text
-
-    tokenizer = Tokenizer.load(checkpoint)
-    try:
-        return tokenizer, text.examples(args.task, tokenizer, args.prefixes, args.prefix_tokens, start=args.task_start)
-    except ValueError as exc:
-        raise BenchError(f"--task: {exc}") from None
-
-
-def _max_new(ex) -> int:
-    return int(ex.meta.get("max_new_tokens", 16))
-
-
-def _full_kv_answers(model, prefixes, examples, tokenizer) -> list[bool]:
-    """Per prefix: whether greedy decoding over its full KV answers its question (the accuracy to keep)."""
-    from engine_client.generation import dense_generate
-
-    out = []
-    for p, ex in zip(prefixes, examples):
-        gen = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, _max_new(ex), tokenizer=tokenizer, prefix_kv=p.kv)
-        out.append(bool(ex.is_correct(gen.text)))
-    return out
-
-
-def _prefill_all(model, args, examples=None) -> list[_Prefix]:
-    """Each prefix's KV and accumulated attention, computed in one prefill and
-    cached under --directory (same seed, model and Period)."""
-    from engine_client.prefill import prefill_with_attention
-    from kvstore.progress import progress
-
-    out = []
-    gen = torch.Generator().manual_seed(args.seed)
-    cache = os.path.join(args.directory, "zipf-kv")
-    os.makedirs(cache, exist_ok=True)
-    first_layers = list(range(0, model.num_layers, args.period_layers))
-    for i in range(args.prefixes):
-        tokens = torch.randint(0, model.config.vocab_size, (args.prefix_tokens,), generator=gen)
-        if examples:
-            tokens = torch.from_numpy(examples[i].prefix_tokens)
-        ident = f"{model.fingerprint}/{args.dtype}/{first_layers}/{tokens.numpy().tobytes().hex()}"
-        path = os.path.join(cache, hashlib.sha256(ident.encode()).hexdigest()[:24] + ".pt")
-        if os.path.exists(path):
-            kv, scores = torch.load(path)
-        else:
-            t0 = time.perf_counter()
-            _, kv, scores = prefill_with_attention(model, tokens, first_layers, progress=progress)
-            torch.save((kv, scores), path + ".tmp")
-            os.replace(path + ".tmp", path)
-            print(f"prefilled prefix {i} ({tokens.numel()} tokens) in {time.perf_counter() - t0:.1f}s", file=sys.stderr, flush=True)
-        out.append(_Prefix(tokens, kv, scores))
-    return out
-
-
-@torch.inference_mode()
-def _dense_logits(model, kv: torch.Tensor, suffix: torch.Tensor) -> torch.Tensor:
-    """First-token logits with full attention over the prefix KV (the fidelity reference)."""
-    n = kv.shape[3]
-    positions = torch.arange(n, n + suffix.numel())
-    hidden = model.embed(suffix)
-    for layer in range(model.num_layers):
-        hidden, _ = model.layer_forward(layer, hidden, positions, kv[layer])
-    return model.final_logits(hidden)
 
 
 @dataclass
@@ -464,7 +388,7 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     return _Run(key, sysdef, budget, daemon, client, runner, cfg, ids, probes, state, [], flags)
 
 
-def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, tokenizer=None) -> dict:
+def _one_request(run: _Run, prefix: Prefix, req, reference, example=None, tokenizer=None) -> dict:
     from engine_client.reprefill import window_periods
     from engine_client.selection.tokens import token_cap
     from kvstore_tools.bench.fidelity import compare_logits
@@ -476,7 +400,7 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, token
     if example is None:
         res = run.runner.reprefill(run.ids[req.prefix], torch.as_tensor(req.suffix), run.cfg, choose=choose)
     else:  # the question, answered greedily over what the Re-Prefill loaded (decoding is not TTFT)
-        gen = run.runner.generate(run.ids[req.prefix], req.suffix, run.cfg, _max_new(example), tokenizer=tokenizer, choose=choose)
+        gen = run.runner.generate(run.ids[req.prefix], req.suffix, run.cfg, max_new_tokens(example), tokenizer=tokenizer, choose=choose)
         res = gen.reprefill
         answer = {"correct": bool(example.is_correct(gen.text)), "answer_text": gen.text, "decode_s": float(sum(gen.step_s))}
     run.last_result = res
@@ -514,41 +438,8 @@ def _one_request(run: _Run, prefix: _Prefix, req, reference, example=None, token
     }
 
 
-def probe_state_bytes(geo, num_tokens: int, bits: int) -> int:
-    """Quantized probe keys a client keeps resident for one prefix: every stored group's
-    ``[Hkv, n, d]`` keys at ``bits`` bits plus one float32 scale per (head, token)."""
-    from kvstore.contract.geometry import quantized_row_bytes
-
-    m = geo.model
-    return geo.num_groups * m.num_kv_heads * num_tokens * quantized_row_bytes(m.head_dim, bits)
-
-
 def _chunk_sizes(chunks: np.ndarray, n: int, chunk_tokens: int) -> np.ndarray:
     return np.minimum(chunk_tokens, n - chunks * chunk_tokens)
-
-
-SLOT = 64 << 10
-
-
-def memory_split(geo, args, client_state_bytes: int = 0) -> tuple[int, float]:
-    """The daemon's memory: a CPU tier of ``memory_fraction`` of the stored bytes
-    less the client state the system keeps resident (rounded up to a slot),
-    plus a prefetch reserve of three periods' worth of a whole prefix (what a
-    full-load request may hold at once), carved from the same arena.
-    Returns ``(arena bytes, reserve fraction)``."""
-    per_prefix = _extent_bytes(geo, args.prefix_tokens)
-    budget = int(args.memory_fraction * per_prefix * args.prefixes) // SLOT * SLOT
-    tier = budget - -(-client_state_bytes // SLOT) * SLOT
-    if tier < SLOT:
-        raise BenchError(f"client state of {client_state_bytes} bytes leaves no CPU tier in {budget} bytes of memory")
-    per_period = per_prefix * min(args.period_layers, geo.model.num_layers) // geo.model.num_layers
-    reserve = -(-3 * per_period // SLOT) * SLOT
-    return tier + reserve, reserve / (tier + reserve)
-
-
-def _extent_bytes(geo, n: int) -> int:
-    m = geo.model
-    return m.num_layers * 2 * m.num_kv_heads * m.head_dim * m.numpy_dtype().itemsize * n
 
 
 def _np_kv(kv: torch.Tensor) -> np.ndarray:

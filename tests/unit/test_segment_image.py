@@ -26,6 +26,16 @@ def payload(geo, g, ext):
     return geo.extent_payload(ext, g)
 
 
+def _extent_by_extent(geo, tokens: int, seed: int):
+    """``(layout, extents by (group, chunk), the image built by put_extent of each)``: the reference image."""
+    layout = SegmentLayout(geo, tokens)
+    ext = extents_of(geo, make_kv(geo, tokens, seed))
+    one = SegmentImage(layout, 0)
+    for (g, j), e in ext.items():
+        one.put_extent(g, j, payload(geo, g, e))
+    return layout, ext, one
+
+
 @pytest.mark.parametrize("geo", CASES, ids=ids)
 @pytest.mark.parametrize("tokens", [16 * 9, 16 * 9 + 5], ids=["whole-chunks", "short-last-chunk"])
 def test_a_run_of_extents_builds_the_image_extent_by_extent_does(geo, tokens):
@@ -65,14 +75,9 @@ def test_copies_then_derives_on_other_threads_build_the_same_image(geo):
     """A fill copies one batch while a pool thread derives the one before: copied, not derived, is missing."""
     from concurrent.futures import ThreadPoolExecutor
 
-    tokens = 16 * 9 + 5
-    kv = make_kv(geo, tokens, 4)
-    layout = SegmentLayout(geo, tokens)
-    one, split = SegmentImage(layout, 0), SegmentImage(layout, 0)
-    ext = extents_of(geo, kv)
-    for (g, j), e in ext.items():
-        one.put_extent(g, j, payload(geo, g, e))
-    n = geo.num_chunks(tokens)
+    layout, ext, one = _extent_by_extent(geo, 16 * 9 + 5, 4)
+    split = SegmentImage(layout, 0)
+    n = layout.num_chunks
     batches = [range(0, 3), range(3, n // 2), range(n // 2, n)]
     with ThreadPoolExecutor(2) as pool:
         derives = []
@@ -102,14 +107,9 @@ def test_extents_are_derived_only_once_copied():
 @pytest.mark.parametrize("geo", CASES, ids=ids)
 def test_extents_received_in_place_build_the_same_image(geo):
     """A fill's fetch writes payloads straight into ``extent_views``; ``received_in_place`` takes them as copied."""
-    tokens = 16 * 9 + 5
-    kv = make_kv(geo, tokens, 5)
-    layout = SegmentLayout(geo, tokens)
-    one, placed = SegmentImage(layout, 0), SegmentImage(layout, 0)
-    ext = extents_of(geo, kv)
-    for (g, j), e in ext.items():
-        one.put_extent(g, j, payload(geo, g, e))
-    n = geo.num_chunks(tokens)
+    layout, ext, one = _extent_by_extent(geo, 16 * 9 + 5, 5)
+    placed = SegmentImage(layout, 0)
+    n = layout.num_chunks
     for batch in (range(0, 4), range(4, n)):
         for g in range(geo.num_groups):
             for j, view in zip(batch, placed.extent_views(g, batch)):
