@@ -284,7 +284,8 @@ class RedisClusterTier(RemoteTier):
 
         A reply that is not a value or nil (the slot moved: a failover) drops that
         connection and the keys are read through the cluster client instead, which
-        follows the redirection; so does a connection without a plain socket.
+        follows the redirection; so do a connection refused or cut (a master gone)
+        and a connection without a plain socket.
         """
         if not keys:
             return []
@@ -294,7 +295,12 @@ class RedisClusterTier(RemoteTier):
                 (rc.get_redis_connection(rc.get_node(node_name=name)).connection_pool, idx)
                 for name, idx in self._by_master(rc, keys).items()
             ]
-            return gets_into(per_master, keys, outs, head)
+            try:
+                return gets_into(per_master, keys, outs, head)
+            except (TimeoutError, self._redis.TimeoutError):
+                raise  # no answer in remote_timeout_seconds: unavailable, as for any call
+            except (OSError, self._redis.ConnectionError) as exc:  # a master gone (a failover): the cluster client finds its successor
+                raise NotPlain(f"{type(exc).__name__}: {exc}") from None
 
         try:
             return self._call(run)

@@ -296,3 +296,27 @@ def test_reads_into_memory_follow_a_moved_slot_through_the_cluster_client(cluste
         assert through_client == [1]  # received in place, no redirection
     finally:
         tier.close()
+
+
+@needs_redis
+def test_reads_into_memory_cut_mid_reply_are_read_through_the_cluster_client(cluster, monkeypatch):
+    """A connection refused or cut under the in-place read (a master gone) is not the whole tier down: the
+    keys are read again through the cluster client, which finds each slot's master."""
+    import kvstore.remote.resp_into as resp_into
+
+    tier = redis_tier(cluster.url)
+    try:
+        tag = str(time.monotonic_ns())
+        keys = [f"kvx:{{c{tag}-{i}}}:0:0" for i in range(6)]
+        values = [bytes([i]) * 4 + bytes([50 + i]) * 700 for i in range(6)]
+        tier.put_extents(list(zip(keys, values)))
+
+        def cut(sock, outs, head):
+            raise ConnectionResetError("the Redis node closed the connection mid-reply")
+
+        monkeypatch.setattr(resp_into, "read_gets_into", cut)
+        outs = [memoryview(bytearray(len(v) - 4)) for v in values]
+        assert tier.get_extents_into(keys, outs, 4) == [v[:4] for v in values]
+        assert [bytes(o) for o in outs] == [v[4:] for v in values]
+    finally:
+        tier.close()
