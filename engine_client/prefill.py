@@ -14,23 +14,25 @@ from .selection.tokens import window_attention_mass
 
 
 def chunked_prefill(
-    model: Decoder, tokens: torch.Tensor, block_tokens: int = 1024, *, progress=None, observe=None
-) -> tuple[torch.Tensor, torch.Tensor]:
+    model: Decoder, tokens: torch.Tensor, block_tokens: int = 1024, *, progress=None, observe=None, keep_kv: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Prefill in blocks of ``block_tokens``, each attending to the KV before it.
 
     The same result as a dense prefill, with attention memory bounded by
     ``heads x block x n`` instead of ``heads x n x n`` (16k tokens would need
-    gigabytes).  Returns ``(last logits [vocab], kv [L, 2, Hkv, n, d])``.
+    gigabytes).  Returns ``(last logits [vocab], kv [L, 2, Hkv, n, d])``, the
+    KV on the host; ``keep_kv=False``: None in its place (a full recompute
+    wants the logits only, and skips the copy of the KV off the device).
     ``progress``, ``observe``: see ``prefill_with_attention``.
     """
-    logits, kv, _ = prefill_with_attention(model, tokens, (), block_tokens, progress=progress, observe=observe)
+    logits, kv, _ = prefill_with_attention(model, tokens, (), block_tokens, progress=progress, observe=observe, keep_kv=keep_kv)
     return logits, kv
 
 
 @torch.inference_mode()
 def prefill_with_attention(
-    model: Decoder, tokens: torch.Tensor, layers, block_tokens: int = 1024, *, progress=None, observe=None
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    model: Decoder, tokens: torch.Tensor, layers, block_tokens: int = 1024, *, progress=None, observe=None, keep_kv: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """``chunked_prefill`` that also accumulates H2O's attention scores at ``layers``.
 
     Returns ``(logits [vocab], kv [L, 2, Hkv, n, d], mass [len(layers), n])``:
@@ -45,12 +47,19 @@ def prefill_with_attention(
     ``observe(layer, hidden, positions, keys)`` is called after each layer of
     each block with the layer's input, the block's positions and the keys
     ``[Hkv, end, d]`` it attended to (e.g. ``krul.AttentionEstimator.observe``).
+
+    Everything stays on the model's device while the blocks run (the KV, the
+    positions, the mass): on an accelerator no layer waits on a host copy or
+    reads a value back.  The KV and the mass cross to the host once, at the
+    end (``keep_kv=False``: the KV not at all, None in its place).
     """
     c = model.config
     n = tokens.numel()
     watch = {layer: i for i, layer in enumerate(layers)}
-    kv = torch.empty(c.num_hidden_layers, 2, c.num_key_value_heads, n, c.head_dim, dtype=model.dtype)
-    mass = torch.zeros(len(watch), n, dtype=torch.float32)  # [len(layers), n]
+    dev = model.device
+    tokens = torch.as_tensor(tokens).to(dev)
+    kv = torch.empty(c.num_hidden_layers, 2, c.num_key_value_heads, n, c.head_dim, dtype=model.dtype, device=dev)
+    mass = torch.zeros(len(watch), n, dtype=torch.float32, device=dev)  # [len(layers), n]
     steps = [(start, layer) for start in range(0, n, block_tokens) for layer in range(c.num_hidden_layers)]
     if progress is not None:
         steps = progress(steps, f"prefill {n} tokens", total=len(steps), unit="layer")
@@ -58,14 +67,14 @@ def prefill_with_attention(
     for start, layer in steps:
         end = min(start + block_tokens, n)
         if layer == 0:  # a new block
-            positions = torch.arange(start, end)
+            positions = model.position_range(start, end - start)  # checked once, on the host
             hidden = model.embed(tokens[start:end])
         q = model.layer_queries(layer, hidden, positions) if layer in watch else None  # [Hq, block, d]
         prefix = kv[layer, :, :, :start] if start else None
         layer_input = hidden
         hidden, kv[layer, :, :, start:end] = model.layer_forward(layer, hidden, positions, prefix)
         if observe is not None:
-            observe(layer, layer_input, positions, kv[layer, 0, :, :end])
+            observe(layer, layer_input, positions.tensor, kv[layer, 0, :, :end])
         if q is not None:
-            mass[watch[layer], :end] += window_attention_mass(q, kv[layer, 0, :, :end], start).cpu()
-    return model.final_logits(hidden), kv, mass
+            mass[watch[layer], :end] += window_attention_mass(q, kv[layer, 0, :, :end], start)
+    return model.final_logits(hidden), (kv.cpu() if keep_kv else None), mass.cpu()

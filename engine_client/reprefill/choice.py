@@ -32,6 +32,7 @@ from ..prefill import chunked_prefill
 from ..selection.budget import budget_count
 from .checks import token_tensor
 from .config import ReprefillConfig
+from .device import wait
 from .result import PrefixHandle, ReprefillResult
 from .systems import parse_system
 
@@ -86,15 +87,15 @@ def answer(runner, prefix_tokens, suffix_tokens, cfg: ReprefillConfig, profile: 
     hit = runner.client.lookup(prefix.numpy(), runner.geometry, namespace=runner.namespace, model_fingerprint=runner.model.fingerprint)
     if hit.matched_chunks < m:
         logits, kv = chunked_prefill(runner.model, torch.cat([prefix, suffix]))
-        ttft = time.perf_counter() - t0
+        ttft = time.perf_counter() - t0  # the KV's copy to the host has waited for the device
         handle = runner.store_prefix(prefix, kv=kv[:, :, :, :n].contiguous()) if store else None
         why = f"the prefix is not stored ({hit.matched_chunks} of its {m} chunks are)"
         return Answer("recompute", why, logits, ttft, None, None, handle)
     shape = request_shape(runner, n, suffix.numel(), hit.prefix_id, cfg)
     choice = choose(runner.model.config, profile, shape)
     if choice.path == "recompute":
-        logits, _ = chunked_prefill(runner.model, torch.cat([prefix, suffix]))
-        return Answer("recompute", choice.reason, logits, time.perf_counter() - t0, choice, None, None)
+        logits, _ = chunked_prefill(runner.model, torch.cat([prefix, suffix]), keep_kv=False)
+        return Answer("recompute", choice.reason, wait(logits), time.perf_counter() - t0, choice, None, None)
     run_cfg = parse_system("full", warn=False) if choice.path == "full-load" else cfg
     if choice.path == "sparse" and choice.speculate is False and cfg.fetch.speculate:  # a Period's compute cannot hide a read here
         run_cfg = dataclasses.replace(cfg, fetch=dataclasses.replace(cfg.fetch, speculate=False))

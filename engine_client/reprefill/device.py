@@ -47,3 +47,11 @@ def to_device(arr: np.ndarray, dtype: str, device: torch.device) -> torch.Tensor
 def to_host(t: torch.Tensor) -> np.ndarray:
     """A tensor's values as numpy, for an RPC: the one place the runner waits on the device."""
     return t.detach().cpu().numpy()
+
+
+def wait(t: torch.Tensor) -> torch.Tensor:
+    """``t`` once the device has finished the work that makes it: a TTFT read after this counts the GPU's tail
+    (kernels are queued, and the clock would stop when the last one is launched, not when it is done)."""
+    if t.device.type == "cuda":
+        torch.cuda.synchronize(t.device)
+    return t

@@ -19,7 +19,7 @@ import time
 import torch
 
 from ..selection import Budget
-from .device import to_host
+from .device import to_host, wait
 from .period import PeriodRows, chunk_mass, layer_mask, row_positions, run_period
 from .result import ReprefillResult
 from .select import PeriodSelection
@@ -48,7 +48,7 @@ def run(req: Request) -> ReprefillResult:
             )
             req.loaded(p, l0, layers, stream.chunk_tokens(p).tolist(), q, first_keys)
         t0 = time.perf_counter()
-        req.out.logits = model.final_logits(req.hidden)
+        req.out.logits = wait(model.final_logits(req.hidden))
         req.out.compute_s += time.perf_counter() - t0
         req.out.ttft_s = time.perf_counter() - req.t_start
     req.settle(stream)

@@ -40,7 +40,7 @@ from ..stream_tail import has_tail, left_out_heads, put_tail, tail_pairs
 from . import choice, decode, pipeline
 from .checks import Layers, check_prefix, check_runner, describe, resolve_layers, token_tensor
 from .config import AUTO, CALIBRATED, ReprefillConfig
-from .device import resolve_device
+from .device import resolve_device, wait
 from .result import PrefixHandle, ReprefillResult
 from .state import ResidentState, summary_bytes
 
@@ -318,5 +318,5 @@ class ModelRunner:
         """Logits of the first token by running prefix + suffix from scratch (no store); ``progress``: see store_prefix."""
         toks = torch.cat([token_tensor(prefix_tokens), token_tensor(suffix_tokens, field_name="suffix_tokens")])
         t0 = time.perf_counter()
-        logits, _ = chunked_prefill(self.model, toks, progress=progress)
-        return logits, time.perf_counter() - t0
+        logits, _ = chunked_prefill(self.model, toks, progress=progress, keep_kv=False)
+        return wait(logits), time.perf_counter() - t0
