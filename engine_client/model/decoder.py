@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -107,6 +107,8 @@ class Positions:
     tensor: torch.Tensor
     start: int
     count: int
+    # cos, sin per (RoPE table, dtype): looked up by the first layer that asks, reused by every other layer
+    rope: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def top(self) -> int:
@@ -365,16 +367,18 @@ class Decoder:
         w = self.weights.layers[layer]
         s = hidden.shape[0]
         x = self._norm(hidden, w.input_norm, c.rms_norm_eps)
-        q, k, v = _linear(x, w.qkv_weight, w.qkv_bias).split(self._split, dim=-1)
-        q = q.view(s, c.num_attention_heads, c.head_dim).transpose(0, 1)  # [Hq, s, d]
-        k = k.view(s, c.num_key_value_heads, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
-        v = v.view(s, c.num_key_value_heads, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
-        if w.q_norm is not None:
-            q = _scaled_rms_norm(q, w.q_norm, c.rms_norm_eps)
-            k = _scaled_rms_norm(k, w.k_norm, c.rms_norm_eps)
+        hq, hkv = c.num_attention_heads, c.num_key_value_heads
+        qk, v = _linear(x, w.qkv_weight, w.qkv_bias).split((self._split[0] + self._split[1], self._split[2]), dim=-1)
+        v = v.view(s, hkv, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
         cos, sin = self._rope(positions, layer)
-        q = _apply_rope(q, cos, sin)
-        k = _apply_rope(k, cos, sin)
+        if w.q_norm is None:  # q and k rotated in one pass (the same elementwise ops, half the kernel launches)
+            qk = _apply_rope(qk.view(s, hq + hkv, c.head_dim).transpose(0, 1), cos, sin)  # [Hq+Hkv, s, d]
+            q, k = qk[:hq], qk[hq:]
+        else:
+            q = qk[:, : self._split[0]].view(s, hq, c.head_dim).transpose(0, 1)  # [Hq, s, d]
+            k = qk[:, self._split[0] :].view(s, hkv, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
+            q = _apply_rope(_scaled_rms_norm(q, w.q_norm, c.rms_norm_eps), cos, sin)
+            k = _apply_rope(_scaled_rms_norm(k, w.k_norm, c.rms_norm_eps), cos, sin)
         suffix_kv = torch.stack([k, v])  # [2, Hkv, s, d]
         if prefix_kv is None:
             r, keys, values = 0, k, v
@@ -415,7 +419,11 @@ class Decoder:
     def _rope(self, positions, layer: int = 0):
         """cos, sin ``[s, d]`` in the compute dtype for ``positions [s]`` (or ``Positions``) in ``layer`` (its RoPE base)."""
         if isinstance(positions, Positions):
-            return self._ropes[layer].lookup(positions.tensor, self.dtype, positions.top)
+            table = self._ropes[layer]
+            key = (id(table), self.dtype)
+            if key not in positions.rope:  # one lookup per request and base, not per layer
+                positions.rope[key] = table.lookup(positions.tensor, self.dtype, positions.top)
+            return positions.rope[key]
         return self._ropes[layer].lookup(positions, self.dtype)
 
     def position_range(self, start: int, count: int) -> Positions:

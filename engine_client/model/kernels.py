@@ -138,6 +138,8 @@ def _gqa_attention(
         out = F.scaled_dot_product_attention(q4, k4, v4, enable_gqa=True, scale=scale)
     elif q.device.type == "cpu" and _FLASH_CPU is not None:
         out = _prefix_then_causal(q4, k4, v4, num_prefix_rows, scale)
+    elif q.device.type == "cuda" and q.dtype in (torch.float16, torch.bfloat16) and _LOWER_RIGHT["ok"]:
+        out = _lower_right_causal(q4, k4, v4, num_prefix_rows, scale)
     else:
         mask = _attention_mask(num_prefix_rows, s, q.device)  # [s, r+s]
         out = F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True, scale=scale)
@@ -169,3 +171,29 @@ def _prefix_then_causal(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, r:
     top = torch.maximum(lse1, lse2)
     w1, w2 = (lse1 - top).exp().unsqueeze(-1), (lse2 - top).exp().unsqueeze(-1)
     return ((o1.float() * w1 + o2.float() * w2) / (w1 + w2)).to(q4.dtype)
+
+
+# Whether SDPA's bottom-right causal bias ran on this machine's CUDA build (False after the first failure)
+_LOWER_RIGHT = {"ok": True}
+
+
+def _lower_right_causal(q4: torch.Tensor, k4: torch.Tensor, v4: torch.Tensor, r: int, scale: float | None = None) -> torch.Tensor:
+    """``[1, Hq, s, d]`` queries over ``r`` prefix rows and causally over the last ``s`` rows, on CUDA, with no mask.
+
+    SDPA's ``causal_lower_right`` bias aligns the causal triangle bottom-right (the queries are the last
+    ``s`` of the ``r+s`` keys) and runs the flash kernel, which takes no mask tensor: no ``[s, r+s]`` mask
+    is built per layer and no mask is read per cell.  Where this torch build cannot run it (its flash
+    kernel refusing grouped heads, say), the boolean mask is used from then on and a warning says why once.
+    """
+    from torch.nn.attention.bias import causal_lower_right
+
+    s = q4.shape[2]
+    try:
+        return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=causal_lower_right(s, r + s), enable_gqa=True, scale=scale)
+    except RuntimeError as exc:
+        _LOWER_RIGHT["ok"] = False
+        import logging
+
+        logging.getLogger(__name__).warning("attention: the lower-right causal bias failed on CUDA (%s); using a boolean mask", exc)
+    mask = _attention_mask(r, s, q4.device)
+    return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=mask, enable_gqa=True, scale=scale)

@@ -91,3 +91,50 @@ def test_prefix_then_causal_matches_the_masked_kernel(dtype, atol, rtol):
         got = kernels._prefix_then_causal(q, k, v, r)
     assert got.dtype == dtype
     torch.testing.assert_close(got.float(), want.float(), atol=atol, rtol=rtol)  # bfloat16: one more rounding
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with a CUDA device")
+@pytest.mark.parametrize(
+    "hq,hkv,d,r,s",
+    [
+        (14, 2, 64, 819, 64),  # Qwen2.5-0.5B heads, 5% of a 16k prefix
+        (32, 8, 128, 819, 64),  # Llama-3-8B heads
+        (9, 3, 64, 700, 300),  # SmolLM2's heads, a suffix longer than usual
+        (4, 4, 40, 23, 7),  # no GQA, a head dim flash pads
+    ],
+)
+def test_the_cuda_lower_right_path_matches_masked_softmax(hq, hkv, d, r, s):
+    """bf16 on CUDA: suffix over prefix rows through the bottom-right causal bias (no mask built), which must run."""
+    from engine_client.model import kernels
+
+    gen = torch.Generator().manual_seed(hq * 7 + r)
+    q = (torch.randn(hq, s, d, generator=gen) * 2).to(torch.bfloat16)
+    keys = (torch.randn(hkv, r + s, d, generator=gen) * 2).to(torch.bfloat16)
+    values = torch.randn(hkv, r + s, d, generator=gen).to(torch.bfloat16)
+    with torch.inference_mode():
+        got = _gqa_attention(q.cuda(), keys.cuda(), values.cuda(), r)
+    assert kernels._LOWER_RIGHT["ok"], "the lower-right causal bias fell back to a boolean mask on this CUDA build"
+    assert got.device.type == "cuda" and got.shape == (hq, s, d)
+    torch.testing.assert_close(got.cpu().double(), reference(q, keys, values, r), atol=2e-2, rtol=8e-3)
+
+
+def test_the_lower_right_fallback_gives_the_masked_result(monkeypatch):
+    """Where the bias cannot run, the boolean mask answers the same, and the path is not tried again."""
+    from engine_client.model import kernels
+
+    def refuse(*args, **kwargs):
+        if isinstance(kwargs.get("attn_mask"), torch.Tensor):
+            return sdpa(*args, **kwargs)
+        raise RuntimeError("no kernel for this bias")
+
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", refuse)
+    monkeypatch.setitem(kernels._LOWER_RIGHT, "ok", True)
+    gen = torch.Generator().manual_seed(3)
+    q4 = torch.randn(1, 6, 5, 8, generator=gen)
+    k4, v4 = torch.randn(1, 2, 17, 8, generator=gen), torch.randn(1, 2, 17, 8, generator=gen)
+    with torch.inference_mode():
+        got = kernels._lower_right_causal(q4, k4, v4, 12)
+    assert kernels._LOWER_RIGHT["ok"] is False
+    torch.testing.assert_close(got[0].double(), reference(q4[0], k4[0], v4[0], 12), atol=1e-5, rtol=0)
