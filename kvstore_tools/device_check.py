@@ -12,7 +12,7 @@ Steps, in this order (most informative first), each a child process with its own
 ``calibrate``     ``kvstore-bench calibrate --device D``: ``calibrate-profile.json``, read back as
                   ``--profile file:PATH`` reads it;
 ``ttft-2k``       ``kvstore-bench reprefill`` through a real daemon (full recompute, full load, Re-Prefill
-``ttft-16k``      at 5% and 25%) on a seeded Qwen2.5-0.5B-shape checkpoint at 2048 and 16384 prefix
+``ttft-16k``      at 5% and 10%) on a seeded Qwen2.5-0.5B-shape checkpoint at 2048 and 16384 prefix
 ``ttft-smollm2``  tokens, and on SmolLM2-135M (2048) when its package is installed: ``ttft-*.json``
                   (the bench's report, every request kept) and ``ttft-*.txt`` (its table).
 
@@ -284,7 +284,7 @@ class Check:
         gpu = self.device == "cuda"
         argv = _bench(
             "reprefill", "--device", self.device, "--model", model, "--dtype", "bfloat16" if gpu else "float32",
-            "--prefix-tokens", str(tokens), "--budgets", "0.05,0.25", "--data-dir", str(self.work), "--json",
+            "--prefix-tokens", str(tokens), "--budgets", "0.05,0.10", "--data-dir", str(self.work), "--json",
         )  # fmt: skip
         if self.quick:
             argv += ["--suffix-tokens", "8", "--repeats", "2", "--recompute-runs", "2", "--period-layers", "2", "--group-layers", "1"]
