@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from .config import ModelConfig
+from .graphs import LayerGraphs
 from .kernels import (
     _apply_rope,
     _attention_mask,
@@ -173,6 +174,13 @@ class Decoder:
         self._embed_scale = torch.tensor(c.hidden_size**0.5).to(self.dtype) if c.gemma3 else None
         # a float: every layer adds the seconds its attention kernel took (benchmarks set it to 0.0); None: not timed
         self.attention_s: float | None = None
+        # on CUDA, each layer's parts before and after attention run as CUDA graphs for short suffixes (layer_graphs);
+        # None: every kernel launched one by one (use_layer_graphs(False))
+        self.layer_graphs = LayerGraphs(self) if self.device.type == "cuda" else None
+
+    def use_layer_graphs(self, on: bool) -> None:
+        """Replay the layers' parts before and after attention as CUDA graphs (on CUDA; the default), or launch every kernel."""
+        self.layer_graphs = LayerGraphs(self) if on and self.device.type == "cuda" else None
 
     @property
     def num_layers(self) -> int:
@@ -363,22 +371,12 @@ class Decoder:
     # ------------------------------------------------------------------ internals
 
     def _layer(self, layer, hidden, positions, prefix_kv, row_mask=None, attn_mask=None, prefix_positions=None):
-        c = self.config
-        w = self.weights.layers[layer]
-        s = hidden.shape[0]
-        x = self._norm(hidden, w.input_norm, c.rms_norm_eps)
-        hq, hkv = c.num_attention_heads, c.num_key_value_heads
-        qk, v = _linear(x, w.qkv_weight, w.qkv_bias).split((self._split[0] + self._split[1], self._split[2]), dim=-1)
-        v = v.view(s, hkv, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
         cos, sin = self._rope(positions, layer)
-        if w.q_norm is None:  # q and k rotated in one pass (the same elementwise ops, half the kernel launches)
-            qk = _apply_rope(qk.view(s, hq + hkv, c.head_dim).transpose(0, 1), cos, sin)  # [Hq+Hkv, s, d]
-            q, k = qk[:hq], qk[hq:]
+        graphs = self._graphs_for(hidden, positions)
+        if graphs is not None:  # the parts before and after attention replayed as CUDA graphs
+            q, k, v = graphs.pre(layer, hidden, positions, cos, sin)
         else:
-            q = qk[:, : self._split[0]].view(s, hq, c.head_dim).transpose(0, 1)  # [Hq, s, d]
-            k = qk[:, self._split[0] :].view(s, hkv, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
-            q = _apply_rope(_scaled_rms_norm(q, w.q_norm, c.rms_norm_eps), cos, sin)
-            k = _apply_rope(_scaled_rms_norm(k, w.k_norm, c.rms_norm_eps), cos, sin)
+            q, k, v = self._pre_attention(layer, hidden, cos, sin)
         suffix_kv = torch.stack([k, v])  # [2, Hkv, s, d]
         if prefix_kv is None:
             r, keys, values = 0, k, v
@@ -395,6 +393,33 @@ class Decoder:
             t0 = time.perf_counter()
             attn = _gqa_attention(q, keys, values, r, row_mask, attn_mask, window_mask, self._scale)
             self.attention_s += time.perf_counter() - t0
+        if graphs is not None:
+            return graphs.post(layer, attn), suffix_kv
+        return self._post_attention(layer, hidden, attn), suffix_kv
+
+    def _pre_attention(self, layer, hidden, cos, sin):
+        """The layer up to attention: ``q [Hq, s, d]``, ``k, v [Hkv, s, d]`` (q and k rotated by ``cos, sin [s, d]``)."""
+        c = self.config
+        w = self.weights.layers[layer]
+        s = hidden.shape[0]
+        x = self._norm(hidden, w.input_norm, c.rms_norm_eps)
+        hq, hkv = c.num_attention_heads, c.num_key_value_heads
+        qk, v = _linear(x, w.qkv_weight, w.qkv_bias).split((self._split[0] + self._split[1], self._split[2]), dim=-1)
+        v = v.view(s, hkv, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
+        if w.q_norm is None:  # q and k rotated in one pass (the same elementwise ops, half the kernel launches)
+            qk = _apply_rope(qk.view(s, hq + hkv, c.head_dim).transpose(0, 1), cos, sin)  # [Hq+Hkv, s, d]
+            return qk[:hq], qk[hq:], v
+        q = qk[:, : self._split[0]].view(s, hq, c.head_dim).transpose(0, 1)  # [Hq, s, d]
+        k = qk[:, self._split[0] :].view(s, hkv, c.head_dim).transpose(0, 1)  # [Hkv, s, d]
+        q = _apply_rope(_scaled_rms_norm(q, w.q_norm, c.rms_norm_eps), cos, sin)
+        k = _apply_rope(_scaled_rms_norm(k, w.k_norm, c.rms_norm_eps), cos, sin)
+        return q, k, v
+
+    def _post_attention(self, layer, hidden, attn):
+        """The layer after attention: the output projection and the MLP, with their residual adds; ``attn [Hq, s, d]``."""
+        c = self.config
+        w = self.weights.layers[layer]
+        s = hidden.shape[0]
         if w.attn_out_norm is None:
             hidden = hidden + _linear(attn.transpose(0, 1).reshape(s, -1), w.o_weight)
         else:
@@ -402,10 +427,14 @@ class Decoder:
         x = self._norm(hidden, w.post_norm, c.rms_norm_eps)
         gate, up = _linear(x, w.gate_up_weight).chunk(2, dim=-1)  # [s, intermediate] each
         if w.mlp_out_norm is None:
-            hidden = hidden + _linear(self._act(gate) * up, w.down_weight)
-        else:
-            hidden = hidden + _scaled_rms_norm(_linear(self._act(gate) * up, w.down_weight), w.mlp_out_norm, c.rms_norm_eps)
-        return hidden, suffix_kv
+            return hidden + _linear(self._act(gate) * up, w.down_weight)
+        return hidden + _scaled_rms_norm(_linear(self._act(gate) * up, w.down_weight), w.mlp_out_norm, c.rms_norm_eps)
+
+    def _graphs_for(self, hidden, positions):
+        """The CUDA graphs of this suffix length, or None: off, not on CUDA, positions not ``Positions``, too many tokens."""
+        if self.layer_graphs is None or hidden.device.type != "cuda" or not isinstance(positions, Positions):
+            return None
+        return self.layer_graphs.for_tokens(hidden.shape[0])
 
     def _embed(self, tokens):
         if self._embed_scale is None:
