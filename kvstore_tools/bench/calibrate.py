@@ -33,36 +33,7 @@ import time
 from contextlib import ExitStack
 
 from .io_jobs import BenchError
-
-SHAPES = {
-    "smollm2-135m": dict(
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        attention_bias=False,
-    ),
-    "qwen2.5-0.5b": dict(
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_attention_heads=14,
-        num_key_value_heads=2,
-        head_dim=64,
-        attention_bias=True,
-    ),
-    "llama3-8b": dict(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        attention_bias=False,
-    ),
-}
+from .layer_shapes import SHAPES, random_decoder
 
 
 def add_calibrate_parser(sub) -> None:
@@ -109,7 +80,7 @@ def calibrate(args, device: str):
     dtype = torch.bfloat16 if gpu else torch.float32
     tokens = args.tokens or (4096 if gpu else 512)
     context = args.context or (16384 if gpu else 2048)
-    cfg, dec = _decoder(args.shape, device, dtype)
+    cfg, dec = random_decoder(args.shape, device, dtype)
     with torch.inference_mode():
         flops = _gemm_flops(cfg, tokens, device, dtype)
         mem = _copy_rate(device, (512 << 20) if gpu else (64 << 20))
@@ -149,43 +120,6 @@ def _cpu_name() -> str:
 
     info = machine_info(".")
     return f"{info.get('cpu_model')} x{info.get('num_cpus')}"
-
-
-def _decoder(shape: str, device: str, dtype):
-    import torch
-
-    from engine_client.model.config import ModelConfig
-    from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights
-
-    s = SHAPES[shape]
-    arch = "Qwen2ForCausalLM" if s["attention_bias"] else "LlamaForCausalLM"
-    cfg = ModelConfig(
-        architecture=arch,
-        num_hidden_layers=1,
-        rms_norm_eps=1e-6,
-        max_position_embeddings=131072,
-        tie_word_embeddings=True,
-        rope_theta=1e6,
-        **s,
-    )
-    h, hq, hkv, d, i = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
-    gen = torch.Generator(device="cpu").manual_seed(0)
-
-    def rand(*shape):
-        return (torch.randn(*shape, generator=gen) * 0.02).to(device=device, dtype=dtype)
-
-    ones = torch.ones(h, device=device, dtype=dtype)
-    layer = LayerWeights(
-        ones,
-        rand((hq + 2 * hkv) * d, h),
-        rand((hq + 2 * hkv) * d) if cfg.attention_bias else None,
-        rand(h, hq * d),
-        ones,
-        rand(2 * i, h),
-        rand(h, i),
-    )
-    embed = rand(256, h)  # only the layer is timed: a small table stands in for the vocabulary
-    return cfg, Decoder(cfg, DecoderWeights(embed, [layer], ones, embed))
 
 
 def _sync(device: str) -> None:

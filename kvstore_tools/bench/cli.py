@@ -7,7 +7,9 @@ Subcommands (a parser and a ``command_*`` function each, bound with
         (``reprefill``).
 
 ``prefill``  dense prefill ms per layer of a pretrained model, the project's
-        decoder against transformers on the same threads (``prefill``).
+        decoder against transformers on the same threads (``prefill``); with
+        ``--shapes``, one layer of each model shape against a minimal layer,
+        eager and in a CUDA graph, and the compute model (``layer_compare``).
 
 ``io``  fio-style raw job through the store's backend (``io_jobs``), and with
         ``--compare-fio`` the same job run by fio right after on the same file

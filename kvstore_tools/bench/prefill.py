@@ -8,6 +8,11 @@ Re-Prefill runner calls); transformers' layers are timed with forward hooks
 inside one ``model(ids)`` call.  One short warm-up forward precedes each;
 each layer's time is its fastest over ``--repeats`` runs (the machine may be
 shared: the report gives its load average).
+
+``--shapes`` turns on the per-layer comparison instead (``layer_compare``):
+one layer of each named model shape with random weights, the project's
+against a minimal layer, eager and (on CUDA) in a CUDA graph, and the compute
+model's figure, on ``--device``.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import warnings
 
 import torch
 
-from .io_jobs import BenchError
+from .io_jobs import BenchError, UsageError
 
 WARMUP_TOKENS = 32
 
@@ -40,23 +45,48 @@ def prose_tokens(tokenizer, num_tokens: int) -> list[int]:
     return (ids * (num_tokens // len(ids) + 1))[:num_tokens]
 
 
+DEFAULT_MODEL = "smollm2-135m"
+DEFAULT_TOKENS = 2000
+DEFAULT_REPEATS = 2
+
+
 def add_prefill_parser(sub) -> None:
-    p = sub.add_parser("prefill", help="dense prefill ms per layer: the project's decoder vs transformers")
-    p.add_argument("--model", default="smollm2-135m", help="a name from python -m kvstore_tools.models list")
-    p.add_argument("--tokens", type=int, default=2000, help="prompt tokens")
-    p.add_argument("--threads", type=int, default=2, help="torch threads for both")
-    p.add_argument("--repeats", type=int, default=2, help="timed runs of each; the fastest run of each layer is kept")
+    from .layer_compare import add_layer_flags
+
+    p = sub.add_parser(
+        "prefill",
+        help="dense prefill ms per layer: the project's decoder vs transformers; with --shapes, one layer vs a minimal layer",
+    )
+    p.add_argument("--model", help=f"a name from python -m kvstore_tools.models list (default {DEFAULT_MODEL})")
+    p.add_argument("--tokens", type=int, help=f"prompt tokens (default {DEFAULT_TOKENS})")
+    p.add_argument("--threads", type=int, default=2, help="torch threads for both (on a CPU)")
+    p.add_argument(
+        "--repeats",
+        type=int,
+        help=f"timed runs of each; the fastest run of each layer is kept (default {DEFAULT_REPEATS}); with --shapes the median (default 10)",
+    )
     p.add_argument("--no-reference", dest="reference", action="store_false", help="time only the project's decoder")
     p.add_argument("--json", action="store_true")
+    add_layer_flags(p)
     p.set_defaults(run=command_prefill)
 
 
 def command_prefill(args) -> int:
     import json
 
-    if min(args.tokens, args.threads, args.repeats) < 1:
+    from .layer_compare import command_layers, layer_flags_given
+
+    if args.shapes is not None:
+        return command_layers(args)
+    given = layer_flags_given(args)
+    if given:
+        raise UsageError(f"{', '.join(given)}: only with --shapes (the per-layer comparison); the pretrained run is CPU-only")
+    model = DEFAULT_MODEL if args.model is None else args.model
+    tokens = DEFAULT_TOKENS if args.tokens is None else args.tokens
+    repeats = DEFAULT_REPEATS if args.repeats is None else args.repeats
+    if min(tokens, args.threads, repeats) < 1:
         raise BenchError("--tokens, --threads and --repeats must be positive")
-    report = run_prefill(args.model, args.tokens, args.threads, args.reference, args.repeats)
+    report = run_prefill(model, tokens, args.threads, args.reference, repeats)
     print(json.dumps(report, indent=2, sort_keys=True) if args.json else format_prefill(report))
     return 0
 

@@ -7,7 +7,7 @@ import pytest
 from engine_client.compute_model import AcceleratorProfile
 from engine_client.model.config import ModelConfig
 from engine_client.path_choice import RequestShape, choose, predict, speculation
-from kvstore_tools.bench.calibrate import SHAPES
+from kvstore_tools.bench.layer_shapes import SHAPES
 
 # an H200-like measured profile (../shared/gpu figures: achieved GEMM rate, pinned copies, a virtio disk)
 H200 = AcceleratorProfile(
@@ -32,7 +32,6 @@ def config(shape: str, layers: int) -> ModelConfig:
         rms_norm_eps=1e-6,
         max_position_embeddings=131072,
         tie_word_embeddings=False,
-        rope_theta=1e6,
         **SHAPES[shape],
     )
 
