@@ -174,7 +174,7 @@ def _layer_time(dec, cfg, suffix: int, rows: int, device: str, dtype) -> float:
     import torch
 
     hidden = torch.randn(suffix, cfg.hidden_size, device=device, dtype=dtype)
-    positions = torch.arange(rows, rows + suffix, device=device)
+    positions = dec.position_range(rows, suffix)  # as the runner calls a layer (on CUDA: its graphed parts)
     prefix_kv = torch.randn(2, cfg.num_key_value_heads, rows, cfg.head_dim, device=device, dtype=dtype)
     return _median_seconds(lambda: dec.layer_forward(0, hidden, positions, prefix_kv), device, reps=15)
 
