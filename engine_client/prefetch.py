@@ -76,6 +76,9 @@ class PrefetchState:
     the pushes not yet used.  ``_start`` takes the header; ``_take`` every later message."""
 
     stats: PrefetchStats | None = None
+    # ``group_out(shape, dtype)``: a host array each group's rows are gathered into (``geometry.group_array``'s
+    # ``out``; a runner on CUDA gives pinned buffers); None: a new array per group
+    group_out = None
 
     def _start(self, header: pb.PrefetchHeader, session) -> None:
         """``session``: the shm session the stream was opened on (its refs are views into that arena), else None."""
@@ -150,7 +153,8 @@ class PrefetchState:
         """A ready group's selected rows: ``[layers, 2, kv_heads, rows, d]`` (a copy)."""
         chunks, refs = self._ready.pop(group)
         raws = [self._session.view(refs[i]) if refs is not None else self._extents.pop((group, j)) for i, j in enumerate(chunks)]
-        return self.geometry.group_array(raws, group, [int(self._chunk_tokens[j]) for j in chunks])
+        tokens = [int(self._chunk_tokens[j]) for j in chunks]
+        return self.geometry.group_array(raws, group, tokens, out=self.group_out)
 
     def chunk_tokens(self, period: int) -> np.ndarray:
         """Tokens of each chunk of the period's set (ascending chunk order)."""

@@ -52,8 +52,11 @@ class PeriodRows:
     windowed: bool = False  # sliding-window layers: they read the rows' positions (``positions_dev``)
 
 
-def run_period(model, geo: StoreGeometry, groups, l0: int, hidden, positions, rows: PeriodRows, out, *, prefill_alpha: float):
+def run_period(model, geo: StoreGeometry, groups, l0: int, hidden, positions, rows: PeriodRows, out, *, prefill_alpha: float, staging=None):
     """Compute the Period's layers, each group as it arrives (``groups``: ``(group, array)`` pairs).
+
+    ``staging``: the runner's pinned staging (CUDA), which uploads the arrays it gathered; others are copied
+    by ``to_device``.
 
     Returns the new hidden state and the Period's first layer's keys (loaded rows, suffix) for its
     attention mass.
@@ -62,7 +65,9 @@ def run_period(model, geo: StoreGeometry, groups, l0: int, hidden, positions, ro
     first_keys = None
     for group, raw in groups:
         t0 = time.perf_counter()
-        kv = to_device(raw, geo.model.dtype, device)  # [group layers, 2, kv_heads, rows, head_dim]
+        kv = staging.upload(raw, geo.model.dtype) if staging is not None else None
+        if kv is None:
+            kv = to_device(raw, geo.model.dtype, device)  # [group layers, 2, kv_heads, rows, head_dim]
         if rows.tail is not None:
             kv = fill_tail(kv, geo, group, rows.positions, *rows.tail)
         for i, layer in enumerate(geo.group_layer_range(group)):

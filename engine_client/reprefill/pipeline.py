@@ -44,7 +44,16 @@ def run(req: Request) -> ReprefillResult:
             rows = req.period_rows(p, l0)
             groups = stream.groups(p) if cfg.fetch.overlap else list(stream.groups(p))  # off: the whole Period first
             req.hidden, first_keys = run_period(
-                model, req.geometry, groups, l0, req.hidden, req.positions, rows, req.out, prefill_alpha=cfg.attention.prefill_alpha
+                model,
+                req.geometry,
+                groups,
+                l0,
+                req.hidden,
+                req.positions,
+                rows,
+                req.out,
+                prefill_alpha=cfg.attention.prefill_alpha,
+                staging=req.runner.staging,
             )
             req.loaded(p, l0, layers, stream.chunk_tokens(p).tolist(), q, first_keys)
         t0 = time.perf_counter()
@@ -85,9 +94,14 @@ class Request:
     def open_stream(self):
         f = self.cfg.fetch
         push = None if f.push else False  # None: pushed whenever speculating over shared memory
-        return self.runner.client.prefetch(
+        stream = self.runner.client.prefetch(
             self.prefix_id, period_layers=self.cfg.schedule.period_layers, speculate=f.speculate, hints=self.hints, push=push
         )
+        staging = self.runner.staging
+        if staging is not None and hasattr(stream, "group_out"):  # rows gathered straight into pinned buffers
+            staging.reset()
+            stream.group_out = staging.host
+        return stream
 
     def choose(self, p: int, l0: int, q: torch.Tensor, count: int):
         """Period ``p``'s chunk ids (and per-KV-head sets): the caller's ``choose``, every chunk, or the selection."""

@@ -42,6 +42,7 @@ from .checks import Layers, check_prefix, check_runner, describe, resolve_layers
 from .config import AUTO, CALIBRATED, ReprefillConfig
 from .device import resolve_device, wait
 from .result import PrefixHandle, ReprefillResult
+from .staging import PinnedStaging
 from .state import ResidentState, summary_bytes
 
 log = logging.getLogger(__name__)
@@ -138,6 +139,9 @@ class ModelRunner:
             streaming_heads=streaming_heads if streaming_layout else None,
         )
         self.state = ResidentState(client, self.geometry, self.device, model.dtype, self._page_scope())
+        # on CUDA, delivered rows are gathered into pinned buffers and copied on their own stream (staging.py);
+        # None: gathered into host arrays and copied at the pageable rate
+        self.staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
         self.tail_pairs = {pair: i for i, pair in enumerate(tail_pairs(self.geometry))}
         self._said_no_standins = False
 

@@ -268,13 +268,19 @@ class StoreGeometry:
             at += size
         return out
 
-    def group_array(self, raws, group: int, token_counts) -> np.ndarray:
+    def group_array(self, raws, group: int, token_counts, out=None) -> np.ndarray:
         """Several extents of one group (uint8 each, ``token_counts[i]`` tokens) as one
         ``[layers_in_group, 2, heads, sum(tokens), dim]`` array in the numpy KV dtype, in the given
-        order; quantized extents of equal size are dequantized together, one numpy pass each size."""
+        order; quantized extents of equal size are dequantized together, one numpy pass each size.
+        ``out(shape, dtype)``: where plain extents are gathered (a pinned buffer, say); the array it gave
+        is returned.  Quantized and streaming-heads extents are decoded into arrays of their own."""
         m = self.model
         if not self.kv_quant or not raws or self.streaming_heads:
-            return np.concatenate([self.extent_array(r, group, int(t)) for r, t in zip(raws, token_counts)], axis=3)
+            parts = [self.extent_array(r, group, int(t)) for r, t in zip(raws, token_counts)]
+            if out is None or self.streaming_heads or not parts:
+                return np.concatenate(parts, axis=3)
+            shape = (*parts[0].shape[:3], sum(a.shape[3] for a in parts), parts[0].shape[4])
+            return np.concatenate(parts, axis=3, out=out(shape, parts[0].dtype))
         layers, counts = self.layers_in_group(group), [int(t) for t in token_counts]
         out = np.empty((layers, 2, m.num_kv_heads, sum(counts), m.head_dim), dtype=np.float32)
         i = row = 0

@@ -24,11 +24,13 @@ def one_shot(client, pid, chunks, group, geo):
         return got.group_kv(group)
 
 
-def stream_all(client, pid, sets, *, period_layers, shm=True, speculate=True, push=None, await_push=False):
+def stream_all(client, pid, sets, *, period_layers, shm=True, speculate=True, push=None, await_push=False, group_out=None):
     """Run one stream; returns ({group: kv}, stats).  ``await_push``: before
-    each later period, wait for its pushed groups (as if computing meanwhile)."""
+    each later period, wait for its pushed groups (as if computing meanwhile).
+    ``group_out``: the stream's allocator of gathered groups."""
     got = {}
     with client.prefetch(pid, period_layers=period_layers, shm=shm, speculate=speculate, push=push) as st:
+        st.group_out = group_out
         assert st.num_periods == len(sets)
         for p, chunks in enumerate(sets):
             if await_push and p:
@@ -65,6 +67,27 @@ def test_stream_bytes_equal_one_shot_reads_cold_and_cached(daemon_factory, geo, 
         s = settled(client)
         assert s.shm_leased_bytes == 0 and s.pinned_units == 0
         assert s.tier_units == sum(len(x) for x in sets) and s.tier_hit_units == s.tier_miss_units
+
+
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "bytes"])
+def test_groups_gathered_into_the_callers_buffers_hold_the_same_rows(daemon_factory, shm):
+    """``group_out`` (a CUDA runner's pinned buffers): every group lands in an array it gave, byte for byte."""
+    d = daemon_factory()
+    n, geo = 300, GEO3
+    kv, tokens = make_kv(geo, n, 4), make_tokens(n, 4)
+    given = []
+
+    def group_out(shape, dtype):
+        given.append(np.empty(shape, dtype=dtype))
+        return given[-1]
+
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, geo).prefix_id
+        sets = [[0, 3, 5], [1, 2], list(range(geo.num_chunks(n)))]
+        got, _ = stream_all(client, pid, sets, period_layers=geo.group_layers, shm=shm, group_out=group_out)
+        for p, chunks in enumerate(sets):
+            np.testing.assert_array_equal(got[p], one_shot(client, pid, chunks, p, geo))
+    assert len(given) == len(sets) and all(any(a is b for b in given) for a in got.values())
 
 
 def test_speculation_is_used_when_the_set_repeats_and_cancelled_or_wasted_when_not(daemon_factory):

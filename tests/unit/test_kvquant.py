@@ -172,3 +172,25 @@ def test_a_value_the_rotation_would_push_out_of_range_is_refused():
     assert exc.value.field == "kv"
     with pytest.raises(InvalidArgument, match="within"):
         kvquant.check_values("kv4h", x)
+
+
+@pytest.mark.parametrize("name", ["", "kv8"])
+def test_a_group_is_gathered_into_the_callers_buffer_when_its_extents_are_plain(name):
+    """``out``: plain extents land in the array it gives (a pinned buffer on CUDA); quantized ones decode apart."""
+    geo = StoreGeometry(ModelSpec(3, 2, 8, "bfloat16"), chunk_tokens=16, group_layers=2, kv_quant=name)
+    rng = np.random.default_rng(5)
+    counts = [16, 5, 16]
+    exts = [float32_as_kv(rng.standard_normal((2, 2, 2, t, 8)).astype(np.float32), "bfloat16") for t in counts]
+    raws = [np.ascontiguousarray(geo.extent_payload(e)).reshape(-1).view(np.uint8) for e in exts]
+    given = []
+
+    def out(shape, dtype):
+        given.append(np.full(shape, 7, dtype=dtype))
+        return given[-1]
+
+    got = geo.group_array(raws, 0, counts, out=out)
+    np.testing.assert_array_equal(got, geo.group_array(raws, 0, counts))
+    if name:
+        assert not given
+    else:
+        assert len(given) == 1 and got is given[0] and got.shape == (2, 2, 2, sum(counts), 8)
