@@ -37,14 +37,15 @@ Why one file of ~470 lines: the public steps (``prefill``, ``layer_queries``,
 ``layer_keys``, ``layer_forward`` with its row, pattern and window masks,
 ``attention_mass``) and the checks of their inputs are one API over one set
 of weights and RoPE tables; the tensor kernels they share (RMSNorm, RoPE,
-the GQA attention with its mask rules) are in ``kernels``.
+the GQA attention with its mask rules) are in ``kernels``, the RoPE tables and
+``Positions`` in ``rope``, the CUDA graphs of a layer's parts in ``graphs``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -61,10 +62,10 @@ from .kernels import (
     _scaled_rms_norm,
     _window_mask,
 )
+from .rope import ROPE_PREALLOC_POSITIONS, Positions, RopeTable
 
 # RoPE tables are built up front to this many positions at most; positions
 # past it (or past max_position_embeddings) grow the tables on demand.
-_ROPE_PREALLOC_POSITIONS = 65536
 # attention_mass materializes [Hq, block, r+s] float32 scores per query block.
 _MASS_BLOCK_ELEMENTS = 1 << 25
 
@@ -98,50 +99,6 @@ class DecoderWeights:
     lm_head: torch.Tensor  # [vocab, hidden]; the embed tensor itself when tied
 
 
-@dataclass(frozen=True)
-class Positions:
-    """Positions ``start .. start + count - 1``: ``tensor [count]`` int64 on the model's device, the bounds on the host.
-
-    Made by ``Decoder.position_range``, which checks them and sizes the RoPE tables once; the layer calls
-    take them in place of a positions tensor and then read nothing back from the device."""
-
-    tensor: torch.Tensor
-    start: int
-    count: int
-    # cos, sin per (RoPE table, dtype): looked up by the first layer that asks, reused by every other layer
-    rope: dict = field(default_factory=dict, compare=False, repr=False)
-
-    @property
-    def top(self) -> int:
-        return self.start + self.count - 1
-
-
-class _RopeTable:
-    """cos/sin ``[P, d]`` float32 of one RoPE base, grown on demand."""
-
-    def __init__(self, theta: float, head_dim: int, num_positions: int, device):
-        self.inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim))  # [d/2]
-        self.cos = self.sin = torch.empty(0, head_dim, device=device)
-        self.grow(num_positions)
-
-    def grow(self, num_positions: int) -> None:
-        t = torch.arange(num_positions, device=self.inv_freq.device, dtype=torch.float32)
-        freqs = torch.outer(t, self.inv_freq)  # [P, d/2]
-        emb = torch.cat([freqs, freqs], dim=-1)  # [P, d]
-        self.cos, self.sin = emb.cos(), emb.sin()
-
-    def reserve(self, top: int) -> None:
-        """Room for positions up to ``top``."""
-        if top >= self.cos.shape[0]:
-            self.grow(max(top + 1, 2 * self.cos.shape[0]))
-
-    def lookup(self, positions: torch.Tensor, dtype: torch.dtype, top: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin of ``positions``; ``top``: their largest, when the caller knows it (nothing read back)."""
-        if positions.numel():
-            self.reserve(int(positions.max()) if top is None else top)
-        return self.cos[positions].to(dtype), self.sin[positions].to(dtype)
-
-
 class Decoder:
     """Inference-only decoder over already-validated weights (build it with ``loader.load_checkpoint``).
 
@@ -160,10 +117,9 @@ class Decoder:
         self.device = weights.embed.device
         c = config
         self._split = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.num_key_value_heads * c.head_dim)
-        prealloc = min(c.max_position_embeddings, _ROPE_PREALLOC_POSITIONS)
+        prealloc = min(c.max_position_embeddings, ROPE_PREALLOC_POSITIONS)
         tables = {
-            theta: _RopeTable(theta, c.head_dim, prealloc, self.device)
-            for theta in {c.rope_theta_of(i) for i in range(c.num_hidden_layers)}
+            theta: RopeTable(theta, c.head_dim, prealloc, self.device) for theta in {c.rope_theta_of(i) for i in range(c.num_hidden_layers)}
         }
         self._ropes = [tables[c.rope_theta_of(i)] for i in range(c.num_hidden_layers)]  # one table per base, shared
         self._windows = [c.window_of(i) for i in range(c.num_hidden_layers)]  # None: full attention
