@@ -3,7 +3,7 @@
 A group's rows arrive as extents in the shared-memory arena (or in the
 stream's messages) and are gathered into one ``[layers, 2, heads, rows, d]``
 array.  Gathered into pageable memory, the copy to the device runs at the
-driver's pageable rate (6.2 GB/s on an H200 host, against 55 GB/s pinned)
+driver's pageable rate (6-8 GB/s on an H200 host, against 55 GB/s pinned)
 and the host waits for it.  Gathered into a pinned buffer of this ring
 (``host``, the Prefetch stream's ``group_out``), the copy is queued on the
 staging stream (``upload``) and the host goes on: the copy of one group
@@ -41,7 +41,7 @@ class PinnedStaging:
     def __init__(self, device: torch.device):
         self.device = torch.device(device)
         self.stream = torch.cuda.Stream(self.device)
-        self.slots: list[_Slot] = []
+        self.slots: list[_Slot] = [_Slot(), _Slot()]  # two at least: one gathered while the other is copied
         self._next = 0
         self.bytes_uploaded = 0
 
