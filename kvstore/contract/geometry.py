@@ -272,8 +272,7 @@ class StoreGeometry:
         """Several extents of one group (uint8 each, ``token_counts[i]`` tokens) as one
         ``[layers_in_group, 2, heads, sum(tokens), dim]`` array in the numpy KV dtype, in the given
         order; quantized extents of equal size are dequantized together, one numpy pass each size.
-        ``out(shape, dtype)``: where plain extents are gathered (a pinned buffer, say); the array it gave
-        is returned.  Quantized and streaming-heads extents are decoded into arrays of their own."""
+        ``out(shape, dtype)``: the array plain extents are gathered into and returned (a pinned buffer)."""
         m = self.model
         if not self.kv_quant or not raws or self.streaming_heads:
             parts = [self.extent_array(r, group, int(t)) for r, t in zip(raws, token_counts)]
