@@ -12,7 +12,7 @@ Steps, in this order (most informative first), each a child process with its own
 ``calibrate``     ``kvstore-bench calibrate --device D``: ``calibrate-profile.json``, read back as
                   ``--profile file:PATH`` reads it;
 ``ttft-2k``       ``kvstore-bench reprefill`` through a real daemon (full recompute, full load, Re-Prefill
-``ttft-16k``      at 5% and 10%) on a seeded Qwen2.5-0.5B-shape checkpoint at 2048 and 16384 prefix
+``ttft-16k``      at 5% and 10%, and with the calibrated profile the per-request choice) on a seeded Qwen2.5-0.5B-shape checkpoint at 2048 and 16384 prefix
 ``ttft-smollm2``  tokens, and on SmolLM2-135M (2048) when its package is installed: ``ttft-*.json``
                   (the bench's report, every request kept) and ``ttft-*.txt`` (its table).
 
@@ -290,6 +290,8 @@ class Check:
             argv += ["--suffix-tokens", "8", "--repeats", "2", "--recompute-runs", "2", "--period-layers", "2", "--group-layers", "1"]
         else:
             argv += ["--suffix-tokens", "64", "--repeats", "5", "--recompute-runs", "5" if gpu else "1"]
+        if any(r.name == "calibrate" and r.status == "passed" for r in self.results):  # the choice, priced on this machine
+            argv += ["--profile", f"file:{self.out / 'calibrate-profile.json'}"]
 
         def check(res: StepResult) -> str:
             from .bench.reprefill import format_reprefill_report

@@ -118,11 +118,12 @@ def ttft_row(model: str, tokens: int, report: dict) -> dict:
         "ttft_p95_ms": {name: round(row["ttft_p95_s"] * 1e3, 2) for name, row in systems.items()},
         "runs": {name: row["runs"] for name, row in systems.items()},
         "top1": {name: row.get("top1") for name, row in systems.items()},
+        "choices": {name: c["chosen"] for name, c in (report.get("choices") or {}).items()},  # paths the choice took
     }
 
 
 def _system_order(names) -> list[str]:
-    sparse = sorted((n for n in names if n.startswith("reprefill@")), key=lambda n: float(n.split("@")[1]))
+    sparse = sorted((n for n in names if n.startswith(("reprefill@", "choice@"))), key=lambda n: (float(n.split("@")[1]), n))
     return [n for n in ("full-recompute", "full-load") if n in names] + sparse
 
 

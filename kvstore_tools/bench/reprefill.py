@@ -31,6 +31,7 @@ from kvstore.progress import progress
 
 from .io_jobs import BenchError
 from .machine import machine_info
+from .reprefill_report import format_reprefill_report, reprefill_ratios
 
 SYSTEMS_DOC = "full-recompute, full-load, reprefill at each budget"
 
@@ -73,6 +74,7 @@ def summarize(samples: list[Sample]) -> dict:
 
 def run_reprefill_bench(args) -> dict:
     from engine_client.client import KVStoreClient
+    from engine_client.compute_model import parse_profile
     from engine_client.model.loader import load_checkpoint
     from engine_client.reprefill import ModelRunner, parse_system, window_periods
     from engine_client.selection import exact_chunk_scores
@@ -114,11 +116,13 @@ def run_reprefill_bench(args) -> dict:
             report = {"prefix": vars(handle).copy(), "systems": {}, "requests": {}, "state_bytes": {}}
             prefix_id = handle.prefix_id
 
-            def run(budget, selector):
+            def config(budget, selector):
                 if selector == args.selector and args.system:  # a named system, at its own Periods
-                    cfg = parse_system(args.system).replace(budget=budget)
-                else:
-                    cfg = parse_system(selector).replace(budget=budget, period_layers=args.period_layers)
+                    return parse_system(args.system).replace(budget=budget)
+                return parse_system(selector).replace(budget=budget, period_layers=args.period_layers)
+
+            def run(budget, selector):
+                cfg = config(budget, selector)
                 return lambda suffix: runner.reprefill(prefix_id, suffix, cfg)
 
             run(1.0, "full")(suffixes[0])  # warm-up: first touches, summaries resident
@@ -162,6 +166,24 @@ def run_reprefill_bench(args) -> dict:
                     s.top1, s.kl = compare_logits(references[i], logits)
                     samples.append(s)
                 _add_system(report, "full-recompute", samples)
+            if args.profile:  # the per-request choice among recompute, full load and the sparse path
+                from .reprefill_choice import choice_row
+
+                report["choices"] = {}
+                for budget in (b for b in args.budgets if b < 1):
+                    cfg = config(budget, args.selector)
+                    samples, paths = choice_row(
+                        runner,
+                        prefix,
+                        suffixes,
+                        references,
+                        cfg,
+                        parse_profile(args.profile),
+                        sample=_sample,
+                        compare_logits=compare_logits,
+                    )
+                    _add_system(report, f"choice@{budget:g}", samples)
+                    report["choices"][f"choice@{budget:g}"] = paths
             report["daemon_stats"] = {"bytes_read": client.stats().bytes_read}
     finally:
         if daemon is not None:
@@ -180,11 +202,12 @@ def run_reprefill_bench(args) -> dict:
             "period_layers",
             "group_layers",
             "store_probe_bits",
+            "profile",
         )
     }
     report["params"]["threads"] = torch.get_num_threads()
     report["machine"] = machine_info(args.directory)
-    report["ratios"] = _ratios(report["systems"])
+    report["ratios"] = reprefill_ratios(report["systems"])
     return report
 
 
@@ -217,52 +240,6 @@ def _true_scores(runner, prefix_id, suffixes, args, exact_chunk_scores):
         res = runner.reprefill(prefix_id, suffix, cfg)
         out.append(res.chunk_attention)
     return out
-
-
-def _ratios(systems: dict) -> dict:
-    out = {}
-    for name, row in systems.items():
-        if not name.startswith("reprefill@"):
-            continue
-        for base in ("full-load", "full-recompute"):
-            if base in systems:
-                out[f"{base}/{name}"] = systems[base]["ttft_mean_s"] / row["ttft_mean_s"]
-        if "full-load" in systems:
-            out[f"bytes {name}/full-load"] = row["bytes_read"] / systems["full-load"]["bytes_read"]
-    return out
-
-
-def format_reprefill_report(report: dict) -> str:
-    p = report["params"]
-    pre = report["prefix"]
-    stored = "stored before" if pre["cache_hit"] else "prefilled and stored in {:.1f}s".format(pre["prefill_s"])
-    selection = f"system {p['system']}" if p.get("system") else f"selector {p['selector']}, period {p['period_layers']} layers"
-    lines = [
-        f"model {p['model']} ({p['dtype']}, {p['threads']} threads), prefix {p['prefix_tokens']} tokens ({stored}), "
-        f"suffix {p['suffix_tokens']} tokens, {selection} (stored groups of {p['group_layers']}), {p['repeats']} suffixes",
-        f"{'system':<18}{'TTFT ms':>9}{'P95 ms':>9}{'I/O ms':>8}{'comp ms':>9}{'sel ms':>8}{'tokens':>8}{'MB read':>9}"
-        f"{'reads':>7}{'ampl':>6}{'top1':>6}{'KL':>9}{'recall':>8}",
-    ]
-    order = ["full-recompute", "full-load"] + sorted(
-        (k for k in report["systems"] if k.startswith("reprefill@")), key=lambda k: float(k.split("@")[1])
-    )
-    for name in order:
-        r = report["systems"].get(name)
-        if r is None:
-            continue
-
-        def fmt(v, spec):
-            return format(v, spec) if v is not None else "-"
-
-        lines.append(
-            f"{name:<18}{r['ttft_mean_s'] * 1e3:>9.1f}{r['ttft_p95_s'] * 1e3:>9.1f}{r['io_wait_mean_s'] * 1e3:>8.1f}"
-            f"{r['compute_mean_s'] * 1e3:>9.1f}{r['select_mean_s'] * 1e3:>8.1f}{r['tokens_loaded']:>8}"
-            f"{r['bytes_read'] / 1e6:>9.1f}{r.get('num_reads', 0):>7.0f}{fmt(r['read_amplification'], '.2f'):>6}{fmt(r['top1'], '.2f'):>6}"
-            f"{fmt(r['kl'], '.4f'):>9}{fmt(r['recall'], '.2f'):>8}"
-        )
-    for key, value in report["ratios"].items():
-        lines.append(f"{key} = {value:.2f}")
-    return "\n".join(lines)
 
 
 def add_reprefill_parser(sub) -> None:
@@ -301,6 +278,11 @@ def add_reprefill_parser(sub) -> None:
         choices=(0, 4, 8),
         default=0,
         help="the stored prefix keeps its probe keys quantized to this many bits (0: in the KV dtype)",
+    )
+    p.add_argument(
+        "--profile",
+        help="adds a choice@B row per budget: per request the cheapest of recompute, full load and the sparse path at B, "
+        "predicted from this accelerator profile (h100, a100, a800, custom:..., or file:PATH from kvstore-bench calibrate)",
     )
     p.add_argument("--no-recall", dest="recall", action="store_false", help="skip the true-top-chunk recall")
     p.add_argument("--socket-path", dest="target", type=unix_target, help="a running daemon (default: start one in --data-dir)")
@@ -366,6 +348,15 @@ def command_reprefill(args) -> int:
     check_plot_path(args.plot)
     if args.trace_out and args.workload != "zipf":
         raise BenchError("--trace-out records the systems of --workload zipf; add --workload zipf")
+    if args.profile:
+        if args.workload == "zipf":
+            raise BenchError("--profile adds the per-request choice to --workload single; the zipf workload compares systems")
+        from engine_client.compute_model import parse_profile
+
+        try:
+            parse_profile(args.profile)
+        except InvalidArgument as exc:
+            raise BenchError(f"--profile: {exc}") from None
     if args.workload == "zipf":
         from .figures import format_zipf_report
         from .workload import check_zipf_args, run_zipf_bench

@@ -287,3 +287,53 @@ def test_zipf_paper_rules_and_product_extensions_differ(zipf_report):
     # of timing on a loaded machine, so the count of disk bytes read ahead is not asserted.
     assert sum(r["groups_covered"] for r in requests["as-lru@1"]) > 0  # computed on preloaded (pushed) groups
     assert all(r["spec_wasted"] == 0 for r in requests["as-lru@1"] + requests["as-h2o@0.25"])
+
+
+def _choice_run(tmp_path, profile):
+    proc = run_bench(
+        "reprefill",
+        *("--model", "tiny", "--dtype", "float32", "--prefix-tokens", "400", "--suffix-tokens", "8", "--repeats", "2"),
+        *("--budgets", "0.25", "--period-layers", "2", "--group-layers", "1", "--recompute-runs", "1", "--no-recall"),
+        *("--profile", profile, "--directory", str(tmp_path), "--json"),
+    )
+    return json.loads(proc.stdout)
+
+
+def test_reprefill_choice_row_takes_the_path_its_profile_prices_cheapest(tmp_path):
+    """``--profile``: a choice@B row beside the rows it chooses from; what it took follows the profile."""
+    slow_compute = tmp_path / "slow-compute.json"  # a fast disk and a slow accelerator: never recompute
+    slow_compute.write_text(
+        json.dumps(
+            {
+                "name": "slow",
+                "peak_flops": 1e9,
+                "mem_bytes_per_s": 1e10,
+                "h2d_bytes_per_s": 1e11,
+                "disk_bytes_per_s": 1e12,
+                "dtype_bytes": 4,
+            }
+        )
+    )
+    named = _choice_run(tmp_path / "a", "h100")  # no disk rate: the loading paths cannot be priced
+    priced = _choice_run(tmp_path / "b", f"file:{slow_compute}")
+    for report in (named, priced):
+        row, paths = report["systems"]["choice@0.25"], report["choices"]["choice@0.25"]
+        assert row["runs"] == 2 == sum(paths["chosen"].values())
+        assert [r["ttft_s"] for r in report["requests"]["choice@0.25"]] and row["ttft_mean_s"] > 0
+        best = min(report["systems"][b]["ttft_mean_s"] for b in ("full-load", "full-recompute"))
+        assert report["ratios"]["min(full-load, full-recompute)/choice@0.25"] == pytest.approx(best / row["ttft_mean_s"])
+    assert named["choices"]["choice@0.25"]["chosen"] == {"recompute": 2}
+    assert named["systems"]["choice@0.25"]["tokens_loaded"] == 0 and named["systems"]["choice@0.25"]["top1"] == 1.0
+    assert "recompute" not in priced["choices"]["choice@0.25"]["chosen"]
+    assert priced["systems"]["choice@0.25"]["tokens_loaded"] > 0
+
+
+def test_reprefill_profile_is_checked_before_any_prefill(tmp_path):
+    from helpers import run_bench_each
+
+    base = ("reprefill", "--model", "tiny", "--prefix-tokens", "64", "--directory", str(tmp_path))
+    out = run_bench_each([(*base, "--profile", "nosuch"), (*base, "--workload", "zipf", "--profile", "h100")])
+    for code, err in out:
+        lines = [line for line in err.splitlines() if line.strip()]
+        assert code != 0 and len(lines) == 1 and "--profile" in lines[0]
+    assert not (tmp_path / "reprefill-store").exists()

@@ -77,7 +77,9 @@ def test_quick_cpu_run_records_every_step_and_goes_on_past_a_failure_and_a_timeo
 
     # the TTFT report is the bench's, through its daemon; the summary's row is taken from it
     report = json.loads((out / "ttft-2k.json").read_text())
-    assert set(report["systems"]) == {"full-recompute", "full-load", "reprefill@0.05", "reprefill@0.1"}
+    assert set(report["systems"]) == {"full-recompute", "full-load", "reprefill@0.05", "reprefill@0.1", "choice@0.05", "choice@0.1"}
+    assert report["params"]["profile"] == f"file:{out / 'calibrate-profile.json'}"  # priced on the calibrated profile
+    assert sum(report["choices"]["choice@0.05"]["chosen"].values()) == report["systems"]["choice@0.05"]["runs"]
     assert report["params"]["prefix_tokens"] == 256 and report["daemon_stats"]["bytes_read"] > 0
     (row,) = summary["ttft"]
     assert row["ttft_ms"]["full-load"] == pytest.approx(report["systems"]["full-load"]["ttft_mean_s"] * 1e3, abs=0.01)
