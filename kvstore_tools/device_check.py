@@ -14,7 +14,9 @@ Steps, in this order (most informative first), each a child process with its own
 ``ttft-2k``       ``kvstore-bench reprefill`` through a real daemon (full recompute, full load, Re-Prefill
 ``ttft-16k``      at 5% and 10%, and with the calibrated profile the per-request choice) on a seeded Qwen2.5-0.5B-shape checkpoint at 2048 and 16384 prefix
 ``ttft-smollm2``  tokens, and on SmolLM2-135M (2048) when its package is installed: ``ttft-*.json``
-                  (the bench's report, every request kept) and ``ttft-*.txt`` (its table).
+                  (the bench's report, every request kept) and ``ttft-*.txt`` (its table);
+``ttft-8b-4k``    the same on a Llama-3-8B shape at its full depth (32 layers, random bf16 weights made on the
+``ttft-8b-16k``   device, no checkpoint written) at 4096 and 16384 prefix tokens, the recall skipped.
 
 Every step writes ``OUT_DIR/STEP.log``.  Whatever happens (a step that fails, times out or is
 skipped because the budget no longer fits it), ``OUT_DIR/summary.json`` records every step with its
@@ -45,6 +47,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from .bench.layer_shapes import IN_MEMORY_MODELS
 from .device_report import (
     StepFailed,
     cuda_test_files,
@@ -59,7 +62,7 @@ from .device_report import (
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests/ and the packages
 PROG = "python -m kvstore_tools.device_check"
-STEPS = ("env", "tests", "calibrate", "ttft-2k", "ttft-16k", "ttft-smollm2")
+STEPS = ("env", "tests", "calibrate", "ttft-2k", "ttft-16k", "ttft-8b-4k", "ttft-8b-16k", "ttft-smollm2")
 # what the daemon, the models and the tests import beside torch and numpy: an accelerator machine may lack any
 # (limit s, least time worth starting it with), on a device and in --quick
 LIMITS = {
@@ -68,6 +71,8 @@ LIMITS = {
     "calibrate": (120, 30),
     "ttft-2k": (120, 30),
     "ttft-16k": (150, 45),
+    "ttft-8b-4k": (100, 40),
+    "ttft-8b-16k": (150, 60),
     "ttft-smollm2": (90, 30),
 }
 QUICK_LIMITS = {name: (60, 2) for name in STEPS}
@@ -271,6 +276,12 @@ class Check:
     def _ttft_16k(self) -> Child:
         return self._ttft("ttft-16k", "tiny" if self.quick else "qwen2.5-0.5b-shape", 512 if self.quick else 16384)
 
+    def _ttft_8b_4k(self) -> Child:  # --quick: a small whole-model shape made in memory, the same path
+        return self._ttft("ttft-8b-4k", "smollm2-135m-shape" if self.quick else "llama3-8b-shape", 128 if self.quick else 4096)
+
+    def _ttft_8b_16k(self) -> Child:
+        return self._ttft("ttft-8b-16k", "smollm2-135m-shape" if self.quick else "llama3-8b-shape", 256 if self.quick else 16384)
+
     def _ttft_smollm2(self) -> Child | str:
         if self.quick:
             return "--quick runs the seeded tiny model only"
@@ -290,6 +301,8 @@ class Check:
             argv += ["--suffix-tokens", "8", "--repeats", "2", "--recompute-runs", "2", "--period-layers", "2", "--group-layers", "1"]
         else:
             argv += ["--suffix-tokens", "64", "--repeats", "5", "--recompute-runs", "5" if gpu else "1"]
+        if model in IN_MEMORY_MODELS:  # a whole model made in memory: no recall (it costs a full load per suffix)
+            argv.append("--no-recall")
         if any(r.name == "calibrate" and r.status == "passed" for r in self.results):  # the choice, priced on this machine
             argv += ["--profile", f"file:{self.out / 'calibrate-profile.json'}"]
 

@@ -9,6 +9,8 @@ read ``SHAPES`` for their help.
 
 from __future__ import annotations
 
+import dataclasses
+
 # Hugging Face config.json fields of each shape (rope_theta as the model ships it).
 SHAPES = {
     "smollm2-135m": dict(
@@ -43,6 +45,10 @@ SHAPES = {
     ),
 }
 _STANDIN_VOCAB_ROWS = 256
+DEPTHS = {"smollm2-135m": 30, "qwen2.5-0.5b": 24, "llama3-8b": 32}  # decoder layers of each model
+# whole models of these shapes with random weights made in memory on the device (``seeded_model``): the benches'
+# ``--model NAME-shape`` where writing the checkpoint would take longer than the run (16 GB for Llama-3-8B)
+IN_MEMORY_MODELS = {"llama3-8b-shape": "llama3-8b", "smollm2-135m-shape": "smollm2-135m"}
 
 
 def shape_config(shape: str):
@@ -85,3 +91,36 @@ def random_decoder(shape: str, device: str, dtype, seed: int = 0):
     )
     embed = rand(_STANDIN_VOCAB_ROWS, h)  # [256, hidden]: stands in for the vocabulary
     return cfg, Decoder(cfg, DecoderWeights(embed, [layer], torch.ones(h, device=device, dtype=dtype), embed))
+
+
+def seeded_model(name: str, device, dtype, seed: int = 0):
+    """A whole ``Decoder`` of ``IN_MEMORY_MODELS[name]``'s shape at its full depth and vocabulary, random weights
+    drawn on ``device`` from ``seed`` (an accelerator draws 16 GB in well under a second; the same seed on another
+    device gives other weights): for timing only, its answers mean nothing."""
+    import torch
+
+    from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights
+
+    shape = IN_MEMORY_MODELS[name]
+    cfg = dataclasses.replace(shape_config(shape), num_hidden_layers=DEPTHS[shape], tie_word_embeddings=False)
+    h, hq, hkv, d, i = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rand(*dims, std=0.02, mean=0.0):
+        out = torch.empty(*dims, device=device, dtype=dtype)
+        return out.normal_(mean, std, generator=gen)
+
+    layers = [
+        LayerWeights(
+            input_norm=rand(h, std=0.1, mean=1.0),
+            qkv_weight=rand((hq + 2 * hkv) * d, h),
+            qkv_bias=rand((hq + 2 * hkv) * d) if cfg.attention_bias else None,
+            o_weight=rand(h, hq * d),
+            post_norm=rand(h, std=0.1, mean=1.0),
+            gate_up_weight=rand(2 * i, h),
+            down_weight=rand(h, i),
+        )
+        for _ in range(cfg.num_hidden_layers)
+    ]
+    weights = DecoderWeights(rand(cfg.vocab_size, h), layers, rand(h, std=0.1, mean=1.0), rand(cfg.vocab_size, h))
+    return Decoder(cfg, weights, fingerprint=f"seeded-{name}-seed{seed}-{str(dtype).removeprefix('torch.')}-{torch.device(device).type}")

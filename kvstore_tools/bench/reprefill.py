@@ -30,6 +30,7 @@ from kvstore.contract.errors import InvalidArgument
 from kvstore.progress import progress
 
 from .io_jobs import BenchError
+from .layer_shapes import IN_MEMORY_MODELS, seeded_model
 from .machine import machine_info
 from .reprefill_report import format_reprefill_report, reprefill_ratios
 
@@ -86,7 +87,10 @@ def run_reprefill_bench(args) -> dict:
     torch.set_num_threads(max(1, args.threads or os.cpu_count() or 1))
     dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}[args.dtype]
     device = bench_device(args)  # before the checkpoint is made: a bad --device costs nothing
-    model = load_checkpoint(checkpoint_path(args), dtype=dtype, device=device)
+    if args.model in IN_MEMORY_MODELS:  # a whole model's shape, made on the device (no checkpoint to write)
+        model = seeded_model(args.model, device, dtype, args.seed)
+    else:
+        model = load_checkpoint(checkpoint_path(args), dtype=dtype, device=device)
     try:  # before the prefill: Periods that mix sliding-window and global layers are refused
         for period in {args.period_layers, parse_system(args.system).schedule.period_layers if args.system else args.period_layers}:
             window_periods(model.config, period)
@@ -252,8 +256,9 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument(
         "--model",
         default="qwen2.5-0.5b-shape",
-        choices=("tiny", "small", "qwen2.5-0.5b-shape", *sorted(zoo.MODELS)),
-        help=f"a seeded shape, or a pretrained model ({', '.join(sorted(zoo.MODELS))}; --workload zipf)",
+        choices=("tiny", "small", "qwen2.5-0.5b-shape", *sorted(IN_MEMORY_MODELS), *sorted(zoo.MODELS)),
+        help=f"a seeded shape ({', '.join(sorted(IN_MEMORY_MODELS))}: made in memory on the device, --workload single), "
+        f"or a pretrained model ({', '.join(sorted(zoo.MODELS))}; --workload zipf)",
     )
     p.add_argument("--checkpoint", help="an HF-format checkpoint directory (default: a seeded one made under --directory)")
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
@@ -348,6 +353,8 @@ def command_reprefill(args) -> int:
     check_plot_path(args.plot)
     if args.trace_out and args.workload != "zipf":
         raise BenchError("--trace-out records the systems of --workload zipf; add --workload zipf")
+    if args.model in IN_MEMORY_MODELS and (args.workload == "zipf" or args.checkpoint):
+        raise BenchError(f"--model {args.model} is made in memory for --workload single; it takes no --checkpoint")
     if args.profile:
         if args.workload == "zipf":
             raise BenchError("--profile adds the per-request choice to --workload single; the zipf workload compares systems")

@@ -328,12 +328,20 @@ def test_reprefill_choice_row_takes_the_path_its_profile_prices_cheapest(tmp_pat
     assert priced["systems"]["choice@0.25"]["tokens_loaded"] > 0
 
 
-def test_reprefill_profile_is_checked_before_any_prefill(tmp_path):
+def test_reprefill_profile_and_in_memory_models_are_checked_before_any_prefill(tmp_path):
     from helpers import run_bench_each
 
     base = ("reprefill", "--model", "tiny", "--prefix-tokens", "64", "--directory", str(tmp_path))
-    out = run_bench_each([(*base, "--profile", "nosuch"), (*base, "--workload", "zipf", "--profile", "h100")])
-    for code, err in out:
+    whole = ("reprefill", "--model", "llama3-8b-shape", "--directory", str(tmp_path))  # made in memory: single workload
+    out = run_bench_each(
+        [
+            (*base, "--profile", "nosuch"),
+            (*base, "--workload", "zipf", "--profile", "h100"),
+            (*whole, "--workload", "zipf"),
+            (*whole, "--checkpoint", str(tmp_path)),
+        ]
+    )
+    for (code, err), flag in zip(out, ("--profile", "--profile", "llama3-8b-shape", "llama3-8b-shape")):
         lines = [line for line in err.splitlines() if line.strip()]
-        assert code != 0 and len(lines) == 1 and "--profile" in lines[0]
+        assert code != 0 and len(lines) == 1 and flag in lines[0], err
     assert not (tmp_path / "reprefill-store").exists()

@@ -54,6 +54,8 @@ def test_quick_cpu_run_records_every_step_and_goes_on_past_a_failure_and_a_timeo
         "calibrate": "passed",
         "ttft-2k": "passed",
         "ttft-16k": "timeout",
+        "ttft-8b-4k": "passed",
+        "ttft-8b-16k": "passed",
         "ttft-smollm2": "skipped",
     }, {n: (s["status"], s["reason"]) for n, s in steps.items()}
     assert steps["env"]["reason"] == "exit status 1: env: made to fail by --fail-step"
@@ -81,7 +83,10 @@ def test_quick_cpu_run_records_every_step_and_goes_on_past_a_failure_and_a_timeo
     assert report["params"]["profile"] == f"file:{out / 'calibrate-profile.json'}"  # priced on the calibrated profile
     assert sum(report["choices"]["choice@0.05"]["chosen"].values()) == report["systems"]["choice@0.05"]["runs"]
     assert report["params"]["prefix_tokens"] == 256 and report["daemon_stats"]["bytes_read"] > 0
-    (row,) = summary["ttft"]
+    row, *whole = summary["ttft"]  # ttft-2k, then the two whole-model steps (a small shape made in memory in --quick)
+    assert [(r["model"], r["prefix_tokens"]) for r in whole] == [("smollm2-135m-shape", 128), ("smollm2-135m-shape", 256)]
+    in_memory = json.loads((out / "ttft-8b-16k.json").read_text())
+    assert in_memory["params"]["model"] == "smollm2-135m-shape" and in_memory["systems"]["reprefill@0.05"]["recall"] is None
     assert row["ttft_ms"]["full-load"] == pytest.approx(report["systems"]["full-load"]["ttft_mean_s"] * 1e3, abs=0.01)
     assert "full-load" in (out / "ttft-2k.txt").read_text()
 
