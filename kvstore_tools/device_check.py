@@ -16,7 +16,10 @@ Steps, in this order (most informative first), each a child process with its own
 ``ttft-smollm2``  tokens, and on SmolLM2-135M (2048) when its package is installed: ``ttft-*.json``
                   (the bench's report, every request kept) and ``ttft-*.txt`` (its table);
 ``ttft-8b-4k``    the same on a Llama-3-8B shape at its full depth (32 layers, random bf16 weights made on the
-``ttft-8b-16k``   device, no checkpoint written) at 4096 and 16384 prefix tokens, the recall skipped.
+``ttft-8b-16k``   device, no checkpoint written) at 4096 and 16384 prefix tokens, the recall skipped;
+``zipf-2k``       ``kvstore-bench reprefill --workload zipf``: ContiguousKV, the IMPRESS-like and the H2O-like
+                  baselines at 5% on shared 2048-token prefixes of the Qwen2.5-0.5B shape, tiers on:
+                  ``zipf-2k.json`` and ``zipf-2k.txt``.
 
 Every step writes ``OUT_DIR/STEP.log``.  Whatever happens (a step that fails, times out or is
 skipped because the budget no longer fits it), ``OUT_DIR/summary.json`` records every step with its
@@ -58,11 +61,14 @@ from .device_report import (
     profile_line,
     ttft_line,
     ttft_row,
+    zipf_line,
+    zipf_row,
 )
 
 ROOT = Path(__file__).resolve().parent.parent  # the checkout: tests/ and the packages
 PROG = "python -m kvstore_tools.device_check"
-STEPS = ("env", "tests", "calibrate", "ttft-2k", "ttft-16k", "ttft-8b-4k", "ttft-8b-16k", "ttft-smollm2")
+STEPS = ("env", "tests", "calibrate", "ttft-2k", "ttft-16k", "ttft-8b-4k", "ttft-8b-16k", "zipf-2k", "ttft-smollm2")
+ZIPF_SYSTEMS = ("contiguouskv", "impress", "as-h2o")
 # what the daemon, the models and the tests import beside torch and numpy: an accelerator machine may lack any
 # (limit s, least time worth starting it with), on a device and in --quick
 LIMITS = {
@@ -73,6 +79,7 @@ LIMITS = {
     "ttft-16k": (150, 45),
     "ttft-8b-4k": (100, 40),
     "ttft-8b-16k": (150, 60),
+    "zipf-2k": (150, 60),
     "ttft-smollm2": (90, 30),
 }
 QUICK_LIMITS = {name: (60, 2) for name in STEPS}
@@ -281,6 +288,32 @@ class Check:
 
     def _ttft_8b_16k(self) -> Child:
         return self._ttft("ttft-8b-16k", "smollm2-135m-shape" if self.quick else "llama3-8b-shape", 256 if self.quick else 16384)
+
+    def _zipf_2k(self) -> Child:
+        shutil.rmtree(self.work / "zipf-store", ignore_errors=True)
+        gpu = self.device == "cuda"
+        budget = 0.25 if self.quick else 0.05  # --quick: 128 of 512 tokens, room for IMPRESS's forced 64-token block
+        argv = _bench(
+            "reprefill", "--workload", "zipf", "--systems", ",".join(ZIPF_SYSTEMS), "--budgets", f"{budget:g}",
+            "--device", self.device, "--dtype", "bfloat16" if gpu else "float32", "--data-dir", str(self.work), "--json",
+        )  # fmt: skip
+        if self.quick:
+            argv += ["--model", "tiny", "--prefix-tokens", "512", "--suffix-tokens", "8", "--prefixes", "3", "--requests", "4"]
+            argv += ["--warmup", "2", "--period-layers", "1", "--group-layers", "1", "--memory-fraction", "0.5"]
+        else:
+            argv += ["--model", "qwen2.5-0.5b-shape", "--prefix-tokens", "2048", "--suffix-tokens", "64", "--prefixes", "8"]
+            argv += ["--requests", "20", "--warmup", "8"]
+
+        def check(res: StepResult) -> str:
+            from .bench.figures import format_zipf_report
+
+            report = _read_json(self.out / "zipf-2k.json")
+            (self.out / "zipf-2k.txt").write_text(format_zipf_report(report) + "\n")
+            res.outputs.append("zipf-2k.txt")
+            res.data = zipf_row(report, ZIPF_SYSTEMS, budget)
+            return zipf_line(res.data)
+
+        return Child(argv, "zipf-2k.json", check)
 
     def _ttft_smollm2(self) -> Child | str:
         if self.quick:

@@ -155,3 +155,27 @@ def format_ttft(rows: list[dict]) -> str:
         label = f"{r['model']} {r['prefix_tokens']} ({r['dtype']})"
         lines.append(f"{label:<34}" + "".join(f"{r['ttft_ms'].get(n, float('nan')):>16.1f}" for n in names))
     return "\n".join(lines)
+
+
+def zipf_row(report: dict, systems, budget: float) -> dict:
+    """The Zipf step's figures: each system's mean TTFT, disk bytes and hit rate at ``budget``, and each baseline's
+    TTFT over ContiguousKV's (above 1: ContiguousKV is the faster)."""
+    rows = report.get("systems") or {}
+    names = [f"{s}@{budget:g}" for s in systems]
+    missing = [n for n in names if n not in rows]
+    if missing:
+        raise StepFailed(f"the report has no {', '.join(missing)} row")
+    ref = rows[names[0]]["ttft_mean_s"]
+    return {
+        "prefix_tokens": report.get("workload", {}).get("prefix_tokens"),
+        "ttft_ms": {n: round(rows[n]["ttft_mean_s"] * 1e3, 2) for n in names},
+        "bytes_disk": {n: rows[n]["bytes_disk_mean"] for n in names},
+        "hit_rate": {n: rows[n]["hit_rate"] for n in names},
+        "over_reference": {n: rows[n]["ttft_mean_s"] / ref for n in names[1:]},
+    }
+
+
+def zipf_line(row: dict) -> str:
+    ms = row["ttft_ms"]
+    ratios = ", ".join(f"{n.split('@')[0]}/{next(iter(ms)).split('@')[0]} {v:.2f}" for n, v in row["over_reference"].items())
+    return f"Zipf at {row['prefix_tokens']} tokens, TTFT ms: " + ", ".join(f"{n} {v:.1f}" for n, v in ms.items()) + f" ({ratios})"

@@ -56,6 +56,7 @@ def test_quick_cpu_run_records_every_step_and_goes_on_past_a_failure_and_a_timeo
         "ttft-16k": "timeout",
         "ttft-8b-4k": "passed",
         "ttft-8b-16k": "passed",
+        "zipf-2k": "passed",
         "ttft-smollm2": "skipped",
     }, {n: (s["status"], s["reason"]) for n, s in steps.items()}
     assert steps["env"]["reason"] == "exit status 1: env: made to fail by --fail-step"
@@ -89,6 +90,12 @@ def test_quick_cpu_run_records_every_step_and_goes_on_past_a_failure_and_a_timeo
     assert in_memory["params"]["model"] == "smollm2-135m-shape" and in_memory["systems"]["reprefill@0.05"]["recall"] is None
     assert row["ttft_ms"]["full-load"] == pytest.approx(report["systems"]["full-load"]["ttft_mean_s"] * 1e3, abs=0.01)
     assert "full-load" in (out / "ttft-2k.txt").read_text()
+
+    # the Zipf step: ContiguousKV and its baselines at one budget, the summary's figures from the bench's rows
+    zipf = json.loads((out / "zipf-2k.json").read_text())
+    ratios = steps["zipf-2k"]["data"]["over_reference"]
+    for name in ("impress@0.25", "as-h2o@0.25"):  # --quick: 25% of 512 tokens
+        assert ratios[name] == pytest.approx(zipf["systems"][name]["ttft_mean_s"] / zipf["systems"]["contiguouskv@0.25"]["ttft_mean_s"])
 
     # the printed table names every step and its status; stores went, the seeded checkpoint stayed
     for name, st in status.items():
