@@ -21,7 +21,7 @@ the figures' raw data; ``--plot`` draws TTFT from them (``plots.plot_ttft``).
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 
 import numpy as np
 import torch
@@ -32,24 +32,9 @@ from kvstore.progress import progress
 from .io_jobs import BenchError
 from .layer_shapes import IN_MEMORY_MODELS, seeded_model
 from .machine import machine_info
-from .reprefill_report import format_reprefill_report, reprefill_ratios
+from .reprefill_report import Sample, format_reprefill_report, reprefill_ratios
 
 SYSTEMS_DOC = "full-recompute, full-load, reprefill at each budget"
-
-
-@dataclass
-class Sample:
-    ttft_s: float
-    io_wait_s: float = 0.0
-    compute_s: float = 0.0
-    select_s: float = 0.0
-    tokens_loaded: int = 0
-    bytes_read: int = 0
-    bytes_useful: int = 0
-    num_reads: int = 0  # the daemon's disk reads (after coalescing), speculation included
-    top1: bool | None = None
-    kl: float | None = None
-    recall: float | None = None
 
 
 def summarize(samples: list[Sample]) -> dict:

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+from .reprefill_report import Sample
+
 
 def choice_row(runner, prefix, suffixes, references, cfg, profile, *, sample, compare_logits):
     """``(samples, paths)`` of the choice at ``cfg``'s budget over ``suffixes`` (``references``: full-load logits)."""
@@ -24,8 +26,6 @@ def choice_row(runner, prefix, suffixes, references, cfg, profile, *, sample, co
         ans = runner.answer(prefix, suffix, cfg, profile=profile, store=False)
         s = sample(ans.reprefill) if ans.reprefill is not None else None
         if s is None:  # recomputed: all of it compute
-            from .reprefill import Sample
-
             s = Sample(ttft_s=ans.ttft_s, compute_s=ans.ttft_s)
         s.ttft_s = ans.ttft_s
         s.top1, s.kl = compare_logits(references[i], ans.logits)

@@ -1,7 +1,24 @@
-"""``kvstore-bench reprefill``'s table and ratios (single workload): every system's row, the per-request choice's
-paths, and each system against full load and full recompute."""
+"""``kvstore-bench reprefill``'s records, table and ratios (single workload): one request's figures (``Sample``),
+every system's row, the per-request choice's paths, and each system against full load and full recompute."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    io_wait_s: float = 0.0
+    compute_s: float = 0.0
+    select_s: float = 0.0
+    tokens_loaded: int = 0
+    bytes_read: int = 0
+    bytes_useful: int = 0
+    num_reads: int = 0  # the daemon's disk reads (after coalescing), speculation included
+    top1: bool | None = None
+    kl: float | None = None
+    recall: float | None = None
 
 
 def reprefill_ratios(systems: dict) -> dict:
