@@ -71,16 +71,26 @@ def random_decoder(shape: str, device: str, dtype, seed: int = 0):
     every device gets the same ones); norm scales near 1, projections of std 0.02."""
     import torch
 
-    from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights
+    from engine_client.model.decoder import Decoder, DecoderWeights
 
     cfg = shape_config(shape)
-    h, hq, hkv, d, i = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    h = cfg.hidden_size
     gen = torch.Generator(device="cpu").manual_seed(seed)
 
     def rand(*shape, std=0.02, mean=0.0):
         return (torch.randn(*shape, generator=gen) * std + mean).to(device=device, dtype=dtype)
 
-    layer = LayerWeights(
+    layer = _layer_weights(cfg, rand)
+    embed = rand(_STANDIN_VOCAB_ROWS, h)  # [256, hidden]: stands in for the vocabulary
+    return cfg, Decoder(cfg, DecoderWeights(embed, [layer], torch.ones(h, device=device, dtype=dtype), embed))
+
+
+def _layer_weights(cfg, rand):
+    """One layer's weights drawn by ``rand(*dims, std=, mean=)``: norm scales near 1, projections of std 0.02."""
+    from engine_client.model.decoder import LayerWeights
+
+    h, hq, hkv, d, i = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    return LayerWeights(
         input_norm=rand(h, std=0.1, mean=1.0),
         qkv_weight=rand((hq + 2 * hkv) * d, h),  # rows q | k | v
         qkv_bias=rand((hq + 2 * hkv) * d) if cfg.attention_bias else None,
@@ -89,8 +99,6 @@ def random_decoder(shape: str, device: str, dtype, seed: int = 0):
         gate_up_weight=rand(2 * i, h),  # rows gate | up
         down_weight=rand(h, i),
     )
-    embed = rand(_STANDIN_VOCAB_ROWS, h)  # [256, hidden]: stands in for the vocabulary
-    return cfg, Decoder(cfg, DecoderWeights(embed, [layer], torch.ones(h, device=device, dtype=dtype), embed))
 
 
 def seeded_model(name: str, device, dtype, seed: int = 0):
@@ -99,28 +107,17 @@ def seeded_model(name: str, device, dtype, seed: int = 0):
     device gives other weights): for timing only, its answers mean nothing."""
     import torch
 
-    from engine_client.model.decoder import Decoder, DecoderWeights, LayerWeights
+    from engine_client.model.decoder import Decoder, DecoderWeights
 
     shape = IN_MEMORY_MODELS[name]
     cfg = dataclasses.replace(shape_config(shape), num_hidden_layers=DEPTHS[shape], tie_word_embeddings=False)
-    h, hq, hkv, d, i = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.intermediate_size
+    h = cfg.hidden_size
     gen = torch.Generator(device=device).manual_seed(seed)
 
     def rand(*dims, std=0.02, mean=0.0):
         out = torch.empty(*dims, device=device, dtype=dtype)
         return out.normal_(mean, std, generator=gen)
 
-    layers = [
-        LayerWeights(
-            input_norm=rand(h, std=0.1, mean=1.0),
-            qkv_weight=rand((hq + 2 * hkv) * d, h),
-            qkv_bias=rand((hq + 2 * hkv) * d) if cfg.attention_bias else None,
-            o_weight=rand(h, hq * d),
-            post_norm=rand(h, std=0.1, mean=1.0),
-            gate_up_weight=rand(2 * i, h),
-            down_weight=rand(h, i),
-        )
-        for _ in range(cfg.num_hidden_layers)
-    ]
+    layers = [_layer_weights(cfg, rand) for _ in range(cfg.num_hidden_layers)]
     weights = DecoderWeights(rand(cfg.vocab_size, h), layers, rand(h, std=0.1, mean=1.0), rand(cfg.vocab_size, h))
     return Decoder(cfg, weights, fingerprint=f"seeded-{name}-seed{seed}-{str(dtype).removeprefix('torch.')}-{torch.device(device).type}")
