@@ -368,6 +368,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"kvstore-bench: error: {exc}", file=sys.stderr)
         return 1
+    except Exception as exc:  # the daemon refused a call (engine_client.rpc.KVStoreRpcError): its status and message
+        rpc = sys.modules.get("engine_client.rpc")  # loaded by whatever made the call
+        if rpc is None or not isinstance(exc, rpc.KVStoreRpcError):
+            raise
+        print(f"kvstore-bench: error: the daemon refused a call: {exc}", file=sys.stderr)
+        return 1
     finally:
         if main_thread:
             signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

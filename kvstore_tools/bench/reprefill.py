@@ -58,6 +58,20 @@ def summarize(samples: list[Sample]) -> dict:
     return out
 
 
+def _arena_bytes(model, args) -> int:
+    """The bench daemon's arena: a full load's largest Period held at once, twice (the next Period's reads
+    start while one is computed), 64 MiB at least.  The daemon refuses a Period larger than its stream
+    reserve: a Llama-3-8B shape at 16,384 tokens holds 512 MiB per 8-layer Period (bf16)."""
+    from engine_client.reprefill import model_geometry, parse_system
+
+    geometry = model_geometry(model, group_layers=args.group_layers, probe_bits=args.store_probe_bits)
+    period_layers = max(args.period_layers, parse_system(args.system).schedule.period_layers if args.system else 0)
+    groups_per_period = -(-period_layers // args.group_layers)
+    per_group = sorted((geometry.extent_padded_bytes(g) for g in range(geometry.num_groups)), reverse=True)
+    period = sum(per_group[:groups_per_period]) * geometry.num_chunks(args.prefix_tokens)
+    return max(64 << 20, -(-(2 * period + (16 << 20)) // (1 << 20)) << 20)
+
+
 def run_reprefill_bench(args) -> dict:
     from engine_client.client import KVStoreClient
     from engine_client.compute_model import parse_profile
@@ -95,7 +109,7 @@ def run_reprefill_bench(args) -> dict:
         daemon = _Daemon(
             os.path.join(args.directory, "reprefill-store"),
             DaemonArgs(args.backend, args.iodepth),
-            extra=["--prefetch-reserve-fraction", "1"],
+            extra=["--prefetch-reserve-fraction", "1", "--shm-arena-bytes", str(_arena_bytes(model, args))],
         )
         target = f"unix:{daemon.socket}"
     try:
