@@ -237,8 +237,11 @@ class StoreGeometry:
 
     def kv_bytes(self, num_tokens: int) -> int:
         """Extent bytes (unpadded) of a whole ``num_tokens``-token prefix as stored."""
-        counts = self.chunk_token_counts(num_tokens)
-        return sum(self.extent_bytes(g, int(t)) for g in range(self.num_groups) for t in counts)
+        m = self.num_chunks(num_tokens)  # m - 1 whole chunks and the last: per group, not per chunk (a request's cost)
+        if not m:
+            return 0
+        last = num_tokens - (m - 1) * self.chunk_tokens
+        return sum((m - 1) * self.extent_bytes(g, self.chunk_tokens) + self.extent_bytes(g, last) for g in range(self.num_groups))
 
     def extent_array(self, raw: np.ndarray, group: int, tokens: int) -> np.ndarray:
         """A stored extent's bytes (uint8) as ``[layers_in_group, 2, heads, tokens, dim]`` in the numpy KV dtype:

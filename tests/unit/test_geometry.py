@@ -199,3 +199,17 @@ def test_bad_probe_bits_are_refused_naming_the_field(kwargs, message):
     with pytest.raises(InvalidArgument, match="head_dim 5 is odd"):
         StoreGeometry(ModelSpec(2, 1, 5, "float32"), probe_bits=4)
     assert StoreGeometry(ModelSpec(2, 1, 5, "float32"), probe_bits=8).probe_bytes(3) == 3 * (5 + 4)  # 8 bits: any head_dim
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    layers=st.integers(1, 33),
+    group=st.integers(1, 8),
+    tokens=st.integers(0, 5000),
+    quant=st.sampled_from(["", "kv8", "kv4", "kv8t", "kv4t", "kv8h", "kv4h"]),
+)
+def test_kv_bytes_is_every_chunks_extent_summed(layers, group, tokens, quant):
+    """A request prices a whole prefix with ``kv_bytes`` (per group, not per chunk): it must be the layout's sum."""
+    geo = StoreGeometry(ModelSpec(layers, 2, 64, "bfloat16"), group_layers=group, kv_quant=quant)
+    each = sum(geo.extent_bytes(g, int(t)) for g in range(geo.num_groups) for t in geo.chunk_token_counts(tokens))
+    assert geo.kv_bytes(tokens) == each
