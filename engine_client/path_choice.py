@@ -69,6 +69,7 @@ class Choice:
     predicted: dict  # path -> seconds, for every path the profile could cost
     reason: str
     speculate: bool | None = None  # the sparse path's speculation (``speculation``); None: not costed
+    modelled: dict | None = None  # path -> seconds from the profile alone, before ``measured`` scaled them
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,44 @@ class Speculation:
     pays: bool
     period_compute_s: float  # one Period's modelled compute on the sparse path
     period_read_s: float  # the read of one Period's set (its bytes at the disk rate, plus the per-Period cost)
+
+
+class PathHistory:
+    """What each path measured against its prediction on one runner: the choice's correction of the profile.
+
+    A profile prices the paths from rates (FLOP/s, bytes/s, a fixed cost per Period); what it leaves out
+    (host work, read latency on a disk busy with small reads, the selection's synchronisation) shows up as
+    a ratio of measured to predicted time.  Each path keeps its ratio per profile and request class (the prefix's
+    length to a power of two and, for the sparse path, its budget), as an even mix of the last value and
+    the new one.  A path the choice underpriced is taken, measured and priced up, so the next request of
+    that class goes to the path that is cheaper in fact; a path overpriced and never taken keeps its
+    modelled price (the choice does not explore).
+    """
+
+    def __init__(self):
+        self.ratios: dict[tuple, float] = {}
+
+    @staticmethod
+    def _key(profile: AcceleratorProfile, path: str, shape: RequestShape) -> tuple:
+        budget = round(shape.budget, 4) if path == "sparse" else None
+        return (profile.name, profile.source, path, shape.prefix_tokens.bit_length(), budget)
+
+    def ratios_for(self, profile: AcceleratorProfile, shape: RequestShape) -> dict[str, float]:
+        """path -> the ratio measured against ``profile`` for ``shape``'s class (paths without one are absent)."""
+        out = {}
+        for path in PATHS:
+            ratio = self.ratios.get(self._key(profile, path, shape))
+            if ratio is not None:
+                out[path] = ratio
+        return out
+
+    def record(self, profile: AcceleratorProfile, path: str, shape: RequestShape, predicted_s: float, measured_s: float) -> None:
+        """One request of ``shape`` on ``path``: ``predicted_s`` by ``profile`` alone (unscaled), ``measured_s``."""
+        if not predicted_s > 0 or not measured_s > 0:
+            return
+        key, ratio = self._key(profile, path, shape), measured_s / predicted_s
+        old = self.ratios.get(key)
+        self.ratios[key] = ratio if old is None else 0.5 * (old + ratio)
 
 
 def speculation(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> Speculation | None:
@@ -126,14 +165,19 @@ def predict(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShap
     return out
 
 
-def choose(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> Choice:
+def choose(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape, measured: dict | None = None) -> Choice:
     """The cheapest path; a tie goes to the simpler one, in ``PATHS`` order (a sparse budget of the whole
-    prefix costs what a whole load does, and the whole load selects nothing)."""
-    predicted = predict(config, profile, shape)
+    prefix costs what a whole load does, and the whole load selects nothing).  ``measured`` (path -> the
+    ratio of measured to predicted time on this machine, ``PathHistory``) scales each path's prediction."""
+    modelled = predict(config, profile, shape)
+    scale = {p: measured[p] for p in modelled if measured and measured.get(p)}
+    predicted = {p: s * scale.get(p, 1.0) for p, s in modelled.items()}
     path = min(predicted, key=predicted.get)
     others = ", ".join(f"{p} {s * 1e3:.2f} ms" for p, s in predicted.items() if p != path)
     missing = [p for p in PATHS if p not in predicted]
     why = f"{path} {predicted[path] * 1e3:.2f} ms predicted, against {others}"
+    if scale:
+        why += " (" + ", ".join(f"{p}: {modelled[p] * 1e3:.2f} ms modelled x {r:.2f} measured" for p, r in scale.items()) + ")"
     if missing:
         why += f"; {' and '.join(missing)} not costed (the profile has no disk rate: kvstore-bench calibrate)"
     spec = speculation(config, profile, shape)
@@ -141,4 +185,4 @@ def choose(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape
         verb = "speculating" if spec.pays else "no speculation"
         rel = ">=" if spec.pays else "<"
         why += f"; {verb}: a Period's compute {spec.period_compute_s * 1e3:.2f} ms {rel} its read {spec.period_read_s * 1e3:.2f} ms"
-    return Choice(path, predicted[path], predicted, why, None if spec is None else spec.pays)
+    return Choice(path, predicted[path], predicted, why, None if spec is None else spec.pays, modelled)

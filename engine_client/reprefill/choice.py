@@ -92,12 +92,19 @@ def answer(runner, prefix_tokens, suffix_tokens, cfg: ReprefillConfig, profile: 
         why = f"the prefix is not stored ({hit.matched_chunks} of its {m} chunks are)"
         return Answer("recompute", why, logits, ttft, None, None, handle)
     shape = request_shape(runner, n, suffix.numel(), hit.prefix_id, cfg)
-    choice = choose(runner.model.config, profile, shape)
+    history = runner.path_history
+    choice = choose(runner.model.config, profile, shape, history.ratios_for(profile, shape))
     if choice.path == "recompute":
         logits, _ = chunked_prefill(runner.model, torch.cat([prefix, suffix]), keep_kv=False)
-        return Answer("recompute", choice.reason, wait(logits), time.perf_counter() - t0, choice, None, None)
+        logits = wait(logits)  # the device's queue is in the TTFT
+        ttft = time.perf_counter() - t0
+        history.record(profile, "recompute", shape, choice.modelled["recompute"], ttft)
+        return Answer("recompute", choice.reason, logits, ttft, choice, None, None)
     run_cfg = parse_system("full", warn=False) if choice.path == "full-load" else cfg
     if choice.path == "sparse" and choice.speculate is False and cfg.fetch.speculate:  # a Period's compute cannot hide a read here
         run_cfg = dataclasses.replace(cfg, fetch=dataclasses.replace(cfg.fetch, speculate=False))
+    before = time.perf_counter() - t0  # the look-up and the choice
     res = runner.reprefill(hit.prefix_id, suffix, run_cfg)
-    return Answer(choice.path, choice.reason, res.logits, time.perf_counter() - t0, choice, res, None)
+    # the first token is out at the reprefill's own TTFT: what it does after (attention mass to the daemon) is not in it
+    history.record(profile, choice.path, shape, choice.modelled[choice.path], before + res.ttft_s)
+    return Answer(choice.path, choice.reason, res.logits, before + res.ttft_s, choice, res, None)

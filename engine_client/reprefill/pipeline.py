@@ -67,8 +67,10 @@ def run(req: Request) -> ReprefillResult:
 class Request:
     """One Re-Prefill's state: the runner's parts it uses, its plan and its result (``runner.ModelRunner.reprefill``)."""
 
-    def __init__(self, runner, desc, suffix: torch.Tensor, cfg, budget: Budget, plan, layers, *, choose=None, keep_kv: bool = False):
-        self.t_start = time.perf_counter()
+    def __init__(
+        self, runner, desc, suffix: torch.Tensor, cfg, budget: Budget, plan, layers, *, choose=None, keep_kv: bool = False, t_start=None
+    ):
+        self.t_start = time.perf_counter() if t_start is None else t_start  # the TTFT clock (``ModelRunner.reprefill``: its call)
         self.runner, self.model, self.geometry, self.cfg, self.plan = runner, runner.model, runner.geometry, cfg, plan
         self.prefix_id, self.n, self.m, self.choose_fn = desc.prefix_id, desc.num_tokens, desc.num_chunks, choose
         model, dev = runner.model, runner.device

@@ -34,6 +34,7 @@ from kvstore.contract.geometry import ModelSpec, StoreGeometry
 from ..client import KVStoreClient, as_numpy_kv
 from ..model.decoder import Decoder
 from ..model.standins import packaged_standins
+from ..path_choice import PathHistory
 from ..prefill import chunked_prefill
 from ..selection import Budget, PeriodPlan, plan_periods, window_chunk_count
 from ..stream_tail import has_tail, left_out_heads, put_tail, tail_pairs
@@ -142,6 +143,7 @@ class ModelRunner:
         # on CUDA, delivered rows are gathered into pinned buffers and copied on their own stream (staging.py);
         # None: gathered into host arrays and copied at the pageable rate
         self.staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
+        self.path_history = PathHistory()  # ``answer``: each path's measured time against its prediction
         self.tail_pairs = {pair: i for i, pair in enumerate(tail_pairs(self.geometry))}
         self._said_no_standins = False
 
@@ -253,10 +255,11 @@ class ModelRunner:
         ``keep_kv`` keeps each layer's loaded rows and suffix KV in ``layer_kv``
         (what ``generate`` decodes over).
         """
+        t_start = time.perf_counter()  # TTFT counts the request's checks (a Describe) and its plan
         desc, suffix, layers = self.check_request(prefix_id, suffix_tokens, cfg)
         budget = Budget.fraction(1.0) if cfg.decode.first_token_full else cfg.budget  # the budget is then the decoding steps'
         plan = self.plan(desc.num_chunks, cfg, budget, layers, num_tokens=desc.num_tokens)
-        request = pipeline.Request(self, desc, suffix, cfg, budget, plan, layers, choose=choose, keep_kv=keep_kv)
+        request = pipeline.Request(self, desc, suffix, cfg, budget, plan, layers, choose=choose, keep_kv=keep_kv, t_start=t_start)
         return pipeline.run(request)
 
     def answer(self, prefix_tokens, suffix_tokens, cfg: ReprefillConfig = DEFAULT_CONFIG, *, profile, store: bool = True) -> choice.Answer:

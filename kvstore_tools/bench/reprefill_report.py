@@ -66,7 +66,8 @@ def format_reprefill_report(report: dict) -> str:
             f"{fmt(r['kl'], '.4f'):>9}{fmt(r['recall'], '.2f'):>8}"
         )
     for name, paths in report.get("choices", {}).items():
-        lines.append(f"{name} took " + ", ".join(f"{path} {n}x" for path, n in sorted(paths["chosen"].items())))
+        warm = f" (warm-up: {paths['warm_up']['path']})" if paths.get("warm_up") else ""
+        lines.append(f"{name} took " + ", ".join(f"{path} {n}x" for path, n in sorted(paths["chosen"].items())) + warm)
     for key, value in report["ratios"].items():
         lines.append(f"{key} = {value:.2f}")
     return "\n".join(lines)

@@ -90,3 +90,21 @@ def test_bad_arguments_are_one_line_and_change_nothing(runner):
     ans = runner.answer(PREFIX, SUFFIX, profile=no_disk)  # loading paths not costed: recompute, and the reason says why
     assert ans.path == "recompute" and "not costed" in ans.reason
     assert runner.client.stats().num_prefixes == 1
+
+
+# prices every path at next to nothing, the sparse path least: whatever the sparse path measures reprices it
+UNDERPRICED = AcceleratorProfile("underpriced", 1e18, 1e16, 1e16, layer_overhead_s=1e-12, disk_bytes_per_s=1e18, period_overhead_s=1e-12)
+
+
+def test_a_path_that_measured_dearer_than_predicted_is_repriced_for_the_next_request(runner):
+    runner.store_prefix(PREFIX)
+    cfg = runner_cfg(0.3)
+    first = runner.answer(PREFIX, SUFFIX, cfg, profile=UNDERPRICED)
+    assert first.path == "sparse" and first.choice.predicted == first.choice.modelled
+    # the TTFT it measured, over the profile's price, is the sparse path's price from now on (the price
+    # itself moves a little: the state the first request fetched is resident for the second)
+    second = runner.answer(PREFIX, SUFFIX, cfg, profile=UNDERPRICED)
+    assert second.choice.predicted["sparse"] == pytest.approx(first.ttft_s, rel=1e-2)
+    assert second.path != "sparse" and "sparse: " in second.reason and "measured" in second.reason
+    third = runner.answer(PREFIX, SUFFIX, cfg, profile=SLOW_COMPUTE)  # another profile: its own prices
+    assert third.choice.predicted == third.choice.modelled

@@ -109,3 +109,39 @@ def test_the_sparse_choice_says_whether_it_speculates():
     c = choose(cfg, H200, request(cfg, 16384, 0.05, 32))
     assert c.path == "sparse" and c.speculate is not None
     assert ("no speculation" in c.reason) == (not c.speculate)
+
+
+def test_a_measured_ratio_reprices_a_path_and_the_reason_says_so():
+    """The profile underprices the sparse path (the 2,048-token Qwen2.5-0.5B shape on an H200 measured 4x its
+    prediction); priced at what it measured, the choice goes to recompute, and says both figures."""
+    from engine_client.path_choice import PathHistory
+
+    cfg = config("qwen2.5-0.5b", 24)
+    shape = request(cfg, 2048, 0.05, 3)
+    plain = choose(cfg, H200, shape)
+    assert plain.modelled == plain.predicted
+    history = PathHistory()
+    history.record(H200, plain.path, shape, plain.modelled[plain.path], 1.0)  # one request took a whole second
+    ratios = history.ratios_for(H200, shape)
+    assert ratios == {plain.path: 1.0 / plain.modelled[plain.path]}
+    again = choose(cfg, H200, shape, ratios)
+    assert again.path != plain.path and again.predicted[plain.path] == pytest.approx(1.0)
+    assert again.modelled == plain.modelled and f"{plain.path}: {plain.modelled[plain.path] * 1e3:.2f} ms modelled x" in again.reason
+
+
+def test_the_history_keeps_a_ratio_per_profile_and_request_class_and_mixes_the_last_two():
+    from engine_client.path_choice import PathHistory
+
+    cfg = config("qwen2.5-0.5b", 24)
+    small, long, other_budget = request(cfg, 2048, 0.05, 3), request(cfg, 16384, 0.05, 3), request(cfg, 2048, 0.1, 3)
+    history = PathHistory()
+    history.record(H200, "sparse", small, 1.0, 4.0)
+    history.record(H200, "recompute", small, 1.0, 2.0)
+    assert history.ratios_for(H200, small) == {"sparse": 4.0, "recompute": 2.0}
+    assert history.ratios_for(H200, other_budget) == {"recompute": 2.0}  # the sparse path's ratio is per budget
+    assert history.ratios_for(H200, long) == {}  # another length class
+    assert history.ratios_for(dataclasses.replace(H200, name="other"), small) == {}  # another profile's prices
+    history.record(H200, "sparse", small, 1.0, 2.0)
+    assert history.ratios_for(H200, small)["sparse"] == 3.0
+    history.record(H200, "sparse", small, 0.0, 2.0)  # nothing to scale: ignored
+    assert history.ratios_for(H200, small)["sparse"] == 3.0
