@@ -1,7 +1,7 @@
 """One command that checks the worker side on an accelerator machine, in a bounded time.
 
     python -m kvstore_tools.device_check OUT_DIR [--device cuda|cpu] [--budget-s 540] [--quick]
-        [--work-dir DIR] [--only STEP,..] [--limit STEP=SECONDS] [--fail-step STEP] [--keep-work]
+        [--work-dir DIR] [--only STEP,..] [--limit STEP=SECONDS] [--fail-step STEP] [--keep-work] [--system NAME]
 
 Steps, in this order (most informative first), each a child process with its own time limit:
 
@@ -12,7 +12,8 @@ Steps, in this order (most informative first), each a child process with its own
 ``calibrate``     ``kvstore-bench calibrate --device D``: ``calibrate-profile.json``, read back as
                   ``--profile file:PATH`` reads it;
 ``ttft-2k``       ``kvstore-bench reprefill`` through a real daemon (full recompute, full load, Re-Prefill
-``ttft-16k``      at 5% and 10%, and with the calibrated profile the per-request choice) on a seeded Qwen2.5-0.5B-shape checkpoint at 2048 and 16384 prefix
+``ttft-16k``      at 5% and 10% with ``--system`` (default: the product's default system), and with the calibrated
+                  profile the per-request choice) on a seeded Qwen2.5-0.5B-shape checkpoint at 2048 and 16384 prefix
 ``ttft-smollm2``  tokens, and on SmolLM2-135M (2048) when its package is installed: ``ttft-*.json``
                   (the bench's report, every request kept) and ``ttft-*.txt`` (its table);
 ``ttft-8b-4k``    the same on a Llama-3-8B shape at its full depth (32 layers, random bf16 weights made on the
@@ -33,12 +34,13 @@ Exit status: 0 when no step failed or timed out, 1 otherwise, 2 for bad argument
 
 Why one file of more than 400 lines: the steps and the child-process runner (time limits, SIGTERM so
 a bench stops its daemon, then the process group) share one record per step; what reads the steps'
-outputs and formats the report is ``device_report``.
+outputs and formats the report is ``device_report``, the argument types ``device_args``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import shlex
@@ -51,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from .bench.layer_shapes import IN_MEMORY_MODELS
+from .device_args import Parser, limits, positive, steps, system, system_args
 from .device_report import (
     StepFailed,
     cuda_test_files,
@@ -334,6 +337,7 @@ class Check:
             argv += ["--suffix-tokens", "8", "--repeats", "2", "--recompute-runs", "2", "--period-layers", "2", "--group-layers", "1"]
         else:
             argv += ["--suffix-tokens", "64", "--repeats", "5", "--recompute-runs", "5" if gpu else "1"]
+        argv += system_args(self.args.system, 2 if self.quick else 8)
         if model in IN_MEMORY_MODELS:  # a whole model made in memory: no recall (it costs a full load per suffix)
             argv.append("--no-recall")
         if any(r.name == "calibrate" and r.status == "passed" for r in self.results):  # the choice, priced on this machine
@@ -360,6 +364,7 @@ class Check:
             "elapsed_s": round(time.monotonic() - self.start, 1),
             "out_dir": str(self.out),
             "command": shlex.join([PROG, *sys.argv[1:]]),
+            "system": self.args.system,
             "steps": [asdict(r) for r in self.results],
             "ttft": [r.data for r in self.results if r.name.startswith("ttft-") and r.status == "passed"],
         }
@@ -431,60 +436,45 @@ def _clean(work: Path) -> None:
 # ---- the command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit status 2 (argparse would print its usage first)
-        print(f"{PROG}: error: {message}", file=sys.stderr)
-        sys.exit(2)
-
-
-def _limits(text: str) -> tuple[str, float]:
-    name, sep, value = text.partition("=")
-    if not sep or name not in STEPS:
-        raise argparse.ArgumentTypeError(f"expected STEP=SECONDS with STEP one of {', '.join(STEPS)}, got {text!r}")
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{name}: seconds must be a positive number, got {value!r}")
-    return name, seconds
-
-
-def _steps(text: str) -> list[str]:
-    names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in STEPS]
-    if unknown or not names:
-        raise argparse.ArgumentTypeError(f"unknown step {', '.join(unknown) or text!r} (steps: {', '.join(STEPS)})")
-    return names
-
-
-def _positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", metavar="OUT_DIR", help="where the logs, the JSON of each step and summary.json go (created)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the models run (default: cuda)")
-    p.add_argument("--budget-s", type=_positive, default=540.0, help="the whole run's time bound, in seconds (default: 540)")
+    p.add_argument("--budget-s", type=positive, default=540.0, help="the whole run's time bound, in seconds (default: 540)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a few seconds a step")
     p.add_argument("--work-dir", help="stores, calibration files, seeded checkpoints (default: .kvstore/device-check in the checkout)")
     p.add_argument("--keep-work", action="store_true", help="keep the stores and calibration files of --work-dir")
-    p.add_argument("--only", type=_steps, help=f"run only these steps (of {', '.join(STEPS)}); the others are recorded as skipped")
-    p.add_argument("--limit", dest="limits", type=_limits, action="append", default=[], help="a step's own time limit, STEP=SECONDS")
+    p.add_argument(
+        "--only",
+        type=functools.partial(steps, known=STEPS),
+        help=f"run only these steps (of {', '.join(STEPS)}); the others are recorded as skipped",
+    )
+    p.add_argument(
+        "--limit",
+        dest="limits",
+        type=functools.partial(limits, known=STEPS),
+        action="append",
+        default=[],
+        help="a step's own time limit, STEP=SECONDS",
+    )
     p.add_argument("--fail-step", choices=STEPS, help="make this step fail (checks that the run records it and goes on)")
+    p.add_argument(
+        "--system",
+        type=system,
+        default=None,
+        help="the ttft steps' sparse rows: a named system (default: the product's default system, "
+        "engine_client.reprefill.DEFAULT_SYSTEM; summary: 8-layer Periods selected by key summaries)",
+    )
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.limits = dict(args.limits)
+    if args.system is None:
+        from engine_client.reprefill import DEFAULT_SYSTEM
+
+        args.system = DEFAULT_SYSTEM
     if os.path.exists(args.out_dir) and not os.path.isdir(args.out_dir):
         print(f"{PROG}: error: OUT_DIR {args.out_dir} is not a directory", file=sys.stderr)
         return 2

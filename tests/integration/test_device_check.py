@@ -84,6 +84,10 @@ def test_quick_cpu_run_records_every_step_and_goes_on_past_a_failure_and_a_timeo
     assert report["params"]["profile"] == f"file:{out / 'calibrate-profile.json'}"  # priced on the calibrated profile
     assert sum(report["choices"]["choice@0.05"]["chosen"].values()) == report["systems"]["choice@0.05"]["runs"]
     assert report["params"]["prefix_tokens"] == 256 and report["daemon_stats"]["bytes_read"] > 0
+    from engine_client.reprefill import DEFAULT_SYSTEM
+
+    assert summary["system"] == report["params"]["system"] == DEFAULT_SYSTEM  # the product's default, on a store laid out for it
+    assert report["params"]["store_probe_bits"] == 4 and report["params"]["group_layers"] == 1
     row, *whole = summary["ttft"]  # ttft-2k, then the two whole-model steps (a small shape made in memory in --quick)
     assert [(r["model"], r["prefix_tokens"]) for r in whole] == [("smollm2-135m-shape", 128), ("smollm2-135m-shape", 256)]
     in_memory = json.loads((out / "ttft-8b-16k.json").read_text())
@@ -114,6 +118,7 @@ def test_bad_arguments_are_one_line_and_exit_2(tmp_path):
         (str(tmp_path), "--limit", "tests=-1"),
         (str(tmp_path), "--only", "env,nosuch"),
         (str(tmp_path), "--fail-step", "nosuch"),
+        (str(tmp_path), "--system", "nosuch"),
     ]
     for argv in cases:
         proc = _device_check(*argv, timeout=60)
