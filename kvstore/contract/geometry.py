@@ -13,11 +13,10 @@ Terms:
 
 The byte layout of a segment file is ``kvstore.contract.layout``.
 
-With ``kv_quant`` (``"kv8"``, ``"kv4"``, ``"kv8t"``, ``"kv4t"``, ``"kv8h"``,
-``"kv4h"``) an extent holds each layer's K and V as quantized codes with
-float16 scales and zero points (``kvstore.contract.kvquant``), still one chunk of one group: ``extent_bytes``,
-``extent_payload`` (what a put stores) and ``extent_array`` (what a read
-returns, dequantized to the KV dtype) are the only places that know.
+With ``kv_quant`` (``"kv8"``, ``"kv4"``, ``"kv8t"``, ``"kv4t"``, ``"kv8h"``, ``"kv4h"``) an extent holds each layer's
+K and V as quantized codes with float16 scales and zero points (``kvstore.contract.kvquant``), still one chunk of
+one group: ``extent_bytes``, ``extent_payload`` (what a put stores) and ``extent_array`` (what a read returns,
+dequantized to the KV dtype) are the only places that know.
 
 With ``streaming_heads`` (per layer, the KV heads that attend only to a sink
 and a recent window: LServe's streaming heads) an extent holds the other
@@ -237,11 +236,8 @@ class StoreGeometry:
 
     def kv_bytes(self, num_tokens: int) -> int:
         """Extent bytes (unpadded) of a whole ``num_tokens``-token prefix as stored."""
-        m = self.num_chunks(num_tokens)  # m - 1 whole chunks and the last: per group, not per chunk (a request's cost)
-        if not m:
-            return 0
-        last = num_tokens - (m - 1) * self.chunk_tokens
-        return sum((m - 1) * self.extent_bytes(g, self.chunk_tokens) + self.extent_bytes(g, last) for g in range(self.num_groups))
+        m, c = self.num_chunks(num_tokens), self.chunk_tokens  # m - 1 whole chunks and the last, per group (a request prices it)
+        return sum((m - 1) * self.extent_bytes(g, c) + self.extent_bytes(g, num_tokens - (m - 1) * c) for g in range(self.num_groups) if m)
 
     def extent_array(self, raw: np.ndarray, group: int, tokens: int) -> np.ndarray:
         """A stored extent's bytes (uint8) as ``[layers_in_group, 2, heads, tokens, dim]`` in the numpy KV dtype:

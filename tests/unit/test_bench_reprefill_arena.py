@@ -56,6 +56,9 @@ def test_a_refused_call_ends_the_bench_in_one_line(monkeypatch, capsys):
     def refused(args):
         raise KVStoreRpcError(grpc.StatusCode.RESOURCE_EXHAUSTED, "period.chunks: needs 100 bytes")
 
+    from kvstore import progress
+
+    monkeypatch.setattr(progress, "_enabled", progress._enabled)  # main() sets it for the process: put back after
     parser = cli.build_parser(["io"])
     monkeypatch.setattr(cli, "build_parser", lambda argv: parser)
     monkeypatch.setattr(parser, "parse_args", lambda argv: SimpleNamespace(progress=False, log_level="warning", run=refused))
