@@ -144,6 +144,7 @@ class ModelRunner:
         # None: gathered into host arrays and copied at the pageable rate
         self.staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
         self.path_history = PathHistory()  # ``answer``: each path's measured time against its prediction
+        self.stored_prefixes = choice.StoredPrefixes()  # ``answer``: prefixes known stored, not looked up again
         self.tail_pairs = {pair: i for i, pair in enumerate(tail_pairs(self.geometry))}
         self._said_no_standins = False
 

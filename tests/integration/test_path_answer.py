@@ -108,3 +108,41 @@ def test_a_path_that_measured_dearer_than_predicted_is_repriced_for_the_next_req
     assert second.path != "sparse" and "sparse: " in second.reason and "measured" in second.reason
     third = runner.answer(PREFIX, SUFFIX, cfg, profile=SLOW_COMPUTE)  # another profile: its own prices
     assert third.choice.predicted == third.choice.modelled
+
+
+def test_a_prefix_known_stored_is_not_looked_up_again_and_one_gone_is_found_out(runner):
+    lookups = []
+    real = runner.client.lookup
+    runner.client.lookup = lambda *a, **k: lookups.append(1) or real(*a, **k)  # counts the round trips, answers as the daemon does
+    handle = runner.store_prefix(PREFIX)
+    lookups.clear()
+    first = runner.answer(PREFIX, SUFFIX, runner_cfg(0.3), profile=SLOW_COMPUTE)
+    second = runner.answer(PREFIX, SUFFIX, runner_cfg(0.3), profile=SLOW_COMPUTE)
+    assert len(lookups) == 1 and first.path == second.path == "sparse"
+    assert torch.equal(first.logits, second.logits)
+    lookups.clear()
+    runner.answer(torch.arange(7, 307), SUFFIX, profile=SLOW_COMPUTE)  # another prefix: its own look-up (not stored: recomputed, stored)
+    assert lookups
+    # deleted behind the runner's back: the load finds it gone, the request is looked up again and recomputed
+    runner.client.delete(handle.prefix_id)
+    lookups.clear()
+    again = runner.answer(PREFIX, SUFFIX, runner_cfg(0.3), profile=SLOW_COMPUTE)
+    assert lookups and again.path == "recompute" and "not stored" in again.reason
+    assert again.prefix is not None and again.prefix.prefix_id == handle.prefix_id  # stored again, known again
+    lookups.clear()
+    assert runner.answer(PREFIX, SUFFIX, runner_cfg(0.3), profile=SLOW_COMPUTE).path == "sparse" and not lookups
+
+
+def test_the_stored_prefixes_keep_the_newest_and_key_by_runner(runner):
+    from engine_client.reprefill.choice import StoredPrefixes
+
+    known = StoredPrefixes(limit=2)
+    keys = [known.key(runner, torch.arange(i, i + 40)) for i in range(3)]
+    assert len(set(keys)) == 3 and known.key(runner, torch.arange(0, 40)) == keys[0]
+    for i, k in enumerate(keys):
+        known.add(k, f"id{i}")
+    assert [known.get(k) for k in keys] == [None, "id1", "id2"]
+    known.forget(keys[1])
+    assert known.get(keys[1]) is None
+    runner.namespace = "other"  # another namespace: other keys for the same tokens
+    assert known.key(runner, torch.arange(0, 40)) != keys[0]
