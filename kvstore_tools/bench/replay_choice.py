@@ -14,12 +14,15 @@
   (``NAME-nospec@B``, its own row) and the choice takes that replay.  A
   profile without a disk rate (a named one) cannot cost the loading paths:
   there is no choice row then, and the report says why (``kvstore-bench
-  calibrate`` writes a profile that has one).
+  calibrate`` writes a profile that has one).  As on a runner
+  (``path_choice.PathHistory``), each path's replayed time over its
+  prediction reprices that path for the requests after it, warm-up ones
+  included (the recompute row is modelled: its ratio is 1).
 """
 
 from __future__ import annotations
 
-from engine_client.path_choice import RequestShape, choose, recompute_seconds, speculation
+from engine_client.path_choice import PathHistory, RequestShape, choose, recompute_seconds, speculation
 
 NO_SPECULATION = "-nospec"  # the reference system replayed with speculation off: NAME-nospec@B
 
@@ -93,14 +96,19 @@ def choice_rows(header: dict, systems: list[dict], records: dict, config, profil
     out = {}
     for budget, ref in _references([s for s in systems if s["key"] in records]).items():
         quiet = f"{ref['name']}{NO_SPECULATION}@{budget}"
-        rows = []
+        rows, history = [], PathHistory()
         for r in records[ref["key"]]:
-            c = choose(config, profile, _shape(header, r, ref, geo, config, int(r["state_bytes"])))
+            shape = _shape(header, r, ref, geo, config, int(r["state_bytes"]))
+            c = choose(config, profile, shape, history.ratios_for(profile, shape))
             sparse = quiet if c.speculate is False and quiet in records else ref["key"]
             source = {"recompute": "recompute", "full-load": full["key"], "sparse": sparse}[c.path]
             measured = by_request[source].get(r["request"])
             if measured is None:
                 continue
-            rows.append(measured | {"system": f"choice@{budget}", "chosen": c.path, "predicted": c.predicted, "reason": c.reason})
+            history.record(profile, c.path, shape, c.modelled[c.path], measured["ttft_s"])
+            rows.append(
+                measured
+                | {"system": f"choice@{budget}", "chosen": c.path, "predicted": c.predicted, "modelled": c.modelled, "reason": c.reason}
+            )
         out[f"choice@{budget}"] = rows
     return out, None

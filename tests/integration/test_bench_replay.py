@@ -255,3 +255,22 @@ def test_where_a_periods_compute_cannot_hide_a_read_the_choice_takes_a_replay_wi
     )
     assert not any("nospec" in key for key in report["systems"])
     assert {r["chosen"] for r in report["requests"]["choice@0.25"]} == {"sparse"}
+
+
+def test_the_replayed_choice_reprices_a_path_by_what_it_replayed(recorded, tmp_path):
+    """A profile that prices the sparse path below any round trip: the first request takes it, and what the
+    replay timed it at is its price for the requests after, so they go to the path priced below that."""
+    trace, _, directory = recorded
+    underpriced = _measured_profile(
+        tmp_path / "u.json", peak_flops=1e10, mem_bytes_per_s=1e12, disk_bytes_per_s=1e12, period_overhead_s=1e-6, layer_overhead_s=1e-6
+    )
+    report = json.loads(
+        run_bench("replay", "--trace", str(trace), "--profile", underpriced, "--directory", str(directory), "--json").stdout
+    )
+    rows = report["requests"]["choice@0.25"]
+    first, later = rows[0], rows[1:]
+    assert first["chosen"] == "sparse" and first["predicted"] == first["modelled"] and "measured" not in first["reason"]
+    assert later and all(r["chosen"] == min(r["predicted"], key=r["predicted"].get) for r in rows)
+    second = later[0]
+    assert second["predicted"]["sparse"] == pytest.approx(first["ttft_s"] * second["modelled"]["sparse"] / first["modelled"]["sparse"])
+    assert second["chosen"] != "sparse" and "sparse: " in second["reason"]
