@@ -19,8 +19,8 @@ Steps, in this order (most informative first), each a child process with its own
 ``ttft-8b-4k``    the same on a Llama-3-8B shape at its full depth (32 layers, random bf16 weights made on the
 ``ttft-8b-16k``   device, no checkpoint written) at 4096 and 16384 prefix tokens, the recall skipped;
 ``zipf-2k``       ``kvstore-bench reprefill --workload zipf``: ContiguousKV, the IMPRESS-like and the H2O-like
-                  baselines at 5% on shared 2048-token prefixes of the Qwen2.5-0.5B shape, tiers on:
-                  ``zipf-2k.json`` and ``zipf-2k.txt``.
+                  baselines at 5% on shared 2048-token prefixes of the Qwen2.5-0.5B shape, tiers on, and
+                  recompute: ``zipf-2k.json`` and ``zipf-2k.txt``.
 
 Every step writes ``OUT_DIR/STEP.log``.  Whatever happens (a step that fails, times out or is
 skipped because the budget no longer fits it), ``OUT_DIR/summary.json`` records every step with its

@@ -158,13 +158,14 @@ def format_ttft(rows: list[dict]) -> str:
 
 
 def zipf_row(report: dict, systems, budget: float) -> dict:
-    """The Zipf step's figures: each system's mean TTFT, disk bytes and hit rate at ``budget``, and each baseline's
-    TTFT over ContiguousKV's (above 1: ContiguousKV is the faster)."""
+    """The Zipf step's figures: each system's mean TTFT, disk bytes and hit rate at ``budget`` (and recompute's), and
+    each baseline's TTFT over ContiguousKV's (above 1: ContiguousKV is the faster)."""
     rows = report.get("systems") or {}
     names = [f"{s}@{budget:g}" for s in systems]
     missing = [n for n in names if n not in rows]
     if missing:
         raise StepFailed(f"the report has no {', '.join(missing)} row")
+    names += ["recompute"] if "recompute" in rows else []  # the row without a store
     ref = rows[names[0]]["ttft_mean_s"]
     return {
         "prefix_tokens": report.get("workload", {}).get("prefix_tokens"),

@@ -267,7 +267,12 @@ def add_reprefill_parser(sub) -> None:
 
     p.add_argument("--budgets", type=fractions_arg, default=[0.05, 0.10, 0.25, 0.50, 1.0])
     p.add_argument("--repeats", type=int, default=3, help="suffixes timed per system")
-    p.add_argument("--recompute-runs", type=int, default=1, help="full-recompute runs (slow: the whole prefix)")
+    p.add_argument(
+        "--recompute-runs",
+        type=int,
+        default=1,
+        help="full-recompute runs (slow: the whole prefix); --workload zipf: 0 leaves out its recompute row (every request)",
+    )
     p.add_argument("--selector", default="summary", choices=("summary", "exact", "recent"))
     p.add_argument(
         "--system",

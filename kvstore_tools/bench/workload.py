@@ -45,7 +45,10 @@ fetched from the daemon counts in ``bytes_disk``.
   tiers, layer-wise preloading (speculation and pushed groups: the set is
   known in advance);
 * ``as-lru``: AttentionStore - the whole prefix, LRU tiers, layer-wise
-  preloading.
+  preloading;
+* ``recompute``: no store, each request's prefix and suffix prefilled
+  whole (``zipf_recompute``; ``--recompute-runs 0`` leaves it out, and
+  ``--task`` and ``--trace-out`` runs have none).
 
 Fidelity is measured against full attention over the in-memory prefix KV
 (top-1 agreement, KL of the next-token distribution).  With a pretrained
@@ -56,7 +59,7 @@ accuracy is reported next to the full KV's on the same requests (decoding
 is not part of TTFT).  Figures and ratios:
 ``figures.py``.
 
-Why ~550 lines in one file: the system table, the memory each system is
+Why ~500 lines in one file: the system table, the memory each system is
 charged, the interleaved request loop and each request's record are one
 experiment's definition, read together when judging whether the comparison
 is fair; the figures, plots, baselines' selection and daemons live apart.
@@ -83,6 +86,7 @@ from .machine import machine_info
 from .trace import RecordingClient, TraceWriter, request_record, system_header
 from .zipf_memory import memory_split, probe_state_bytes
 from .zipf_prefixes import Prefix, dense_logits, full_kv_answers, max_new_tokens, prefill_all, task_examples
+from .zipf_recompute import RecomputeRun
 
 
 @dataclass(frozen=True)
@@ -265,9 +269,19 @@ def _run_interleaved(model, prefixes, requests, references, args, task=(None, No
                 runs.append(_start(model, name, sysdef, budget, prefixes, args))
         if getattr(args, "trace_out", None):
             tracer = _start_trace(model, prefixes, runs, args)
+        # 0: no recompute row; --task: none either (its rows score answers decoded over what was loaded), nor
+        # --trace-out (the replay models recompute at the profile's speed: replay_choice.recompute_rows)
+        wanted = getattr(args, "recompute_runs", 1) and not examples and tracer is None
+        recompute = RecomputeRun(model) if wanted else None
+        slots = runs + [recompute] if recompute is not None else runs
         for i, req in enumerate(requests):
-            k = i % len(runs)
-            for run in runs[k:] + runs[:k]:
+            k = i % len(slots)
+            for run in slots[k:] + slots[:k]:
+                if run is recompute:
+                    row = recompute.request(prefixes[req.prefix], req, references[i])
+                    if i >= args.warmup:
+                        recompute.rows.append({"request": i, "prefix": req.prefix, **row})
+                    continue
                 example = examples[req.prefix] if examples else None
                 if tracer is not None:
                     run.runner.client.begin()
@@ -291,7 +305,10 @@ def _run_interleaved(model, prefixes, requests, references, args, task=(None, No
                 "stored_bytes": st.bytes_stored,
                 "client_state_bytes": run.state_bytes,
             }
-        return systems, {run.key: run.rows for run in runs}
+        records = {run.key: run.rows for run in runs}
+        if recompute is not None:
+            systems[recompute.key], records[recompute.key] = summarize(recompute.rows), recompute.rows
+        return systems, records
     finally:
         if tracer is not None:
             tracer.close()

@@ -98,7 +98,7 @@ def test_quick_cpu_run_records_every_step_and_goes_on_past_a_failure_and_a_timeo
     # the Zipf step: ContiguousKV and its baselines at one budget, the summary's figures from the bench's rows
     zipf = json.loads((out / "zipf-2k.json").read_text())
     ratios = steps["zipf-2k"]["data"]["over_reference"]
-    for name in ("impress@0.25", "as-h2o@0.25"):  # --quick: 25% of 512 tokens
+    for name in ("impress@0.25", "as-h2o@0.25", "recompute"):  # --quick: 25% of 512 tokens; and no store at all
         assert ratios[name] == pytest.approx(zipf["systems"][name]["ttft_mean_s"] / zipf["systems"]["contiguouskv@0.25"]["ttft_mean_s"])
 
     # the printed table names every step and its status; stores went, the seeded checkpoint stayed
