@@ -363,7 +363,7 @@ class Check:
             "budget_s": self.args.budget_s,
             "elapsed_s": round(time.monotonic() - self.start, 1),
             "out_dir": str(self.out),
-            "command": shlex.join([PROG, *sys.argv[1:]]),
+            "command": f"{PROG} {shlex.join(sys.argv[1:])}",  # PROG is three words, not one to quote
             "system": self.args.system,
             "steps": [asdict(r) for r in self.results],
             "ttft": [r.data for r in self.results if r.name.startswith("ttft-") and r.status == "passed"],

@@ -86,6 +86,7 @@ def test_quick_cpu_run_records_every_step_and_goes_on_past_a_failure_and_a_timeo
     assert report["params"]["prefix_tokens"] == 256 and report["daemon_stats"]["bytes_read"] > 0
     from engine_client.reprefill import DEFAULT_SYSTEM
 
+    assert summary["command"].startswith("python -m kvstore_tools.device_check ")  # the command as typed, no quotes
     assert summary["system"] == report["params"]["system"] == DEFAULT_SYSTEM  # the product's default, on a store laid out for it
     assert report["params"]["store_probe_bits"] == 4 and report["params"]["group_layers"] == 1
     row, *whole = summary["ttft"]  # ttft-2k, then the two whole-model steps (a small shape made in memory in --quick)
