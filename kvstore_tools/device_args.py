@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from kvstore.cli_flags import positive_seconds
+
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one line, exit status 2 (argparse would print its usage first)
@@ -18,12 +20,9 @@ def limits(text: str, known: tuple[str, ...]) -> tuple[str, float]:
     if not sep or name not in known:
         raise argparse.ArgumentTypeError(f"expected STEP=SECONDS with STEP one of {', '.join(known)}, got {text!r}")
     try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not seconds > 0:
-        raise argparse.ArgumentTypeError(f"{name}: seconds must be a positive number, got {value!r}")
-    return name, seconds
+        return name, positive_seconds(value)
+    except argparse.ArgumentTypeError as exc:
+        raise argparse.ArgumentTypeError(f"{name}: {exc}") from None
 
 
 def steps(text: str, known: tuple[str, ...]) -> list[str]:
@@ -33,16 +32,6 @@ def steps(text: str, known: tuple[str, ...]) -> list[str]:
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown step {', '.join(unknown) or text!r} (steps: {', '.join(known)})")
     return names
-
-
-def positive(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
 
 
 def system(text: str) -> str:

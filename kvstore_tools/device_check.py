@@ -52,8 +52,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from kvstore.cli_flags import positive_seconds
+
 from .bench.layer_shapes import IN_MEMORY_MODELS
-from .device_args import Parser, limits, positive, steps, system, system_args
+from .device_args import Parser, limits, steps, system, system_args
 from .device_report import (
     StepFailed,
     cuda_test_files,
@@ -440,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out_dir", metavar="OUT_DIR", help="where the logs, the JSON of each step and summary.json go (created)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the models run (default: cuda)")
-    p.add_argument("--budget-s", type=positive, default=540.0, help="the whole run's time bound, in seconds (default: 540)")
+    p.add_argument("--budget-s", type=positive_seconds, default=540.0, help="the whole run's time bound, in seconds (default: 540)")
     p.add_argument("--quick", action="store_true", help="tiny sizes: a few seconds a step")
     p.add_argument("--work-dir", help="stores, calibration files, seeded checkpoints (default: .kvstore/device-check in the checkout)")
     p.add_argument("--keep-work", action="store_true", help="keep the stores and calibration files of --work-dir")
