@@ -80,7 +80,7 @@ def test_the_host_is_reached_only_at_the_rpcs_never_per_layer(tiny_runner, monke
 
     run_period = pipeline.run_period
     monkeypatch.setattr(pipeline, "to_host", counted("to_host", pipeline.to_host))
-    monkeypatch.setattr(budget, "_ranking_on_host", counted("ranking", budget._ranking_on_host))
+    monkeypatch.setattr(budget, "_scores_on_host", counted("ranking", budget._scores_on_host))
     monkeypatch.setattr(pipeline, "run_period", compute)
     handle = tiny_runner.store_prefix(PREFIX)
     with calibrated_layers(tiny_runner, (1,)):  # stand-in rows at layer 1: the default system's every stage

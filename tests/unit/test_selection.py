@@ -241,6 +241,38 @@ def test_select_chunks_properties(m, sink, local, data):
     assert set(chosen) - forced == set(rest[: count - len(forced)])
 
 
+def _reference_with_followers_and_pages(scores: list[float], count: int, sink: int, local: int, follow: int, page: int) -> list[int]:
+    """select_chunks spelled out in plain Python: rank by (-score, index), pages by (-max, page)."""
+    m = len(scores)
+    forced = set(range(min(sink, m))) | set(range(m - min(local, m), m))
+    rest = count - len(forced)
+    if page > 1:
+        pages = sorted(range(-(-m // page)), key=lambda p: (-max(scores[p * page : (p + 1) * page]), p))
+        order = [c for p in pages for c in range(p * page, min(m, (p + 1) * page)) if c not in forced]
+        taken = order[:rest]
+    else:
+        taken = []
+        for c in sorted((j for j in range(m) if j not in forced), key=lambda j: (-scores[j], j)):
+            for j in range(c, min(m, c + follow + 1)):
+                if len(taken) < rest and j not in forced and j not in taken:
+                    taken.append(j)
+    return sorted(forced | set(taken))
+
+
+@settings(max_examples=300, deadline=None)
+@given(m=st.integers(1, 90), sink=st.integers(0, 2), local=st.integers(0, 2), follow=st.integers(0, 2), page=st.integers(1, 4), data=st.data())
+def test_select_chunks_with_followers_and_pages_matches_the_plain_python_reference(m, sink, local, follow, page, data):
+    if follow and page > 1:
+        page = 1
+    budget = data.draw(st.integers(1, m))
+    values = data.draw(st.lists(st.integers(-2, 2), min_size=m, max_size=m))  # many ties
+    dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
+    chosen = select_chunks(torch.tensor(values, dtype=dtype), budget, sink_chunks=sink, local_chunks=local, follow=follow, page_chunks=page)
+    assert chosen.dtype == torch.long and chosen.device.type == "cpu"
+    count = budget_count(m, budget, sink, local)
+    assert chosen.tolist() == _reference_with_followers_and_pages([float(v) for v in values], count, sink, local, follow, page)
+
+
 @pytest.mark.parametrize("budget", [0, -1, 0.0, -0.1, 1.5, float("nan"), float("inf"), 11, True, "5%", None])
 def test_bad_budgets_are_errors_naming_budget(budget):
     with pytest.raises(ValueError, match="^budget:"):
