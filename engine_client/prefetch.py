@@ -79,6 +79,11 @@ class PrefetchState:
     # ``group_out(shape, dtype)``: a host array each group's rows are gathered into (``geometry.group_array``'s
     # ``out``; a runner on CUDA gives pinned buffers); None: a new array per group
     group_out = None
+    # ``group_out_chunks(shape, dtype)``: a host array a group's extents are copied into as they are stored,
+    # ``[chunks, layers, 2, heads, chunk_tokens, d]``, one copy per run of extents adjacent in the arena (the
+    # caller puts the rows in order on its device: ``reprefill.staging``); used for shared-memory groups of
+    # full chunks in the plain layout, else ``group_out``
+    group_out_chunks = None
 
     def _start(self, header: pb.PrefetchHeader, session) -> None:
         """``session``: the shm session the stream was opened on (its refs are views into that arena), else None."""
@@ -152,9 +157,35 @@ class PrefetchState:
     def _group_array(self, group: int) -> np.ndarray:
         """A ready group's selected rows: ``[layers, 2, kv_heads, rows, d]`` (a copy)."""
         chunks, refs = self._ready.pop(group)
+        if refs is not None and self.group_out_chunks is not None:
+            copied = self._copy_extents(group, refs)
+            if copied is not None:
+                return copied
         raws = [self._session.view(refs[i]) if refs is not None else self._extents.pop((group, j)) for i, j in enumerate(chunks)]
         tokens = [int(self._chunk_tokens[j]) for j in chunks]
         return self.geometry.group_array(raws, group, tokens, out=self.group_out)
+
+    def _copy_extents(self, group: int, refs) -> np.ndarray | None:
+        """``group_out_chunks``' array of the group's extents as stored, or None where its layout does not
+        allow it (quantized or streaming-heads extents, a short last chunk)."""
+        geo = self.geometry
+        ct = geo.chunk_tokens
+        shape = (len(refs), *geo.extent_shape(group, ct))
+        dtype = geo.model.numpy_dtype()
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        if geo.kv_quant or geo.streaming_heads or any(r.length * len(refs) != nbytes for r in refs):
+            return None
+        arr = self.group_out_chunks(shape, dtype)
+        flat = arr.reshape(-1).view(np.uint8)
+        at = i = 0
+        while i < len(refs):  # a run of extents adjacent in the arena (one coalesced read): one copy
+            start = end = refs[i].offset
+            while i < len(refs) and refs[i].offset == end:
+                end += refs[i].length
+                i += 1
+            flat[at : at + end - start] = self._session.span(start, end - start)
+            at += end - start
+        return arr
 
     def chunk_tokens(self, period: int) -> np.ndarray:
         """Tokens of each chunk of the period's set (ascending chunk order)."""

@@ -72,6 +72,10 @@ class ShmSession:
         """The bytes a ``ShmRef`` names (a uint8 view into the arena)."""
         return np.frombuffer(self.arena, dtype=np.uint8, count=ref.length, offset=ref.offset)
 
+    def span(self, offset: int, length: int) -> np.ndarray:
+        """``length`` bytes of the arena from ``offset`` (a uint8 view): several adjacent extents at once."""
+        return np.frombuffer(self.arena, dtype=np.uint8, count=length, offset=offset)
+
     def release(self, leases: set) -> None:
         """Hand leases back (one write, no RPC); empties ``leases``."""
         if leases and self.sock is not None:

@@ -103,6 +103,7 @@ class Request:
         if staging is not None and hasattr(stream, "group_out"):  # rows gathered straight into pinned buffers
             staging.reset()
             stream.group_out = staging.host
+            stream.group_out_chunks = staging.host_chunks  # extents copied as stored, put in order on the device
         return stream
 
     def choose(self, p: int, l0: int, q: torch.Tensor, count: int):

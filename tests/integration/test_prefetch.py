@@ -24,13 +24,13 @@ def one_shot(client, pid, chunks, group, geo):
         return got.group_kv(group)
 
 
-def stream_all(client, pid, sets, *, period_layers, shm=True, speculate=True, push=None, await_push=False, group_out=None):
+def stream_all(client, pid, sets, *, period_layers, shm=True, speculate=True, push=None, await_push=False, group_out=None, group_out_chunks=None):
     """Run one stream; returns ({group: kv}, stats).  ``await_push``: before
     each later period, wait for its pushed groups (as if computing meanwhile).
     ``group_out``: the stream's allocator of gathered groups."""
     got = {}
     with client.prefetch(pid, period_layers=period_layers, shm=shm, speculate=speculate, push=push) as st:
-        st.group_out = group_out
+        st.group_out, st.group_out_chunks = group_out, group_out_chunks
         assert st.num_periods == len(sets)
         for p, chunks in enumerate(sets):
             if await_push and p:
@@ -39,6 +39,39 @@ def stream_all(client, pid, sets, *, period_layers, shm=True, speculate=True, pu
             for g, kv in st.groups(p):
                 got[g] = kv
     return got, st.stats
+
+
+@pytest.mark.parametrize("geo", [GEO3, GEO24], ids=["L5g2", "L24g8"])
+def test_extents_copied_as_stored_are_the_gathered_rows_after_reordering(daemon_factory, geo):
+    """``group_out_chunks``: full chunks come back as stored, one copy per run of adjacent extents, and give the
+    gathered rows once ``[chunks, layers, 2, heads, t, d]`` is put in row order; a set holding the short last
+    chunk is gathered by rows as before."""
+    d = daemon_factory()
+    n = 300  # 19 chunks of 16, the last one short
+    kv, tokens = make_kv(geo, n, 5), make_tokens(n, 5)
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, geo).prefix_id
+        m = geo.num_chunks(n)
+        sets = [np.array([0, 1, 2, 5, 6, 11]), np.array([3, 4, 9, 10, 17]), np.array([0, 7, 8, m - 1])]
+        shapes = []
+
+        def as_stored(shape, dtype):
+            shapes.append(shape)
+            return np.full(shape, 7, dtype=dtype)  # every byte is written
+
+        for attempt in range(2):  # cold (disk), then from the CPU tier
+            shapes.clear()
+            got, _ = stream_all(client, pid, sets, period_layers=geo.group_layers, group_out_chunks=as_stored)
+            for p, chunks in enumerate(sets):
+                want = one_shot(client, pid, chunks, p, geo)
+                if p < 2:  # full chunks: as stored
+                    c, layers, two, heads, t, dim = got[p].shape
+                    assert (c, t) == (len(chunks), geo.chunk_tokens)
+                    rows = got[p].transpose(1, 2, 3, 0, 4, 5).reshape(layers, two, heads, c * t, dim)
+                    np.testing.assert_array_equal(rows, want)
+                else:  # the short last chunk: gathered by rows
+                    np.testing.assert_array_equal(got[p], want)
+            assert len(shapes) == 2
 
 
 @pytest.mark.parametrize("geo", [GEO3, GEO24], ids=["L5g2", "L24g8"])
