@@ -24,7 +24,9 @@ def one_shot(client, pid, chunks, group, geo):
         return got.group_kv(group)
 
 
-def stream_all(client, pid, sets, *, period_layers, shm=True, speculate=True, push=None, await_push=False, group_out=None, group_out_chunks=None):
+def stream_all(
+    client, pid, sets, *, period_layers, shm=True, speculate=True, push=None, await_push=False, group_out=None, group_out_chunks=None
+):
     """Run one stream; returns ({group: kv}, stats).  ``await_push``: before
     each later period, wait for its pushed groups (as if computing meanwhile).
     ``group_out``: the stream's allocator of gathered groups."""

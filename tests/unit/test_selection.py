@@ -260,7 +260,9 @@ def _reference_with_followers_and_pages(scores: list[float], count: int, sink: i
 
 
 @settings(max_examples=300, deadline=None)
-@given(m=st.integers(1, 90), sink=st.integers(0, 2), local=st.integers(0, 2), follow=st.integers(0, 2), page=st.integers(1, 4), data=st.data())
+@given(
+    m=st.integers(1, 90), sink=st.integers(0, 2), local=st.integers(0, 2), follow=st.integers(0, 2), page=st.integers(1, 4), data=st.data()
+)
 def test_select_chunks_with_followers_and_pages_matches_the_plain_python_reference(m, sink, local, follow, page, data):
     if follow and page > 1:
         page = 1
