@@ -236,9 +236,11 @@ def test_where_a_periods_compute_cannot_hide_a_read_the_choice_takes_a_replay_wi
     def replay(profile):
         return json.loads(run_bench("replay", "--trace", str(trace), "--profile", profile, "--directory", str(directory), "--json").stdout)
 
-    # compute cheap beside a 10 ms round trip a Period, a prefill dearer than loading: sparse, without speculation
+    # compute cheap beside a 10 ms round trip a Period, a prefill dearer than loading, a disk slow enough that
+    # the full load's four times the bytes price it well above the sparse path (the choice reprices by what
+    # it measures on this machine, so the margin is kept wide): sparse, without speculation
     report = replay(
-        _measured_profile(tmp_path / "q.json", peak_flops=1e9, mem_bytes_per_s=1e9, disk_bytes_per_s=1e12, period_overhead_s=1e-2)
+        _measured_profile(tmp_path / "q.json", peak_flops=1e9, mem_bytes_per_s=1e9, disk_bytes_per_s=3e6, period_overhead_s=1e-2)
     )
     quiet, spec = report["requests"]["contiguouskv-nospec@0.25"], report["requests"]["contiguouskv@0.25"]
     assert sum(r["spec_used"] + r["spec_wasted"] for r in spec) > 0  # the traced run speculated
@@ -254,7 +256,11 @@ def test_where_a_periods_compute_cannot_hide_a_read_the_choice_takes_a_replay_wi
         _measured_profile(tmp_path / "s.json", peak_flops=1e8, mem_bytes_per_s=1e8, disk_bytes_per_s=1e12, period_overhead_s=1e-3)
     )
     assert not any("nospec" in key for key in report["systems"])
-    assert {r["chosen"] for r in report["requests"]["choice@0.25"]} == {"sparse"}
+    choices = report["requests"]["choice@0.25"]
+    # priced by the profile alone, the first request takes the sparse path; later ones are repriced by what
+    # the replay measured, which depends on this machine's load, so only the speculation is checked there
+    assert choices[0]["chosen"] == "sparse"
+    assert all("no speculation" not in r["reason"] for r in choices)
 
 
 def test_the_replayed_choice_reprices_a_path_by_what_it_replayed(recorded, tmp_path):
