@@ -316,8 +316,14 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
         hints: bool = False,
         push: bool | None = None,
         timeout=None,
+        wait_header: bool = True,
     ) -> PrefetchStream:
-        """Open a Prefetch stream for one Re-Prefill request (see ``engine_client.prefetch``)."""
+        """Open a Prefetch stream for one Re-Prefill request (see ``engine_client.prefetch``).
+
+        ``wait_header=False`` returns before the daemon's header (a round trip): the caller's work up to its
+        first set overlaps it, and an error opening the stream (an unknown prefix) is raised by the first
+        call that needs the header (``send``, a header field) instead of here.
+        """
         return PrefetchStream(
             self,
             prefix_id,
@@ -328,6 +334,7 @@ class KVStoreClient(ConversationCalls, PageCalls, RouteCalls):
             hints=hints,
             push=push,
             timeout=timeout,
+            wait_header=wait_header,
         )
 
     def get_summaries(self, prefix_id: str, *, layer_step: int = 1, timeout=None) -> np.ndarray:

@@ -39,6 +39,8 @@ from kvstore.contract import PrefetchStats, geometry_from_pb, pb, prefetch_stats
 from .rpc import KVStoreRpcError
 
 _CLOSE = object()
+# what ``PrefetchState._start`` sets besides the header's fields
+_STATE_FIELDS = frozenset(("_session", "_pending", "_extents", "_ready", "_pushed", "_sent", "_chunk_tokens", "_sets"))
 STREAM_END = object()  # what the readers queue when the call has ended
 
 
@@ -243,6 +245,7 @@ class PrefetchStream(PrefetchState):
         hints: bool = False,
         push: bool | None = None,
         timeout=None,
+        wait_header: bool = True,
     ):
         use_shm = client.shm if shm is None else shm
         if use_shm and not client.shm:
@@ -268,10 +271,29 @@ class PrefetchStream(PrefetchState):
             self._call = client.stub.Prefetch(self._requests(), **client._kw(timeout))
             self._read_done = threading.Event()
             READERS.run(self._read)
-            self._start(self._message().header, session)
+            self._header_session = session
+            if wait_header:
+                self._take_header()
         except BaseException:
             self.cancel()
             raise
+
+    # ------------------------------------------------------------ the header
+    _HEADER_FIELDS = frozenset(
+        ("io_wait_s", "covered", "geometry", "num_tokens", "num_chunks", "num_periods", "groups_per_period", "lease_id", "cache_policy")
+    )
+
+    def _take_header(self) -> None:
+        """Wait for the stream's first response (its header, or the call's error) and take it, once."""
+        if "_sets" not in self.__dict__:
+            self._start(self._message().header, self._header_session)
+
+    def __getattr__(self, name: str):
+        """A header field asked for before the header was taken (``wait_header=False``): wait for it."""
+        if name in PrefetchStream._HEADER_FIELDS or (name.startswith("_") and name in _STATE_FIELDS):
+            self._take_header()
+            return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     # ------------------------------------------------------------ sending
     def _requests(self):
@@ -284,6 +306,7 @@ class PrefetchStream(PrefetchState):
         Groups whose set lies within what the daemon pushed for them are
         ready at once and named in ``covered_groups``.
         """
+        self._take_header()
         while True:  # what has arrived so far (pushes included), without waiting
             try:
                 self._take(self._next(block=False))
@@ -293,6 +316,7 @@ class PrefetchStream(PrefetchState):
 
     def pushed(self, period: int, wait_s: float = 0.0) -> list[int]:
         """Groups of ``period`` pushed so far, waiting up to ``wait_s`` for all of them."""
+        self._take_header()
         deadline = time.monotonic() + wait_s
         while True:
             have, complete = self._pushed_now(period)
@@ -341,6 +365,7 @@ class PrefetchStream(PrefetchState):
         return msg
 
     def _wait_group(self, group: int) -> None:
+        self._take_header()
         t0 = time.perf_counter()
         while group not in self._ready:
             self._take(self._message())

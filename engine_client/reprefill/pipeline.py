@@ -96,8 +96,13 @@ class Request:
     def open_stream(self):
         f = self.cfg.fetch
         push = None if f.push else False  # None: pushed whenever speculating over shared memory
-        stream = self.runner.client.prefetch(
-            self.prefix_id, period_layers=self.cfg.schedule.period_layers, speculate=f.speculate, hints=self.hints, push=push
+        stream = self.runner.client.prefetch(  # the header's round trip overlaps the first Period's selection
+            self.prefix_id,
+            period_layers=self.cfg.schedule.period_layers,
+            speculate=f.speculate,
+            hints=self.hints,
+            push=push,
+            wait_header=False,
         )
         staging = self.runner.staging
         if staging is not None and hasattr(stream, "group_out"):  # rows gathered straight into pinned buffers

@@ -25,22 +25,54 @@ def one_shot(client, pid, chunks, group, geo):
 
 
 def stream_all(
-    client, pid, sets, *, period_layers, shm=True, speculate=True, push=None, await_push=False, group_out=None, group_out_chunks=None
+    client,
+    pid,
+    sets,
+    *,
+    period_layers,
+    shm=True,
+    speculate=True,
+    push=None,
+    await_push=False,
+    group_out=None,
+    group_out_chunks=None,
+    wait_header=True,
 ):
     """Run one stream; returns ({group: kv}, stats).  ``await_push``: before
     each later period, wait for its pushed groups (as if computing meanwhile).
     ``group_out``: the stream's allocator of gathered groups."""
     got = {}
-    with client.prefetch(pid, period_layers=period_layers, shm=shm, speculate=speculate, push=push) as st:
+    with client.prefetch(pid, period_layers=period_layers, shm=shm, speculate=speculate, push=push, wait_header=wait_header) as st:
         st.group_out, st.group_out_chunks = group_out, group_out_chunks
-        assert st.num_periods == len(sets)
         for p, chunks in enumerate(sets):
             if await_push and p:
                 st.pushed(p, wait_s=30)
             st.send(p, chunks)
             for g, kv in st.groups(p):
                 got[g] = kv
+        assert st.num_periods == len(sets)
     return got, st.stats
+
+
+@pytest.mark.parametrize("shm", [True, False], ids=["shm", "bytes"])
+def test_a_stream_opened_without_waiting_for_its_header_serves_the_same_bytes(daemon_factory, shm):
+    d = daemon_factory()
+    geo, n = GEO24, 300
+    kv, tokens = make_kv(geo, n, 4), make_tokens(n, 4)
+    with KVStoreClient(d.target) as client:
+        pid = client.put_prefix(tokens, kv, geo).prefix_id
+        sets = [np.array([0, 3, 4]), np.array([1, 2, 18]), np.array([5])]
+        eager, _ = stream_all(client, pid, sets, period_layers=geo.group_layers, shm=shm)
+        lazy, stats = stream_all(client, pid, sets, period_layers=geo.group_layers, shm=shm, wait_header=False)
+        assert eager.keys() == lazy.keys() == {0, 1, 2}
+        for g in eager:
+            np.testing.assert_array_equal(eager[g], lazy[g])
+        assert stats.bytes_useful == sum(a.nbytes for a in lazy.values())
+        st = client.prefetch(pid, period_layers=geo.group_layers, shm=shm, wait_header=False)
+        assert st.close() is not None  # closed before its header was taken: the header is passed over
+        st = client.prefetch(pid, period_layers=geo.group_layers, shm=shm, wait_header=False)
+        assert (st.num_periods, st.groups_per_period, st.num_chunks) == (3, 1, geo.num_chunks(n))  # asked for: waited for
+        st.close()
 
 
 @pytest.mark.parametrize("geo", [GEO3, GEO24], ids=["L5g2", "L24g8"])
@@ -306,6 +338,13 @@ def test_bad_input_on_the_stream_gets_a_clear_status(daemon_factory):
         with pytest.raises(KVStoreRpcError) as err:
             client.prefetch("0" * 64, period_layers=8)
         assert err.value.code == grpc.StatusCode.NOT_FOUND
+        # opened without waiting for its header: the same error, from the first call that needs the header
+        for first_use in (lambda st: st.send(0, [0]), lambda st: st.num_periods, lambda st: list(st.groups(0))):
+            st = client.prefetch("0" * 64, period_layers=8, wait_header=False)
+            with pytest.raises(KVStoreRpcError) as err:
+                first_use(st)
+            assert err.value.code == grpc.StatusCode.NOT_FOUND
+            st.cancel()
         # a stream on a session whose leases were released
         gone = KVStoreClient(d.target)
         sid = gone.session_id
