@@ -26,6 +26,12 @@ client's compute with the time ``compute_model`` gives for it:
   then the first token's logits (``lm_head_seconds``).  A Period's set is
   sent only after the previous Period's compute, as in the runner.
 
+The client's own host work is what a runner on a GPU does: the stream is
+opened without waiting for its header (``wait_header=False``), and a
+group's extents are copied as stored into a buffer kept across groups
+(``group_out_chunks``, what ``reprefill.staging`` does into pinned memory)
+where the layout allows, gathered by rows otherwise.
+
 TTFT is wall time on this machine from the Prefetch stream's opening to the
 logits, as the runner measures it: real I/O waits plus modelled compute.
 Decode-time reads (``--task`` runs) are not replayed; attention reports go
@@ -130,8 +136,23 @@ def _store_prefixes(client, header: dict, system: dict, geo) -> None:
             raise BenchError(f"--trace: prefix {i} of {system['key']} stored as {got[:12]}, not the traced {system['prefix_ids'][i][:12]}")
 
 
-def replay_request(client, geo, system: dict, req: dict, config, profile, num_tokens: int) -> dict:
-    """Drive one traced request through the daemon; TTFT and its breakdown (module docstring)."""
+class _Buffers:
+    """Host buffers a request's groups are copied into, kept across its groups as a runner's pinned ring is."""
+
+    def __init__(self):
+        self._by_size: dict[int, np.ndarray] = {}
+
+    def get(self, shape, dtype) -> np.ndarray:
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        buf = self._by_size.get(nbytes)
+        if buf is None:
+            buf = self._by_size[nbytes] = np.empty(nbytes, dtype=np.uint8)
+        return buf.view(dtype).reshape(shape)
+
+
+def replay_request(client, geo, system: dict, req: dict, config, profile, num_tokens: int, buffers: _Buffers | None = None) -> dict:
+    """Drive one traced request through the daemon; TTFT and its breakdown (module docstring).  ``buffers``:
+    the client's host buffers, kept across its requests (a new set when None)."""
     s, m = len(req["suffix_tokens"]), geo.num_chunks(num_tokens)
     overlap = system["config"]["overlap"]
     clock, pid = Clock(), req["prefix_id"]
@@ -139,6 +160,7 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
     out.update(system=system["key"], request=req["request"], warmup=req["warmup"], prefix=req["prefix"], sets=[], hints=[], groups=[])
     stream = stats = None
     t_start = pending = None
+    buffers = _Buffers() if buffers is None else buffers
     state_bytes = 0
     try:
         for ev in req["events"]:
@@ -148,7 +170,11 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
             elif op == "open":
                 t_start, pending = time.perf_counter(), 0.0
                 speculate = ev["speculate"] and not system.get("no_speculation", False)
-                stream = client.prefetch(pid, period_layers=ev["period_layers"], speculate=speculate, hints=ev["hints"], push=ev["push"])
+                # as the runner opens it: the header's round trip overlaps the first selection
+                stream = client.prefetch(
+                    pid, period_layers=ev["period_layers"], speculate=speculate, hints=ev["hints"], push=ev["push"], wait_header=False
+                )
+                stream.group_out_chunks = buffers.get
             elif op in ("summaries", "probe"):
                 t0 = time.perf_counter()
                 if op == "summaries":  # a trace from before layer_step fetched every layer
@@ -170,7 +196,7 @@ def replay_request(client, geo, system: dict, req: dict, config, profile, num_to
             elif op == "group":
                 g = ev["group"]
                 arr = stream.group_kv(g)
-                rows = int(arr.shape[3])
+                rows = int(arr.shape[0] * arr.shape[4]) if arr.ndim == 6 else int(arr.shape[3])  # as stored, or by rows
                 out["groups"].append([g, rows, int(arr.nbytes)])
                 h2d = h2d_seconds(arr.nbytes, profile)
                 pending += h2d + sum(layer_seconds(config, s, rows, profile).total for _ in geo.group_layer_range(g))
@@ -295,9 +321,10 @@ def run_replay(args) -> dict:
                     _store_prefixes(client, header, system, geo)
                     before = client.stats().bytes_read
                     rows = records[system["key"]] = []
+                    buffers = _Buffers()  # the client's, across its requests
                     for req in (r for r in requests if r["system"] == system["key"]):
                         n = header["prefixes"][req["prefix"]]["num_tokens"]
-                        rows.append(replay_request(client, geo, system, req, config, profile, n))
+                        rows.append(replay_request(client, geo, system, req, config, profile, n, buffers))
                         progress.update(1)
                     daemon_bytes[system["key"]] = client.stats().bytes_read - before
                 timed = [r for r in rows if not r["warmup"]]
@@ -336,13 +363,15 @@ def _concurrent(target: str, geo, system: dict, timed: list[dict], config, profi
     results: list[list[dict]] = [[] for _ in range(streams)]
     failures: list[str] = []  # each failed request's status and message
 
+    buffers = [_Buffers() for _ in range(streams)]  # each client's own
+
     def work(k: int) -> None:
         with KVStoreClient(target) as client:
             start = k % len(timed)
             for req in timed[start:] + timed[:start]:
                 n = header["prefixes"][req["prefix"]]["num_tokens"]
                 try:
-                    results[k].append(replay_request(client, geo, system, req, config, profile, n))
+                    results[k].append(replay_request(client, geo, system, req, config, profile, n, buffers[k]))
                 except KVStoreRpcError as exc:  # e.g. no arena space within lease_wait_seconds: counted, not hidden
                     failures.append(str(exc))
 
