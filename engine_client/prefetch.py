@@ -21,8 +21,9 @@ it (``covered``), so that group costs no round trip.
 ``PrefetchState`` is what the client end knows and does with no I/O: the
 messages it sends (``open_request``, ``_period_request``, ``hint_request``)
 and what it makes of those it receives (``_take``: extents, ready groups,
-pushes; ``_group_array``).  ``PrefetchStream`` drives it with a reader thread,
-``aio_prefetch.AsyncPrefetchStream`` with an asyncio task.
+pushes; ``_group_array``).  ``PrefetchStream`` drives it with a reader on a
+kept thread (``stream_readers``), ``aio_prefetch.AsyncPrefetchStream`` with
+an asyncio task.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ import numpy as np
 from kvstore.contract import PrefetchStats, geometry_from_pb, pb, prefetch_stats_from_pb
 
 from .rpc import KVStoreRpcError
+from .stream_readers import READERS
 
 _CLOSE = object()
 # what ``PrefetchState._start`` sets besides the header's fields
@@ -67,44 +69,6 @@ def open_request(
 def hint_request(period: int, chunks) -> pb.PrefetchRequest:
     """A guess of ``period``'s set, for the daemon to read ahead (streams opened with ``hints``)."""
     return pb.PrefetchRequest(hint=pb.PeriodHint(period=period, chunks=np.asarray(chunks, dtype=np.int64).reshape(-1).tolist()))
-
-
-class _Readers:
-    """The threads that read Prefetch streams, kept for the next stream.
-
-    A stream's reader runs on an idle thread of the set (a queue put) or, when
-    none is idle, on a new one: starting a thread per stream cost 0.3-1 ms of a
-    request's time on a busy host (the starter waits for the thread to run).
-    Threads stay for the process's life, as many as streams were ever open at
-    once; they are daemon threads.
-    """
-
-    def __init__(self):
-        self._work: queue.SimpleQueue = queue.SimpleQueue()
-        self._idle = 0
-        self._lock = threading.Lock()
-
-    def run(self, fn) -> None:
-        with self._lock:
-            spawn = self._idle == 0
-            if not spawn:
-                self._idle -= 1  # that thread takes this work (or another's, which is the same)
-        self._work.put(fn)
-        if spawn:
-            threading.Thread(target=self._loop, name="kvstore-prefetch-reader", daemon=True).start()
-
-    def _loop(self) -> None:
-        while True:
-            fn = self._work.get()
-            try:
-                fn()
-            except BaseException:  # noqa: BLE001 - a reader hands its errors to its stream; the thread stays
-                pass
-            with self._lock:
-                self._idle += 1
-
-
-READERS = _Readers()
 
 
 def ended_early() -> KVStoreRpcError:
