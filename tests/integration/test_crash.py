@@ -69,7 +69,7 @@ def kill_and_drain(proc, take) -> None:
 
 
 def kill_writer_mid_puts(data: str):
-    """Run the writer, SIGKILL it after 25 acknowledged puts; (begun, acked)."""
+    """Run the writer, SIGKILL it as a put begins after 25 acknowledged ones; (begun, acked)."""
     script = WRITER.format(root=data_root(), tests=os.path.join(data_root(), "tests", "integration"), data=data)
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     begun, acked, finished = set(), {}, []
@@ -86,7 +86,8 @@ def kill_writer_mid_puts(data: str):
     deadline = time.monotonic() + 120
     for line in proc.stdout:
         take(line)
-        if len(acked) >= 25 or time.monotonic() > deadline:
+        # killed just after a put began (not after an ack): that put is most likely still in flight
+        if (len(acked) >= 25 and line.startswith("BEGIN")) or time.monotonic() > deadline:
             break
     kill_and_drain(proc, take)
     assert not finished, "the writer finished before it could be killed"
