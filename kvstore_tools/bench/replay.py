@@ -137,7 +137,7 @@ def _store_prefixes(client, header: dict, system: dict, geo) -> None:
 
 
 class _Buffers:
-    """Host buffers a request's groups are copied into, kept across its groups as a runner's pinned ring is."""
+    """Host buffers a client's groups are copied into, kept across its groups and requests as a runner's pinned ring is."""
 
     def __init__(self):
         self._by_size: dict[int, np.ndarray] = {}
