@@ -84,34 +84,15 @@ def measure(args) -> list[dict]:
     return rows
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
-    return value
-
-
-def _budget(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1), got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"must be a fraction in (0, 1), got {text!r}")
-    return value
-
-
 def main(argv=None) -> int:
+    from kvstore.cli_flags import one_fraction_arg, positive_int
     from kvstore_tools.tasks.text import TASKS
 
     ap = argparse.ArgumentParser(prog="python -m kvstore_tools.layer_overlap", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default="smollm2-135m", choices=sorted(RANDOM_SHAPES), help="a pretrained model (default smollm2-135m)")
-    ap.add_argument("--tokens", type=_positive_int, default=2048, help="prompt tokens (default 2048)")
-    ap.add_argument("--budget", type=_budget, default=0.05, help="the fraction of chunks a layer loads (default 0.05)")
-    ap.add_argument("--examples", type=_positive_int, default=3, help="prompts per task (default 3)")
+    ap.add_argument("--tokens", type=positive_int, default=2048, help="prompt tokens (default 2048)")
+    ap.add_argument("--budget", type=one_fraction_arg, default=0.05, help="the fraction of chunks a layer loads (default 0.05)")
+    ap.add_argument("--examples", type=positive_int, default=3, help="prompts per task (default 3)")
     ap.add_argument("--tasks", default="passkey,niah", help="comma-separated text tasks (default passkey,niah)")
     ap.add_argument("--random", action="store_true", help="add random tokens on the random-weight shape")
     ap.add_argument("--json", action="store_true")

@@ -27,6 +27,7 @@ import time
 
 import numpy as np
 
+from kvstore.cli_flags import positive_int
 from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 LAYERS, KV_HEADS, HEAD_DIM = 32, 8, 128
@@ -110,23 +111,10 @@ def _fraction(text: str) -> float:
     return value
 
 
-def _count(minimum: int):
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {text!r}")
-        return value
-
-    return parse
-
-
 def _tokens(text: str) -> int:
-    value = _count(64)(text)
-    if value % 16:
-        raise argparse.ArgumentTypeError(f"must be a multiple of 16 (whole chunks), got {text!r}")
+    value = positive_int(text)
+    if value < 64 or value % 16:
+        raise argparse.ArgumentTypeError(f"must be a multiple of 16 (whole chunks), 64 at least, got {text!r}")
     return value
 
 
@@ -134,10 +122,10 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kvstore_tools.period_probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("directory", metavar="DIR", help="the store (made once, kept)")
     ap.add_argument("--tokens", type=_tokens, default=16384, help="prefix tokens, a multiple of 16 (default 16384)")
-    ap.add_argument("--layers", type=_count(1), default=LAYERS, help="layers, one Period each (default 32)")
+    ap.add_argument("--layers", type=positive_int, default=LAYERS, help="layers, one Period each (default 32)")
     ap.add_argument("--fraction", type=_fraction, default=0.05, help="chunks a Period reads, as pairs (default 0.05)")
-    ap.add_argument("--requests", type=_count(1), default=6)
-    ap.add_argument("--iodepth", type=_count(1), default=16, help="the daemon's --io-queue-depth")
+    ap.add_argument("--requests", type=positive_int, default=6)
+    ap.add_argument("--iodepth", type=positive_int, default=16, help="the daemon's --io-queue-depth")
     ap.add_argument("--page-cache", action="store_true", help="read through the page cache, the file read once before")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)

@@ -28,8 +28,8 @@ def test_a_short_run_on_the_pretrained_model_and_its_random_shape(capsys):
 @pytest.mark.parametrize(
     "flag, value, says",
     [
-        ("--tokens", "0", "positive integer"),
-        ("--budget", "1", "(0, 1)"),
+        ("--tokens", "0", "at least 1"),
+        ("--budget", "0", "(0, 1]"),
         ("--tasks", "nope", "unknown task"),
         ("--model", "gpt", "invalid choice"),
     ],

@@ -29,7 +29,12 @@ def test_each_request_reads_every_periods_pairs_through_a_real_daemon(tmp_path, 
 
 @pytest.mark.parametrize(
     "flag, value, says",
-    [("--tokens", "500", "multiple of 16"), ("--fraction", "0", "(0, 0.5]"), ("--fraction", "x", "(0, 0.5]"), ("--requests", "0", ">= 1")],
+    [
+        ("--tokens", "500", "multiple of 16"),
+        ("--fraction", "0", "(0, 0.5]"),
+        ("--fraction", "x", "(0, 0.5]"),
+        ("--requests", "0", "at least 1"),
+    ],
 )
 def test_bad_flags_get_one_line_and_nothing_is_made(tmp_path, flag, value, says):
     proc = subprocess.run(
