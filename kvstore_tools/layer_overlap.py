@@ -52,6 +52,9 @@ def measure(args) -> list[dict]:
 
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     pretrained = zoo.load(args.model, dtype=torch.float32)
+    context = pretrained.config.max_position_embeddings
+    if args.tokens + 64 > context:  # the prompts run a few tokens past --tokens, and the random ones add 32
+        raise ValueError(f"--tokens: {args.tokens} tokens and a question pass {args.model}'s context of {context}")
     cases = []
     for task in args.tasks:
         for ex in examples(task, pretrained.tokenizer, args.examples, args.tokens, stream="tune"):
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
 
     try:
         rows = measure(args)
-    except (zoo.UnknownModel, zoo.ModelNotInstalled) as exc:
+    except (zoo.UnknownModel, zoo.ModelNotInstalled, ValueError) as exc:
         print(f"layer_overlap: {exc}", file=sys.stderr)
         return 2
     if args.json:

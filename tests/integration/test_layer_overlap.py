@@ -37,3 +37,12 @@ def test_a_short_run_on_the_pretrained_model_and_its_random_shape(capsys):
 def test_bad_flags_get_one_line(flag, value, says):
     proc = subprocess.run([sys.executable, "-m", "kvstore_tools.layer_overlap", flag, value], capture_output=True, text=True)
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_prompt_past_the_models_context_is_one_line():
+    proc = subprocess.run(
+        [sys.executable, "-m", "kvstore_tools.layer_overlap", "--tokens", "9000", "--examples", "1", "--tasks", "passkey"],
+        capture_output=True,
+        text=True,
+    )
+    assert proc.returncode == 2 and "context" in proc.stderr and "Traceback" not in proc.stderr
