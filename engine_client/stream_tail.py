@@ -47,7 +47,7 @@ _KEY_TAG = b"kvstore.stream-tail.v1\0"
 
 
 class TailMissing(NotFound):
-    """The prefix keeps its streaming heads' rows as pages, and they are not stored."""
+    """The prefix keeps its streaming heads' (or sliding layers') rows as pages, and they are not stored."""
 
 
 def tail_pairs(geometry: StoreGeometry) -> list[tuple[int, int]]:
@@ -55,9 +55,10 @@ def tail_pairs(geometry: StoreGeometry) -> list[tuple[int, int]]:
     return [(layer, h) for layer, heads in enumerate(geometry.streaming_heads) for h in heads]
 
 
-def tail_geometry(geometry: StoreGeometry) -> StoreGeometry:
-    """The geometry the tail pages of a ``geometry`` prefix are stored in (module docstring)."""
-    pairs = len(tail_pairs(geometry))
+def tail_geometry(geometry: StoreGeometry, pairs=None) -> StoreGeometry:
+    """The geometry the tail pages of a ``geometry`` prefix are stored in (module docstring); ``pairs``: the
+    (layer, KV head) pairs they hold, ``tail_pairs(geometry)`` by default (a window tail's are its own)."""
+    pairs = len(tail_pairs(geometry) if pairs is None else pairs)
     if not pairs:
         raise ValueError("the geometry leaves no head out: its prefixes have no tail")
     m = geometry.model
@@ -130,23 +131,26 @@ def put_tail(
     *,
     namespace="",
     model_fingerprint="",
+    pairs=None,
 ):
-    """Store ``prefix_id``'s tail from its KV (numpy, the KV dtype); returns the ``PagesPutResult``."""
+    """Store ``prefix_id``'s tail from its KV (numpy, the KV dtype, every layer of the model); returns the
+    ``PagesPutResult``.  ``pairs``: see ``tail_geometry``."""
     c = geometry.chunk_tokens
+    pairs = tail_pairs(geometry) if pairs is None else pairs
     return client.put_pages(
         tail_keys(prefix_id, sink_tokens, recent_tokens, c),
-        tail_pages(kv, tail_pairs(geometry), sink_tokens, recent_tokens, c),
-        tail_geometry(geometry),
+        tail_pages(kv, pairs, sink_tokens, recent_tokens, c),
+        tail_geometry(geometry, pairs),
         namespace=namespace,
         model_fingerprint=model_fingerprint,
     )
 
 
 def has_tail(
-    client, prefix_id: str, geometry: StoreGeometry, sink_tokens: int, recent_tokens: int, *, namespace="", model_fingerprint=""
+    client, prefix_id: str, geometry: StoreGeometry, sink_tokens: int, recent_tokens: int, *, namespace="", model_fingerprint="", pairs=None
 ) -> bool:
     keys = tail_keys(prefix_id, sink_tokens, recent_tokens, geometry.chunk_tokens)
-    present = client.pages_exist(keys, tail_geometry(geometry), namespace=namespace, model_fingerprint=model_fingerprint)
+    present = client.pages_exist(keys, tail_geometry(geometry, pairs), namespace=namespace, model_fingerprint=model_fingerprint)
     return bool(np.all(present.exists))
 
 
@@ -160,13 +164,16 @@ def get_tail(
     *,
     namespace="",
     model_fingerprint="",
+    pairs=None,
 ) -> StreamTail:
-    """``prefix_id``'s tail, its zero rows dropped; ``TailMissing`` when any page of it is not stored."""
+    """``prefix_id``'s tail, its zero rows dropped; ``TailMissing`` when any page of it is not stored.
+    ``pairs``: see ``tail_geometry``."""
     c = geometry.chunk_tokens
+    pairs = tail_pairs(geometry) if pairs is None else pairs
     try:
         pages = client.get_pages(
             tail_keys(prefix_id, sink_tokens, recent_tokens, c),
-            tail_geometry(geometry),
+            tail_geometry(geometry, pairs),
             namespace=namespace,
             model_fingerprint=model_fingerprint,
         )  # [pages, pairs, 2, 1, c, d]
@@ -174,15 +181,15 @@ def get_tail(
         if exc.code != grpc.StatusCode.NOT_FOUND:
             raise
         raise TailMissing(
-            f"prefix {prefix_id} keeps its streaming heads' sink and recent rows as pages, and they are not stored "
+            f"prefix {prefix_id} keeps its streaming heads' or sliding layers' last rows as pages, and they are not stored "
             "(evicted, or the put was cut short): store the prefix again"
         ) from None
     pos = tail_positions(num_tokens, sink_tokens, recent_tokens, c)
-    p, pairs, _, _, _, dim = pages.shape
-    rows = pages[:, :, :, 0].transpose(1, 2, 0, 3, 4).reshape(pairs, 2, p * c, dim)
+    p, npairs, _, _, _, dim = pages.shape
+    rows = pages[:, :, :, 0].transpose(1, 2, 0, 3, 4).reshape(npairs, 2, p * c, dim)
     positions, first = np.unique(pos, return_index=True)  # ascending; a short prefix's sink and recent rows overlap
     keep = positions >= 0
-    return StreamTail(tail_pairs(geometry), positions[keep], np.ascontiguousarray(rows[:, :, first[keep]]))
+    return StreamTail(list(pairs), positions[keep], np.ascontiguousarray(rows[:, :, first[keep]]))
 
 
 def left_out_heads(heads) -> tuple[tuple[int, ...], ...]:

@@ -93,6 +93,9 @@ def _sliding_positions(runner, res, s: int, period: int) -> list | None:
         return None
     n, ct = res.num_prefix_tokens, runner.geometry.chunk_tokens
     suffix = torch.arange(n, n + s)
+    if runner.window is not None:  # the window tail's rows, kept by the runner
+        tail = runner.tail(res.prefix_id, n, res)[0]
+        return [torch.cat([tail, suffix]) if c.window_of(layer) is not None else None for layer in range(c.num_hidden_layers)]
     return [
         torch.cat([row_positions(res.selected[layer // period], n, ct), suffix]) if c.window_of(layer) is not None else None
         for layer in range(c.num_hidden_layers)

@@ -52,25 +52,44 @@ class PeriodRows:
     windowed: bool = False  # sliding-window layers: they read the rows' positions (``positions_dev``)
 
 
-def run_period(model, geo: StoreGeometry, groups, l0: int, hidden, positions, rows: PeriodRows, out, *, prefill_alpha: float, staging=None):
-    """Compute the Period's layers, each group as it arrives (``groups``: ``(group, array)`` pairs).
+def run_period(
+    model,
+    geo: StoreGeometry,
+    groups,
+    l0: int,
+    hidden,
+    positions,
+    rows: PeriodRows,
+    out,
+    *,
+    prefill_alpha: float,
+    staging=None,
+    layers_of=None,
+):
+    """Compute the Period's layers, each group as it arrives (``groups``: ``(group, array)`` pairs; an array
+    already a tensor is on the device).
 
     ``staging``: the runner's pinned staging (CUDA), which uploads the arrays it gathered; others are copied
-    by ``to_device``.
+    by ``to_device``.  ``layers_of(group)``: the model layers of a group (``geo.group_layer_range`` by
+    default; the window-tail layout stores the global layers only).
 
     Returns the new hidden state and the Period's first layer's keys (loaded rows, suffix) for its
     attention mass.
     """
     device = hidden.device
     first_keys = None
+    layers_of = layers_of or geo.group_layer_range
     for group, raw in groups:
         t0 = time.perf_counter()
-        kv = staging.upload(raw, geo.model.dtype) if staging is not None else None
-        if kv is None:
-            kv = to_device(raw, geo.model.dtype, device)  # [group layers, 2, kv_heads, rows, head_dim]
+        if isinstance(raw, torch.Tensor):
+            kv = raw
+        else:
+            kv = staging.upload(raw, geo.model.dtype) if staging is not None else None
+            if kv is None:
+                kv = to_device(raw, geo.model.dtype, device)  # [group layers, 2, kv_heads, rows, head_dim]
         if rows.tail is not None:
             kv = fill_tail(kv, geo, group, rows.positions, *rows.tail)
-        for i, layer in enumerate(geo.group_layer_range(group)):
+        for i, layer in enumerate(layers_of(group)):
             t1 = time.perf_counter()
             lines = None
             if prefill_alpha:

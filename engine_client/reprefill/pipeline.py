@@ -8,8 +8,11 @@ a look-ahead guess for the next Period is hinted while the daemon reads, and
 the Period's layers are computed as its groups arrive (``period.run_period``).
 After the last Period the first token's logits are taken; then each selected
 chunk's attention mass is measured and reported.  A Period of sliding-window
-layers (``PeriodPlan.windowed``) sends its window's last chunks, unselected,
-passes their positions to its layers, and is neither measured nor reported.
+layers (``PeriodPlan.windowed``) is neither selected, measured nor reported:
+in the window-tail layout (``window``) it computes on the prefix's tail rows,
+kept by the runner, and sends nothing (the stream's Periods are the stored
+layers'); with every layer stored whole it sends its window's last chunks.
+Either way its layers get the rows' positions.
 """
 
 from __future__ import annotations
@@ -28,21 +31,26 @@ from .select import PeriodSelection
 def run(req: Request) -> ReprefillResult:
     """The request loop (module docstring)."""
     model, cfg = req.model, req.cfg
+    period = cfg.schedule.period_layers
     with req.open_stream() as stream:
         for p, (l0, layers, count) in enumerate(req.plan.periods):
+            if req.window is not None and l0 in req.plan.windowed:  # the window tail's rows, kept: nothing to send
+                req.window_period(p, l0, layers)
+                continue
             t0 = time.perf_counter()
             q = model.layer_queries(l0, req.hidden, req.positions)  # [Hq, s, d]
             chunks, head_sets = req.choose(p, l0, q, count)
             req.took(p, t0, chunks, head_sets)
-            stream.send(p, req.out.selected[p].numpy())
-            nxt = l0 + cfg.schedule.period_layers
-            if req.hints and nxt < model.num_layers:  # a guess for Period p+1 while the daemon loads p
+            sp = req.stream_period(p, l0)
+            stream.send(sp, req.out.selected[p].numpy())
+            nxt = req.next_sent(l0)
+            if req.hints and nxt is not None:  # a guess for the stream's next Period while the daemon loads this one
                 t0 = time.perf_counter()
-                req.out.hints[p + 1] = torch.from_numpy(to_host(req.guess(nxt)))
-                stream.hint(p + 1, req.out.hints[p + 1].numpy())
+                req.out.hints[nxt // period] = torch.from_numpy(to_host(req.guess(nxt)))
+                stream.hint(sp + 1, req.out.hints[nxt // period].numpy())
                 req.timed(p, t0)
             rows = req.period_rows(p, l0)
-            groups = stream.groups(p) if cfg.fetch.overlap else list(stream.groups(p))  # off: the whole Period first
+            groups = stream.groups(sp) if cfg.fetch.overlap else list(stream.groups(sp))  # off: the whole Period first
             req.hidden, first_keys = run_period(
                 model,
                 req.geometry,
@@ -54,8 +62,9 @@ def run(req: Request) -> ReprefillResult:
                 req.out,
                 prefill_alpha=cfg.attention.prefill_alpha,
                 staging=req.runner.staging,
+                layers_of=req.layers_of,
             )
-            req.loaded(p, l0, layers, stream.chunk_tokens(p).tolist(), q, first_keys)
+            req.loaded(p, l0, layers, stream.chunk_tokens(sp).tolist(), q, first_keys)
         t0 = time.perf_counter()
         req.out.logits = wait(model.final_logits(req.hidden))
         req.out.compute_s += time.perf_counter() - t0
@@ -82,16 +91,69 @@ class Request:
             out.layer_kv = [None] * model.num_layers
         if cfg.attention.streaming or cfg.selection.per_head:
             out.row_masks = [None] * model.num_layers
-        self.selection = PeriodSelection(cfg, runner.state, self.prefix_id, self.m, runner.streaming_heads, out)
+        self.selection = PeriodSelection(cfg, runner.state, self.prefix_id, self.m, runner.streaming_heads, out, layers=runner.layers)
         self.hints = bool(
             cfg.fetch.speculate and cfg.fetch.lookahead and choose is None and not self.selection.selector.loads_all and not budget.is_all
         )
         out.hints = [None] * len(plan.periods)
         out.period_select_s = [0.0] * len(plan.periods)
         out.layer_compute_s = [0.0] * model.num_layers
-        self.standins = {layer: runner.state.value_sum(self.prefix_id, layer, self.m, out) for layer in layers.standins}
+        stored = runner.layers.stored
+        self.standins = {layer: runner.state.value_sum(self.prefix_id, stored(layer), self.m, out) for layer in layers.standins}
         self.tail = runner.tail(self.prefix_id, self.n, out) if self.geometry.streaming_heads else None
+        self.window = runner.window  # the window-tail layout's sliding layers (``window``), or None
+        self.window_rows = self._window_rows(out) if self.window is not None and plan.windowed else None
         self.mass_inputs: list = []
+
+    def _window_rows(self, out):
+        """The window tail's rows as each sliding layer sees them: (positions on the host, on the device,
+        ``{layer: [2, Hkv, t, d]}`` on the device), from the runner's kept tail."""
+        positions, rows = self.runner.tail(self.prefix_id, self.n, out)
+        index, hkv = self.runner.tail_pairs, self.model.config.num_key_value_heads
+        by_layer = {
+            layer: torch.stack([rows[index[(layer, h)]] for h in range(hkv)], dim=1) for layer in self.window.sliding_layers
+        }  # each [2, Hkv, t, d]
+        return positions, positions.to(self.runner.device), by_layer
+
+    def stream_period(self, p: int, l0: int) -> int:
+        """The Prefetch stream's Period of plan Period ``p`` (first layer ``l0``): the same, or in the
+        window-tail layout the stored layers' Period."""
+        return p if self.window is None else self.runner.layers.stored(l0) // self.cfg.schedule.period_layers
+
+    def next_sent(self, l0: int) -> int | None:
+        """First layer of the next Period that goes through the stream after the one at ``l0``; None: none."""
+        period = self.cfg.schedule.period_layers
+        for first in range(l0 + period, self.model.num_layers, period):
+            if self.window is None or first not in self.plan.windowed:
+                return first
+        return None
+
+    def layers_of(self, group: int) -> list[int]:
+        """The model layers of a stored group."""
+        return self.runner.layers.model_layers(self.geometry, group)
+
+    def window_period(self, p: int, l0: int, layers: int) -> None:
+        """Period ``p`` of sliding layers in the window-tail layout: its layers over the tail's rows."""
+        t0 = time.perf_counter()
+        positions, positions_dev, by_layer = self.window_rows
+        ct = self.geometry.chunk_tokens
+        self.took(p, t0, torch.unique(positions // ct), [])  # the chunks the rows come from
+        rows = PeriodRows(positions=positions, positions_dev=positions_dev, windowed=True)
+        span = list(range(l0, min(l0 + layers, self.model.num_layers)))
+        kv = torch.stack([by_layer[layer] for layer in span])  # [layers, 2, Hkv, t, d] on the device
+        self.hidden, first_keys = run_period(
+            self.model,
+            self.geometry,
+            [(None, kv)],
+            l0,
+            self.hidden,
+            self.positions,
+            rows,
+            self.out,
+            prefill_alpha=self.cfg.attention.prefill_alpha,
+            layers_of=lambda _: span,
+        )
+        self.loaded(p, l0, layers, [int(positions.numel())], None, first_keys)
 
     def open_stream(self):
         f = self.cfg.fetch
@@ -160,7 +222,8 @@ class Request:
                 mask = layer_mask(layer, pos, self.n, ct, heads, head_sets)
                 rows.masks[layer] = self.out.row_masks[layer] = None if mask is None else mask.to(dev)
         if l0 in self.standins:
-            probe = self.runner.state.probe(self.prefix_id, l0, cfg.selection.probe_bits, self.out).dequantize(self.model.dtype)
+            group = self.runner.layers.stored(l0) // self.geometry.group_layers
+            probe = self.runner.state.probe(self.prefix_id, group, cfg.selection.probe_bits, self.out).dequantize(self.model.dtype)
             rows.standin = (probe, self.standins[l0])
         if self.tail is not None:
             rows.tail = (*self.tail, self.runner.tail_pairs)
@@ -196,7 +259,7 @@ class Request:
         for p, (chunks, mass) in enumerate(zip(self.out.selected, self.out.chunk_attention)):
             if self.mass_inputs[p] is None:  # a sliding Period: its window, not a selection to score
                 continue
-            first = p * groups_per_period
+            first = self.stream_period(p, self.plan.periods[p][0]) * groups_per_period
             for g in range(first, min(first + groups_per_period, geo.num_groups)):
                 units += self.runner.client.report_attention(self.prefix_id, g, chunks.numpy(), mass.numpy())
         return units

@@ -13,11 +13,15 @@ By default a runner stores 1-layer groups with 4-bit probe keys: the layout
 ``ReprefillConfig()`` selects over (every layer its own set, from resident
 4-bit keys).  Everything it keeps and computes is on the model's device.
 
-A model with sliding-window layers (Gemma 3) stores every layer whole, as
-any other; a Period of sliding layers loads only the last chunks its window
-still sees (``selection.window_chunk_count``), whatever the budget, with no
-selection, stand-in rows or attention report; the global layers' Periods
-select as usual.  Its Periods must not mix the two kinds.
+A model with sliding-window layers (Gemma 3) is stored, by default, in the
+window-tail layout (``window``): extents hold its global layers only, and
+each sliding layer's last window is kept per prefix as pages, fetched once
+and kept; a sliding layer's Period computes on those rows, whatever the
+budget, with no selection, read, stand-in rows or attention report.  With
+``window_tail=False`` every layer is stored whole, and a sliding Period loads
+the last chunks its window still sees (``selection.window_chunk_count``).
+The global layers' Periods select as usual.  Periods must not mix the two
+kinds.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from .device import resolve_device, wait
 from .result import PrefixHandle, ReprefillResult
 from .staging import PinnedStaging
 from .state import ResidentState, summary_bytes
+from .window import StoredLayers, stored_layers
 
 log = logging.getLogger(__name__)
 
@@ -71,15 +76,24 @@ def window_periods(config, period_layers: int) -> tuple[int, ...]:
 
 
 def model_geometry(
-    model: Decoder, *, chunk_tokens: int = 16, group_layers: int = 4, probe_bits: int = 0, kv_quant: str = "", streaming_heads=None
+    model: Decoder,
+    *,
+    chunk_tokens: int = 16,
+    group_layers: int = 4,
+    probe_bits: int = 0,
+    kv_quant: str = "",
+    streaming_heads=None,
+    layers: StoredLayers | None = None,
 ) -> StoreGeometry:
     """The store geometry of a model's KV: stored groups of ``group_layers`` (the SubPeriod),
     probe keys in the KV dtype or, with ``probe_bits`` 4 or 8, quantized by the daemon;
     ``kv_quant`` ("kv8", "kv4", ...): the KV itself stored quantized (``kvstore.contract.kvquant``);
     ``streaming_heads`` (``model.streaming.StreamingHeads``): extents without those heads' rows
-    (``StoreGeometry.streaming_heads``, their sink and recent rows kept by ``stream_tail``)."""
+    (``StoreGeometry.streaming_heads``, their sink and recent rows kept by ``stream_tail``);
+    ``layers`` (``window.StoredLayers``): the model layers the extents hold, every one by default."""
     c = model.config
-    spec = ModelSpec(c.num_hidden_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
+    num_layers = c.num_hidden_layers if layers is None else len(layers.layers)
+    spec = ModelSpec(num_layers, c.num_key_value_heads, c.head_dim, _TORCH_DTYPES[model.dtype])
     left_out = () if streaming_heads is None else left_out_heads(streaming_heads)
     return StoreGeometry(
         spec,
@@ -106,6 +120,7 @@ class ModelRunner:
         standin_layers="shipped",
         kv_quant: str = "",
         streaming_layout: bool = False,
+        window_tail: bool | None = None,
         device=None,
     ):
         """``group_layers``: the layers of a stored group (1: every layer can select its own chunks, what
@@ -120,6 +135,9 @@ class ModelRunner:
         None: none.
         ``streaming_layout``: the prefixes it stores keep only the sink and recent rows of the streaming
         heads (LServe's second layout, ``stream_tail``); they serve streaming requests only.
+        ``window_tail``: on a model with sliding-window layers, store its global layers as extents and each
+        sliding layer's last window per prefix (``window``); None (the default): whenever the model has
+        sliding layers and no streaming layout is asked for; False: every layer stored whole.
         ``device``: where the runner computes and keeps its state; the model's (its weights') by default,
         and it must be the model's when given."""
         self.model = model
@@ -131,6 +149,12 @@ class ModelRunner:
         self.namespace = namespace
         if streaming_layout and streaming_heads is None:
             raise InvalidArgument("streaming_layout", "needs the model's streaming heads (streaming_heads=...)")
+        if window_tail is None:
+            window_tail = bool(model.config.sliding_layers) and not streaming_layout
+        elif window_tail and streaming_layout:
+            raise InvalidArgument("window_tail", "the window-tail layout and the streaming layout cannot be combined")
+        self.layers = stored_layers(model.config, window_tail=window_tail, group_layers=group_layers)
+        self.window = self.layers.tail  # the sliding layers' tail (window-tail layout), or None
         self.geometry = model_geometry(
             model,
             chunk_tokens=chunk_tokens,
@@ -138,6 +162,7 @@ class ModelRunner:
             probe_bits=probe_bits,
             kv_quant=kv_quant,
             streaming_heads=streaming_heads if streaming_layout else None,
+            layers=self.layers,
         )
         self.state = ResidentState(client, self.geometry, self.device, model.dtype, self._page_scope())
         # on CUDA, delivered rows are gathered into pinned buffers and copied on their own stream (staging.py);
@@ -145,7 +170,7 @@ class ModelRunner:
         self.staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
         self.path_history = PathHistory()  # ``answer``: each path's measured time against its prediction
         self.stored_prefixes = choice.StoredPrefixes()  # ``answer``: prefixes known stored, not looked up again
-        self.tail_pairs = {pair: i for i, pair in enumerate(tail_pairs(self.geometry))}
+        self.tail_pairs = {pair: i for i, pair in enumerate(self._tail_spec()[2] if self._tail_spec() else [])}
         self._said_no_standins = False
 
     # ------------------------------------------------------------ prefill
@@ -165,30 +190,44 @@ class ModelRunner:
                 raise InvalidArgument("kv", f"must be {self.model.dtype} {list(want)} for these tokens, got {kv.dtype} {list(kv.shape)}")
         m = self.geometry.num_chunks(toks.numel())
         hit = self.client.lookup(toks.numpy(), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
-        if hit.matched_chunks == m and (not self.geometry.streaming_heads or self._has_tail(hit.prefix_id)):
+        if hit.matched_chunks == m and (self._tail_spec() is None or self._has_tail(hit.prefix_id)):
             return PrefixHandle(hit.prefix_id, toks.numel(), m, cache_hit=True)
         t0 = time.perf_counter()
         if kv is None:
             _, kv = chunked_prefill(self.model, toks, progress=progress)  # [layers, 2, kv_heads, n, head_dim]
         arr = as_numpy_kv(kv)  # to the host: the put is an RPC
-        res = self.client.put_prefix(toks.numpy(), arr, self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
+        stored = arr if self.window is None else arr[list(self.layers.layers)]  # the window tail: global layers as extents
+        res = self.client.put_prefix(
+            toks.numpy(), stored, self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint
+        )
         written, batch = res.bytes_written, ""
-        if self.geometry.streaming_heads:  # after the prefix: a put cut short between the two is healed by the next store
-            sh = self.streaming_heads
-            tail = put_tail(self.client, res.prefix_id, arr, self.geometry, sh.sink_tokens, sh.recent_tokens, **self._page_scope())
+        spec = self._tail_spec()
+        if spec is not None:  # after the prefix: a put cut short between the two is healed by the next store
+            sink, recent, pairs = spec
+            tail = put_tail(self.client, res.prefix_id, arr, self.geometry, sink, recent, pairs=pairs, **self._page_scope())
             written, batch = written + tail.bytes_written, tail.batch_id
         return PrefixHandle(res.prefix_id, toks.numel(), m, False, written, time.perf_counter() - t0, batch)
 
     def _page_scope(self) -> dict:
         return {"namespace": self.namespace, "model_fingerprint": self.model.fingerprint}
 
+    def _tail_spec(self) -> tuple[int, int, list] | None:
+        """(sink tokens, recent tokens, pairs) of the tail pages this runner's prefixes keep, or None."""
+        if self.window is not None:
+            return self.window.sink_tokens, self.window.recent_tokens, list(self.window.pairs)
+        if self.geometry.streaming_heads:
+            sh = self.streaming_heads
+            return sh.sink_tokens, sh.recent_tokens, tail_pairs(self.geometry)
+        return None
+
     def _has_tail(self, prefix_id: str) -> bool:
-        sh = self.streaming_heads
-        return has_tail(self.client, prefix_id, self.geometry, sh.sink_tokens, sh.recent_tokens, **self._page_scope())
+        sink, recent, pairs = self._tail_spec()
+        return has_tail(self.client, prefix_id, self.geometry, sink, recent, pairs=pairs, **self._page_scope())
 
     def tail(self, prefix_id: str, num_tokens: int, out) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefix's streaming-head tail (streaming layout), fetched once and kept (``state``)."""
-        return self.state.tail(prefix_id, num_tokens, self.streaming_heads, out)
+        """The prefix's tail (streaming layout or window tail): positions on the host and rows
+        ``[pairs, 2, t, d]`` on the device, fetched once and kept (``state``)."""
+        return self.state.tail(prefix_id, num_tokens, self._tail_spec(), out)
 
     # ------------------------------------------------------------ re-prefill
     def check_request(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig):

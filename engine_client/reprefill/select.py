@@ -20,8 +20,10 @@ from .state import ResidentState
 class PeriodSelection:
     """One request's selection, Period by Period (``cfg``'s selector over ``prefix_id``'s ``num_chunks`` chunks)."""
 
-    def __init__(self, cfg: ReprefillConfig, state: ResidentState, prefix_id: str, num_chunks: int, streaming_heads, out):
+    def __init__(self, cfg: ReprefillConfig, state: ResidentState, prefix_id: str, num_chunks: int, streaming_heads, out, *, layers=None):
+        """``layers`` (``window.StoredLayers``): the model layers the stored groups hold (every one: None)."""
         sel = cfg.selection
+        self.stored = (lambda layer: layer) if layers is None else layers.stored
         self.cfg, self.state, self.prefix_id, self.m, self.out = cfg, state, prefix_id, num_chunks, out
         self.selector = get_selector(sel.selector, sel.head_aggregation)
         self.streaming_heads = streaming_heads if cfg.attention.streaming else None
@@ -34,8 +36,9 @@ class PeriodSelection:
         """What the selector scores from at the Period starting at layer ``l0`` (``q``: its queries ``[Hq, s, d]``)."""
         geo, cfg, needs = self.state.geometry, self.cfg, self.selector.needs
         inputs = PeriodInputs(q, chunk_tokens=geo.chunk_tokens, chunk_count=self.m)
+        stored = self.stored(l0)  # the layer's index in the store geometry
         if PROBE_KEYS in needs:
-            group, bits = l0 // geo.group_layers, cfg.selection.probe_bits
+            group, bits = stored // geo.group_layers, cfg.selection.probe_bits
             if bits:
                 keys = self.state.probe(self.prefix_id, group, bits, self.out).dequantize(self.state.dtype)
             else:
@@ -44,7 +47,7 @@ class PeriodSelection:
         if KEY_SUMMARIES in needs:
             period = cfg.schedule.period_layers
             summ = self.state.summaries(self.prefix_id, period, self.out)
-            inputs = PeriodInputs.from_store_summaries(q, summ, l0 // period, chunk_tokens=geo.chunk_tokens, chunk_count=self.m)
+            inputs = PeriodInputs.from_store_summaries(q, summ, stored // period, chunk_tokens=geo.chunk_tokens, chunk_count=self.m)
         return inputs
 
     def choose(self, q: torch.Tensor, l0: int, budget: Budget, head_sets: list | None = None) -> torch.Tensor:

@@ -30,7 +30,7 @@ class PrefixState:
     summaries: dict[int, torch.Tensor] = field(default_factory=dict)
     probes: dict[tuple[int, int], QuantizedKeys] = field(default_factory=dict)  # per (stored group, bits)
     value_sums: dict[int, torch.Tensor] = field(default_factory=dict)  # per stand-in layer: [Hkv, d] float32
-    tail: tuple[torch.Tensor, torch.Tensor] | None = None  # streaming layout: positions [r] (host), rows [pairs, 2, r, d]
+    tail: tuple[torch.Tensor, torch.Tensor] | None = None  # streaming layout or window tail: positions [r] (host), rows [pairs, 2, r, d]
 
     @property
     def nbytes(self) -> int:
@@ -112,11 +112,13 @@ class ResidentState:
                 out.state_bytes_fetched += read.bytes_useful
         return state.value_sums[layer]
 
-    def tail(self, prefix_id: str, num_tokens: int, heads, out) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prefix's streaming-head tail (``stream_tail``), fetched once (charged to ``out.state_bytes_fetched``)."""
+    def tail(self, prefix_id: str, num_tokens: int, spec, out) -> tuple[torch.Tensor, torch.Tensor]:
+        """The prefix's tail (``stream_tail``; ``spec``: sink tokens, recent tokens and its pairs), fetched once
+        (charged to ``out.state_bytes_fetched``)."""
         state = self.prefix(prefix_id)
         if state.tail is None:
-            tail = get_tail(self.client, prefix_id, num_tokens, self.geometry, heads.sink_tokens, heads.recent_tokens, **self._page_scope)
+            sink, recent, pairs = spec
+            tail = get_tail(self.client, prefix_id, num_tokens, self.geometry, sink, recent, pairs=pairs, **self._page_scope)
             out.state_bytes_fetched += tail.rows.nbytes
             state.tail = (torch.from_numpy(tail.positions), self._rows(tail.rows))
         return state.tail

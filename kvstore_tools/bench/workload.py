@@ -208,6 +208,11 @@ def _refuse_on_sliding_windows(model, args) -> None:
 
     if not model.config.sliding_layers:
         return
+    if getattr(args, "trace_out", None):
+        raise BenchError(
+            f"--trace-out: {args.model} has sliding-window layers, whose Periods compute on the prefix's window tail "
+            "and send the daemon nothing; the replay models compute per stored layer and would leave them out"
+        )
     for name in args.systems:
         sysdef = SYSTEMS[name]
         if sysdef.reordered:
@@ -349,12 +354,15 @@ def _start_trace(model, prefixes, runs, args):
 def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _Run:
     from engine_client.client import KVStoreClient
     from engine_client.reprefill import ModelRunner, model_geometry, parse_system
+    from engine_client.reprefill.window import stored_layers
 
     from .daemon_io import DaemonArgs, _Daemon
 
     named = parse_system(sysdef.selection) if sysdef.selection in NAMED_SELECTION else None
     store_bits = named.selection.probe_bits if named else 0  # a system scoring with quantized probe keys stores them so
-    geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits)
+    # the runner's layout: on a model with sliding-window layers, the window tail (its global layers as extents)
+    layers = stored_layers(model.config, window_tail=bool(model.config.sliding_layers), group_layers=args.group_layers)
+    geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits, layers=layers)
     probes = [impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
     state = sum(p.nbytes() for p in probes if p is not None)
     if sysdef.selection == "summary":
@@ -364,6 +372,11 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     if named and named.attention.standin_layers:  # the stand-in layers' value sums, [Hkv, d] float32 each, resident per prefix
         layers = args.standin_profile.layers if named.attention.standin_layers == "calibrated" else named.attention.standin_layers
         state += len(prefixes) * len(layers) * geo.model.num_kv_heads * geo.model.head_dim * 4
+    if layers.tail is not None:  # each prefix's window tail, kept by the runner: positions (int64) and rows
+        itemsize = np.dtype(geo.model.numpy_dtype()).itemsize
+        for p in prefixes:
+            t = min(p.tokens.numel(), -(-layers.tail.recent_tokens // geo.chunk_tokens) * geo.chunk_tokens)
+            state += t * 8 + len(layers.tail.pairs) * 2 * t * geo.model.head_dim * itemsize
     memory, reserve_fraction = memory_split(geo, args, state)
     key = f"{name}@{budget:g}"
     data_dir = os.path.join(args.directory, "zipf-store", key)
@@ -398,8 +411,12 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
         lookahead=sysdef.lookahead,
         push=sysdef.push,
     )
+    assert runner.geometry == geo, "the bench sizes memory for the runner's own layout"
     ids = []
     for p in prefixes:
+        if runner.window is not None:  # the global layers' extents, then each prefix's window tail
+            ids.append(runner.store_prefix(p.tokens, kv=p.kv).prefix_id)
+            continue
         kv = stored_layout(p, args.period_layers)[0] if sysdef.reordered else p.kv
         ids.append(client.put_prefix(p.tokens.numpy(), _np_kv(kv), geo, model_fingerprint=model.fingerprint).prefix_id)
     return _Run(key, sysdef, budget, daemon, client, runner, cfg, ids, probes, state, [], flags)

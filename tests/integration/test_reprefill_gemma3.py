@@ -1,9 +1,10 @@
 """Re-Prefill of Gemma 3 270M through a real daemon: a pass key past the sliding window.
 
 A 1.5k-token prefix is three windows long: at a budget of every chunk the
-Re-Prefill is the dense forward (each sliding layer over its window's chunks
-only), and the default system at 10% of the chunks (stand-ins none: none
-are calibrated for this model) answers the pass key.
+Re-Prefill is the dense forward (each sliding layer over the prefix's window
+tail, its last 512 rows, only), and the default system at 10% of the chunks
+(stand-ins none: none are calibrated for this model) answers the pass key.
+The store holds the 3 global layers as extents.
 """
 
 import pytest
@@ -41,9 +42,11 @@ def test_full_budget_is_dense_and_ten_percent_answers_the_pass_key(daemon, gemma
     dense = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, 8, tokenizer=gemma3.tokenizer)
     torch.testing.assert_close(full.logits, dense.first_logits, rtol=1e-4, atol=5e-4)
     assert ex.is_correct(dense.text) and ex.is_correct(gen.text), (ex.depth, dense.text, gen.text)
+    assert runner.geometry.model.num_layers == 3 and runner.layers.layers == (5, 11, 17)  # the global layers' extents
     n, m = len(ex.prefix_tokens), handle.num_chunks
     plan = runner.plan(m, cfg, cfg.budget, num_tokens=n)
-    window = list(range(m - window_chunk_count(n, 512, 16), m))  # 32 chunks, not 94
+    window = torch.unique(torch.arange(n - 512, n) // 16).tolist()  # the tail's chunks: 33, not 94
+    assert len(window) < window_chunk_count(n, 512, 16) + 2
     for layer, chunks in enumerate(gen.reprefill.selected):
         if model.config.window_of(layer) is not None:
             assert chunks.tolist() == window

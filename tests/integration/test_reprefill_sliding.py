@@ -2,10 +2,13 @@
 
 Layers 0 and 2 slide (window 40 positions, not a multiple of the 16-token
 chunk), layer 1 is global; the prefix (150 tokens, 10 chunks, the last one
-short) is longer than the window.  A sliding layer loads exactly the last
-chunks its window still sees at every budget; at a budget of every chunk the
-Re-Prefill is the dense forward, and greedy decoding over the loaded rows is
-dense greedy decoding while the window moves on.
+short) is longer than the window.  Both layouts run every test: the window
+tail (the default: extents hold layer 1 only, the sliding layers' last 48
+rows are the prefix's tail pages) and every layer stored whole (a sliding
+layer loads exactly the last chunks its window still sees).  At any budget a
+sliding layer sees its window; at a budget of every chunk the Re-Prefill is
+the dense forward, and greedy decoding over the loaded rows is dense greedy
+decoding while the window moves on.
 """
 
 import json
@@ -21,6 +24,7 @@ from engine_client.model.config import ModelConfig
 from engine_client.model.loader import expected_tensors, load_checkpoint
 from engine_client.reprefill import Budget, ModelRunner, ReprefillConfig
 from engine_client.selection import window_chunk_count
+from engine_client.stream_tail import TailMissing
 from kvstore.contract.errors import InvalidArgument
 
 WINDOW, N, S, CT = 40, 150, 7, 16
@@ -67,18 +71,28 @@ def gemma(gemma_dir):
     return load_checkpoint(str(gemma_dir), dtype=torch.float32)
 
 
-@pytest.fixture
-def stored(daemon, gemma):
+TAIL_ROWS = -(-WINDOW // CT) * CT  # 48: the window tail's rows, whole pages
+
+
+@pytest.fixture(params=["tail", "whole"])
+def stored(request, daemon, gemma):
     gen = torch.Generator().manual_seed(5)
     prefix = torch.randint(0, 96, (N,), generator=gen)
     suffix = torch.randint(0, 96, (S,), generator=gen)
     with KVStoreClient(daemon.target) as client:
-        runner = ModelRunner(gemma, client, probe_bits=4)
+        runner = ModelRunner(gemma, client, probe_bits=4, window_tail=None if request.param == "tail" else False)
         yield runner, runner.store_prefix(prefix), prefix, suffix
 
 
 def _window():
     return list(range(M - window_chunk_count(N, WINDOW, CT), M))
+
+
+def _sliding_rows(runner) -> torch.Tensor:
+    """The prefix positions a sliding layer computes on: the tail's last 48, or its window's chunks."""
+    if runner.window is not None:
+        return torch.arange(N - TAIL_ROWS, N)
+    return torch.cat([torch.arange(c * CT, min(c * CT + CT, N)) for c in _window()])
 
 
 def test_window_chunks_are_those_holding_a_visible_position():
@@ -98,7 +112,8 @@ def test_full_budget_is_the_dense_forward_and_greedy_decoding(stored):
     gen = runner.generate(handle.prefix_id, suffix, full, max_new_tokens=12, eos_token_ids=[])
     ref = dense_generate(runner.model, prefix, suffix, max_new_tokens=12, eos_token_ids=[])
     assert gen.tokens == ref.tokens and len(gen.tokens) == 12
-    assert gen.rows_attended == [N - 6 * CT, N, N - 6 * CT]
+    sliding = _sliding_rows(runner).numel()
+    assert gen.rows_attended == [sliding, N, sliding] and sliding == (TAIL_ROWS if runner.window else N - 6 * CT)
 
 
 @pytest.mark.parametrize("budget", [0.1, 0.3, Budget.chunks(3), 1.0])
@@ -109,8 +124,11 @@ def test_a_sliding_layer_loads_its_window_at_any_budget_and_reads_what_the_geome
     assert res.selected[0].tolist() == res.selected[2].tolist() == _window() and plan.windowed == (0, 2)
     assert len(res.selected[1]) == plan.periods[1][2] and 0 in res.selected[1].tolist()  # the global layer: its selection
     row_bytes = 2 * 2 * 16 * 4  # K and V, 2 KV heads, head dim 16, float32: one token of one layer
-    tokens = sum(min(CT, N - c * CT) for chunks in res.selected for c in chunks.tolist())
-    assert res.tokens_loaded == tokens and res.bytes_useful == tokens * row_bytes
+    global_tokens = sum(min(CT, N - c * CT) for c in res.selected[1].tolist())
+    sliding = _sliding_rows(runner).numel()
+    assert res.tokens_loaded == 2 * sliding + global_tokens
+    # from the daemon's extents: the global layer's chunks, and in the whole layout the windows' too
+    assert res.bytes_useful == (global_tokens + (0 if runner.window else 2 * sliding)) * row_bytes
     assert res.reported_units > 0  # the global layer's report
 
 
@@ -120,14 +138,85 @@ def test_sparse_rows_compute_as_in_process(stored):
     kv = runner.model.prefill(prefix)[1]
     hidden, positions = runner.model.embed(suffix), torch.arange(N, N + S)
     for layer, chunks in enumerate(res.selected):
-        at = torch.cat([torch.arange(c * CT, min(c * CT + CT, N)) for c in chunks.tolist()])
+        at = torch.cat([torch.arange(c * CT, min(c * CT + CT, N)) for c in chunks.tolist()]) if layer == 1 else _sliding_rows(runner)
         hidden, _ = runner.model.layer_forward(layer, hidden, positions, kv[layer][:, :, at], prefix_positions=at)
     torch.testing.assert_close(res.logits, runner.model.final_logits(hidden), rtol=1e-4, atol=1e-4)
     gen = runner.generate(handle.prefix_id, suffix, CFG.replace(budget=0.3), max_new_tokens=6, eos_token_ids=[])
     keep = torch.cat([torch.arange(c * CT, min(c * CT + CT, N)) for c in res.selected[1].tolist()])
     assert gen.tokens[0] == int(res.logits.argmax()) and len(gen.tokens) == 6
     # decoding keeps each layer's loaded rows: the window's at the sliding layers, the selection at the global one
-    assert gen.rows_attended == [N - 6 * CT, keep.numel(), N - 6 * CT]
+    sliding = _sliding_rows(runner).numel()
+    assert gen.rows_attended == [sliding, keep.numel(), sliding]
+
+
+def test_the_window_tail_stores_the_global_layer_as_extents_and_each_prefix_its_own_tail(daemon, gemma):
+    """The extents hold layer 1 only; a prefix of the stored one and a longer one sharing its chunks each
+    get their own tail and answer as the dense forward; a prefix whose tail is gone is stored again."""
+    gen = torch.Generator().manual_seed(7)
+    long = torch.randint(0, 96, (N + 60,), generator=gen)
+    suffix = torch.randint(0, 96, (S,), generator=gen)
+    with KVStoreClient(daemon.target) as client:
+        tail, whole = ModelRunner(gemma, client), ModelRunner(gemma, client, window_tail=False)
+        assert tail.layers.layers == (1,) and tail.window.pairs == ((0, 0), (0, 1), (2, 0), (2, 1))
+        assert tail.geometry.model.num_layers == 1 and whole.geometry.model.num_layers == 3
+        handles = {}
+        for n in (N, 100, N + 60):  # the first stored, a prefix of it, a longer one sharing its chunks
+            handles[n] = h = tail.store_prefix(long[:n])
+            assert client.describe(h.prefix_id).geometry == tail.geometry
+            res = tail.reprefill(h.prefix_id, suffix, CFG.replace(budget=1.0))
+            dense = gemma.forward_full(torch.cat([long[:n], suffix]))[-1]
+            torch.testing.assert_close(res.logits, dense, rtol=1e-4, atol=1e-4)
+        w = whole.store_prefix(long[:N])
+        assert w.prefix_id != handles[N].prefix_id  # another layout, another prefix id
+        # the extents and tail of the window tail against every layer whole
+        assert handles[N].bytes_written < w.bytes_written
+        assert tail.store_prefix(long[:N]).cache_hit  # extents and tail both there
+
+
+def test_both_layouts_select_the_same_global_chunks_and_give_the_same_logits(daemon, gemma):
+    """A sliding layer's rows differ between the layouts only by rows its window masks, so the global layer's
+    hidden state, its selection and the first token's logits are the same."""
+    gen = torch.Generator().manual_seed(9)
+    prefix, suffix = torch.randint(0, 96, (N,), generator=gen), torch.randint(0, 96, (S,), generator=gen)
+    with KVStoreClient(daemon.target) as client:
+        runs = []
+        for window_tail in (None, False):
+            runner = ModelRunner(gemma, client, probe_bits=4, window_tail=window_tail)
+            runs.append(runner.reprefill(runner.store_prefix(prefix).prefix_id, suffix, CFG.replace(budget=0.3)))
+    tail, whole = runs
+    assert tail.selected[1].tolist() == whole.selected[1].tolist() and len(tail.selected[1]) < M
+    torch.testing.assert_close(tail.logits, whole.logits, rtol=1e-5, atol=1e-5)
+    assert tail.bytes_useful < whole.bytes_useful
+
+
+def test_a_window_tail_prefix_missing_its_tail_is_refused_then_healed_by_storing_it_again(daemon, gemma):
+    gen = torch.Generator().manual_seed(8)
+    prefix, suffix = torch.randint(0, 96, (N,), generator=gen), torch.randint(0, 96, (S,), generator=gen)
+    with KVStoreClient(daemon.target) as client:
+        runner = ModelRunner(gemma, client)
+        geo = runner.geometry
+        res = client.put_prefix(prefix.numpy(), gemma.prefill(prefix)[1][[1]].numpy(), geo, model_fingerprint=gemma.fingerprint)
+        with pytest.raises(TailMissing, match="store the prefix again"):
+            runner.reprefill(res.prefix_id, suffix, CFG)
+        handle = runner.store_prefix(prefix)
+        assert handle.prefix_id == res.prefix_id and not handle.cache_hit
+        fresh = ModelRunner(gemma, client)
+        torch.testing.assert_close(
+            fresh.reprefill(handle.prefix_id, suffix, CFG.replace(budget=1.0)).logits,
+            gemma.forward_full(torch.cat([prefix, suffix]))[-1],
+            rtol=1e-4,
+            atol=1e-4,
+        )
+
+
+def test_the_window_tail_is_refused_where_it_cannot_apply(daemon, gemma, tiny_model):
+    with KVStoreClient(daemon.target) as client:
+        with pytest.raises(InvalidArgument, match="group_layers"):
+            ModelRunner(gemma, client, group_layers=3)
+        assert ModelRunner(gemma, client, group_layers=3, window_tail=False).window is None
+        with pytest.raises(InvalidArgument, match="window_tail: the model has no sliding-window layers"):
+            ModelRunner(tiny_model, client, window_tail=True)
+        assert ModelRunner(tiny_model, client).window is None
 
 
 @pytest.mark.parametrize(
@@ -160,7 +249,7 @@ def _zipf(gemma_dir, directory, *systems_and_flags, expect=0):
 
 
 def test_the_zipf_bench_runs_the_product_and_a_full_load_over_sliding_layers(gemma_dir, tmp_path):
-    """A sliding layer's Period loads its window (3 or 4 chunks), over the budget's 40 tokens by design:
+    """A sliding layer's Period computes on its window tail (48 rows), over the budget's 40 tokens by design:
     the bench's budget check holds the global layer to the budget and lets the windows through."""
     out = _zipf(gemma_dir, tmp_path, "--systems", "contiguouskv-perlayer,as-lru", "--period-layers", "1", "--json")
     report = json.loads(out.stdout)
@@ -174,6 +263,9 @@ def test_the_zipf_bench_refuses_what_cannot_run_on_sliding_layers_before_any_pre
     assert len(err.splitlines()) == 1 and "impress" in err and "sliding-window" in err and "prefilled" not in err
     err = _zipf(gemma_dir, tmp_path, "--systems", "contiguouskv", "--period-layers", "3", expect=1).stderr.strip()
     assert err.endswith("use period_layers=1") and "contiguouskv on tiny: period_layers" in err
+    trace = ["--systems", "contiguouskv-perlayer", "--period-layers", "1", "--trace-out", str(tmp_path / "t.jsonl")]
+    err = _zipf(gemma_dir, tmp_path, *trace, expect=1).stderr.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("kvstore-bench: error: --trace-out: tiny has sliding-window layers")
 
 
 def test_the_reprefill_bench_refuses_mixed_periods_first_and_ranks_only_the_selected_periods(gemma_dir, tmp_path):

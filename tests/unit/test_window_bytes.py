@@ -24,11 +24,14 @@ CONFIG = ModelConfig.from_dict(
 )
 
 
-def test_a_sliding_layer_reads_its_window_and_stores_every_chunk():
+def test_the_window_tail_stores_the_global_layer_and_each_sliding_layers_last_pages():
     r = window_bytes(CONFIG, 1600, 0.05, dtype_bytes=4)  # 100 chunks; the window's last 3 (the query at 1600 sees 1561..)
     chunk = 16 * 2 * 2 * 16 * 4
-    assert r.stored == r.whole_prefix == 300 * chunk and r.stored_window_tail == (100 + 2 * 3) * chunk
-    assert r.read_windowed == (3 + 5 + 3) * chunk and r.read_selected == 3 * 5 * chunk  # floor(5% x 300) / 3 = 5 per layer
+    assert r.stored == r.whole_prefix == 300 * chunk and r.stored_window_tail == (100 + 2 * 3) * chunk  # 40 rows: 3 pages
+    assert r.read_window_tail == 5 * chunk and r.tail_fetch == 2 * 3 * chunk  # floor(5% x 300) / 3 = 5 per layer
+    assert r.read_windowed == (3 + 5 + 3) * chunk and r.read_selected == 3 * 5 * chunk
+    short = window_bytes(CONFIG, 20, 0.05, dtype_bytes=4)  # shorter than the window: the tail's pages are whole, zeros first
+    assert short.tail_fetch == r.tail_fetch and short.stored_window_tail == 2 * chunk + r.tail_fetch
     assert table(CONFIG, [1600], [0.05, 0.1]).count("\n") == 3
 
 
