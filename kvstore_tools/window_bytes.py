@@ -126,6 +126,7 @@ def measure(model_name: str, tokens, budgets, directory: str, *, dtype: str = "b
                 handle = runner.store_prefix(ex.prefix_tokens, kv=kv)
                 for b in budgets:
                     cfg = ReprefillConfig().replace(budget=b, report_attention=False)
+                    runner.forget(handle.prefix_id)  # the first request fetches the runner's state
                     first = runner.reprefill(handle.prefix_id, ex.suffix_tokens, cfg)
                     again = runner.reprefill(handle.prefix_id, ex.suffix_tokens, cfg)
                     logits[(layout, b)] = again.logits
@@ -143,7 +144,6 @@ def measure(model_name: str, tokens, budgets, directory: str, *, dtype: str = "b
                             "top1": int(again.logits.argmax()),
                         }
                     )
-                runner.forget(handle.prefix_id)
             for row in rows[-2 * len(budgets) :]:
                 other = logits[("every layer whole", row["budget"])]
                 row["max_logit_diff"] = float((logits[(row["layout"], row["budget"])] - other).abs().max())
