@@ -361,8 +361,8 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     named = parse_system(sysdef.selection) if sysdef.selection in NAMED_SELECTION else None
     store_bits = named.selection.probe_bits if named else 0  # a system scoring with quantized probe keys stores them so
     # the runner's layout: on a model with sliding-window layers, the window tail (its global layers as extents)
-    layers = stored_layers(model.config, window_tail=bool(model.config.sliding_layers), group_layers=args.group_layers)
-    geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits, layers=layers)
+    stored = stored_layers(model.config, window_tail=bool(model.config.sliding_layers), group_layers=args.group_layers)
+    geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits, layers=stored)
     probes = [impress_probe(p, args.period_layers) if sysdef.selection == "impress" else None for p in prefixes]
     state = sum(p.nbytes() for p in probes if p is not None)
     if sysdef.selection == "summary":
@@ -372,11 +372,11 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     if named and named.attention.standin_layers:  # the stand-in layers' value sums, [Hkv, d] float32 each, resident per prefix
         layers = args.standin_profile.layers if named.attention.standin_layers == "calibrated" else named.attention.standin_layers
         state += len(prefixes) * len(layers) * geo.model.num_kv_heads * geo.model.head_dim * 4
-    if layers.tail is not None:  # each prefix's window tail, kept by the runner: positions (int64) and rows
+    if stored.tail is not None:  # each prefix's window tail, kept by the runner: positions (int64) and rows
         itemsize = np.dtype(geo.model.numpy_dtype()).itemsize
         for p in prefixes:
-            t = min(p.tokens.numel(), -(-layers.tail.recent_tokens // geo.chunk_tokens) * geo.chunk_tokens)
-            state += t * 8 + len(layers.tail.pairs) * 2 * t * geo.model.head_dim * itemsize
+            t = min(p.tokens.numel(), -(-stored.tail.recent_tokens // geo.chunk_tokens) * geo.chunk_tokens)
+            state += t * 8 + len(stored.tail.pairs) * 2 * t * geo.model.head_dim * itemsize
     memory, reserve_fraction = memory_split(geo, args, state)
     key = f"{name}@{budget:g}"
     data_dir = os.path.join(args.directory, "zipf-store", key)
