@@ -5,7 +5,8 @@ a profile of its machine (``compute_model``: a named accelerator, or the
 ``file:`` profile ``kvstore-bench calibrate`` measured, which knows the disk
 rate and the storage path's fixed cost per Period).  The runner looks the
 prefix up (once: ``StoredPrefixes``); a prefix not wholly stored is recomputed (prefix and suffix in
-one prefill) and its KV stored after the first token.  A stored prefix is
+one prefill) and its KV stored after the first token, and so is one whose chunks are stored but whose
+tail pages (window tail, streaming layout) are not.  A stored prefix is
 costed three ways by ``path_choice.choose`` (the request's shape: its
 tokens, the stored bytes, the Periods of the configuration, the fraction
 of chunks the budget loads, the per-request state the sparse path would
@@ -32,6 +33,7 @@ from ..compute_model import AcceleratorProfile
 from ..path_choice import Choice, RequestShape, choose
 from ..prefill import chunked_prefill
 from ..selection.budget import budget_count
+from ..stream_tail import TailMissing
 from .checks import token_tensor
 from .config import ReprefillConfig
 from .device import wait
@@ -126,18 +128,28 @@ def answer(runner, prefix_tokens, suffix_tokens, cfg: ReprefillConfig, profile: 
             return _answer_stored(runner, prefix, suffix, prefix_id, cfg, profile, t0)
         except NotFound:  # gone since it was seen: look it up again
             known.forget(key)
-    n, m = prefix.numel(), runner.geometry.num_chunks(prefix.numel())
+    m = runner.geometry.num_chunks(prefix.numel())
     hit = runner.client.lookup(prefix.numpy(), runner.geometry, namespace=runner.namespace, model_fingerprint=runner.model.fingerprint)
     if hit.matched_chunks < m:
-        logits, kv = chunked_prefill(runner.model, torch.cat([prefix, suffix]))
-        ttft = time.perf_counter() - t0  # the KV's copy to the host has waited for the device
-        handle = runner.store_prefix(prefix, kv=kv[:, :, :, :n].contiguous()) if store else None
-        if handle is not None:
-            known.add(key, handle.prefix_id)
-        why = f"the prefix is not stored ({hit.matched_chunks} of its {m} chunks are)"
-        return Answer("recompute", why, logits, ttft, None, None, handle)
+        return _recompute(runner, prefix, suffix, store, key, t0, f"the prefix is not stored ({hit.matched_chunks} of its {m} chunks are)")
     known.add(key, hit.prefix_id)
-    return _answer_stored(runner, prefix, suffix, hit.prefix_id, cfg, profile, t0)
+    try:
+        return _answer_stored(runner, prefix, suffix, hit.prefix_id, cfg, profile, t0)
+    except TailMissing:  # the window tail's or streaming heads' pages were evicted, or their put was cut short
+        known.forget(key)
+        return _recompute(runner, prefix, suffix, store, key, t0, "the prefix's tail pages are not stored (its chunks are)")
+
+
+def _recompute(runner, prefix, suffix, store: bool, key: bytes, t0: float, why: str) -> Answer:
+    """Prefix and suffix in one prefill; with ``store``, the prefix's KV stored after the first token
+    (``store_prefix`` puts whatever of it is missing, a tail included)."""
+    n = prefix.numel()
+    logits, kv = chunked_prefill(runner.model, torch.cat([prefix, suffix]))
+    ttft = time.perf_counter() - t0  # the KV's copy to the host has waited for the device
+    handle = runner.store_prefix(prefix, kv=kv[:, :, :, :n].contiguous()) if store else None
+    if handle is not None:
+        runner.stored_prefixes.add(key, handle.prefix_id)
+    return Answer("recompute", why, logits, ttft, None, None, handle)
 
 
 def _answer_stored(runner, prefix, suffix, prefix_id: str, cfg, profile, t0: float) -> Answer:

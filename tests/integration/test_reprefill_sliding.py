@@ -209,6 +209,27 @@ def test_a_window_tail_prefix_missing_its_tail_is_refused_then_healed_by_storing
         )
 
 
+def test_answer_recomputes_a_prefix_whose_tail_is_gone_and_stores_the_tail_again(daemon, gemma):
+    from engine_client.compute_model import AcceleratorProfile
+
+    # compute dear, storage free: a loading path, which needs the tail
+    slow_compute = AcceleratorProfile("slow-compute", 1e5, 1e5, 1e15, layer_overhead_s=1e-9, disk_bytes_per_s=1e15, period_overhead_s=1e-9)
+    gen = torch.Generator().manual_seed(10)
+    prefix, suffix = torch.randint(0, 96, (N,), generator=gen), torch.randint(0, 96, (S,), generator=gen)
+    dense = gemma.forward_full(torch.cat([prefix, suffix]))[-1]
+    with KVStoreClient(daemon.target) as client:
+        runner = ModelRunner(gemma, client)
+        handle = runner.store_prefix(prefix)
+        assert runner.answer(prefix, suffix, CFG, profile=slow_compute).path != "recompute"
+        client.delete(handle.tail_batch_id)
+        runner.forget(handle.prefix_id)
+        ans = runner.answer(prefix, suffix, CFG, profile=slow_compute)
+        assert ans.path == "recompute" and ans.reason == "the prefix's tail pages are not stored (its chunks are)"
+        torch.testing.assert_close(ans.logits, dense, rtol=1e-4, atol=1e-4)
+        assert ans.prefix.prefix_id == handle.prefix_id and ans.prefix.tail_batch_id  # the tail put again
+        assert runner.answer(prefix, suffix, CFG, profile=slow_compute).path != "recompute"
+
+
 def test_the_window_tail_is_refused_where_it_cannot_apply(daemon, gemma, tiny_model):
     with KVStoreClient(daemon.target) as client:
         with pytest.raises(InvalidArgument, match="group_layers"):
