@@ -195,7 +195,13 @@ def main(argv=None) -> int:
     from kvstore_tools.tasks import text
 
     torch.set_num_threads(args.threads)
+    from engine_client.model.config import UnsupportedModel
+
     pm = zoo.load(args.model, dtype=torch.float32)
+    try:  # its in-process sets select at every layer, and give no sliding layer its window's positions
+        pm.decoder.config.require_full_attention("kvstore_tools.selection_study")
+    except UnsupportedModel as exc:
+        p.error(str(exc))
     examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=args.stream, start=args.start)
     rows = []
     t0 = time.perf_counter()

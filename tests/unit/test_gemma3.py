@@ -351,3 +351,16 @@ def test_the_re_prefill_runner_plans_the_sliding_layers_windows(model):
     assert plan.windowed == (0, 2) and [count for _, _, count in plan.periods] == [1, 2, 1]
     with pytest.raises(InvalidArgument, match="mix sliding-window and global layers"):
         runner.plan(7, cfg.replace(period_layers=2), cfg.budget, num_tokens=100)
+
+
+def test_stand_in_calibration_refuses_sliding_layers_in_one_line(model, monkeypatch, capsys):
+    """Its in-process sets select at every layer and give no sliding layer its window's positions."""
+    from types import SimpleNamespace
+
+    from engine_client.model import zoo
+    from kvstore_tools import models
+
+    monkeypatch.setattr(zoo, "load", lambda *a, **k: SimpleNamespace(decoder=model, tokenizer=None))
+    assert models.main(["calibrate-standins", "gemma3-270m"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "stand-in calibration does not support Gemma3ForCausalLM: sliding-window" in err
