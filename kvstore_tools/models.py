@@ -164,8 +164,6 @@ def calibrate_standins(args: argparse.Namespace) -> int:
 
     torch.set_num_threads(args.threads)
     pm = zoo.load(args.name, dtype=zoo.DTYPES[args.dtype], cache_dir=args.cache_dir)
-    # its in-process sets select at every layer, and give no sliding layer its window's positions
-    pm.decoder.config.require_full_attention("stand-in calibration")
     examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream="tune", start=0)
     bar = progress_bar(len(examples), "calibrating stand-in layers", unit="prompt")
     gains = []

@@ -5,7 +5,9 @@
                                     [--standins 8,19] [--json]
 
 A sparse Re-Prefill without the daemon: the prefix is prefilled once; for
-each rule the question runs layer by layer, each Period's first layer scores
+each rule the question runs layer by layer (a sliding-window layer over its
+window's last rows at their positions, as the runner gives it, whatever the
+rule; it gains nothing with ``--layer-gains``), each Period's first layer scores
 the chunks with the question's queries of the hidden state at hand (as the
 runner does), keeps ``floor(budget x chunks x layers) / layers`` chunks per
 layer (sink and local included, ``select_chunks``) and attends only to them.
@@ -92,8 +94,10 @@ def layer_gains(model, kv, question, answer, rule, budget, needle) -> list[float
     """Per layer: the answer's weakest teacher-forced margin with that one layer whole, minus the rule's own
     (``--layer-gains``; what ``python -m kvstore_tools.models calibrate-standins`` averages)."""
     weakest = min(_teacher_forced(model, kv, question, answer, rule, budget, needle)[2])
+    sliding = set(model.config.sliding_layers)  # they see their window whatever the rule: nothing to gain
     return [
-        min(_teacher_forced(model, kv, question, answer, rule, budget, needle, (layer,))[2]) - weakest for layer in range(model.num_layers)
+        0.0 if layer in sliding else min(_teacher_forced(model, kv, question, answer, rule, budget, needle, (layer,))[2]) - weakest
+        for layer in range(model.num_layers)
     ]
 
 
@@ -139,6 +143,12 @@ def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=(),
     k = plan_periods(layers, m, budget, period_layers=1).periods[0][2]
     chosen, loaded = None, []
     for layer in range(layers):
+        window = model.config.window_of(layer)
+        if window is not None:  # a sliding layer sees its window's last rows, at their positions, as the runner gives them
+            at = torch.arange(max(0, n - window), n)
+            loaded.append(float(np.isin(needle, torch.unique(at // CHUNK).numpy()).mean()))
+            hidden, _ = model.layer_forward(layer, hidden, pos, kv[layer][:, :, at], prefix_positions=at)
+            continue
         if spec[0] == "drop":
             chosen = torch.tensor([c for c in range(m) if not (spec[1] <= layer < spec[2] and c in needle)])
         elif layer % spec[1] == 0:
@@ -195,13 +205,7 @@ def main(argv=None) -> int:
     from kvstore_tools.tasks import text
 
     torch.set_num_threads(args.threads)
-    from engine_client.model.config import UnsupportedModel
-
     pm = zoo.load(args.model, dtype=torch.float32)
-    try:  # its in-process sets select at every layer, and give no sliding layer its window's positions
-        pm.decoder.config.require_full_attention("kvstore_tools.selection_study")
-    except UnsupportedModel as exc:
-        p.error(str(exc))
     examples = text.examples(args.task, pm.tokenizer, args.examples, args.tokens, stream=args.stream, start=args.start)
     rows = []
     t0 = time.perf_counter()

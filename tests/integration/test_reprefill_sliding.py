@@ -173,17 +173,22 @@ def test_the_window_tail_stores_the_global_layer_as_extents_and_each_prefix_its_
         assert tail.store_prefix(long[:N]).cache_hit  # extents and tail both there
 
 
-def test_both_layouts_select_the_same_global_chunks_and_give_the_same_logits(daemon, gemma):
+@pytest.mark.parametrize("standins", [(), (1,)])
+def test_both_layouts_select_the_same_global_chunks_and_give_the_same_logits(daemon, gemma, standins):
     """A sliding layer's rows differ between the layouts only by rows its window masks, so the global layer's
-    hidden state, its selection and the first token's logits are the same."""
+    hidden state, its selection and the first token's logits are the same; with stand-in rows at the global
+    layer too (its value sum and probe keys read from stored layer 0 in the window tail)."""
     gen = torch.Generator().manual_seed(9)
     prefix, suffix = torch.randint(0, 96, (N,), generator=gen), torch.randint(0, 96, (S,), generator=gen)
+    cfg = CFG.replace(budget=0.3, standin_layers=standins)
     with KVStoreClient(daemon.target) as client:
         runs = []
         for window_tail in (None, False):
             runner = ModelRunner(gemma, client, probe_bits=4, window_tail=window_tail)
-            runs.append(runner.reprefill(runner.store_prefix(prefix).prefix_id, suffix, CFG.replace(budget=0.3)))
+            runs.append(runner.reprefill(runner.store_prefix(prefix).prefix_id, suffix, cfg))
     tail, whole = runs
+    loaded = sum(min(CT, N - c * CT) for c in tail.selected[1].tolist())
+    assert tail.standin_rows == whole.standin_rows == (N - loaded if standins else 0)  # one stand-in per row left out
     assert tail.selected[1].tolist() == whole.selected[1].tolist() and len(tail.selected[1]) < M
     torch.testing.assert_close(tail.logits, whole.logits, rtol=1e-5, atol=1e-5)
     assert tail.bytes_useful < whole.bytes_useful

@@ -353,14 +353,20 @@ def test_the_re_prefill_runner_plans_the_sliding_layers_windows(model):
         runner.plan(7, cfg.replace(period_layers=2), cfg.budget, num_tokens=100)
 
 
-def test_stand_in_calibration_refuses_sliding_layers_in_one_line(model, monkeypatch, capsys):
-    """Its in-process sets select at every layer and give no sliding layer its window's positions."""
-    from types import SimpleNamespace
+def test_the_selection_study_gives_a_sliding_layer_its_window_and_it_gains_nothing(model):
+    """The in-process sets behind the stand-in calibration: at a budget of every chunk the teacher-forced
+    margins are the dense forward's (sliding layers over their window, at its positions)."""
+    import numpy as np
 
-    from engine_client.model import zoo
-    from kvstore_tools import models
+    from kvstore_tools.selection_study import _teacher_forced, layer_gains
 
-    monkeypatch.setattr(zoo, "load", lambda *a, **k: SimpleNamespace(decoder=model, tokenizer=None))
-    assert models.main(["calibrate-standins", "gemma3-270m"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "stand-in calibration does not support Gemma3ForCausalLM: sliding-window" in err
+    prefix, question, answer = tokens(40, 2), tokens(5, 3), tokens(3, 4)
+    kv = model.prefill(prefix)[1]
+    _, loaded, margins = _teacher_forced(model, kv, question, answer, "P1+follow-exact", 1.0, np.array([0, 1]))
+    logits = model.forward_full(torch.cat([prefix, question, answer]))[39 + 5 : 39 + 5 + 3]
+    mine = logits.gather(1, answer[:, None])[:, 0]
+    dense = mine - logits.scatter(1, answer[:, None], float("-inf")).amax(1)
+    torch.testing.assert_close(torch.tensor(margins), dense, rtol=1e-4, atol=1e-4)
+    assert loaded == [0.0, 1.0, 0.0]  # the needle's chunks 0 and 1 are out of the window (rows 36..39, chunk 2)
+    gains = layer_gains(model, kv, question, answer, "P1+follow-exact", 0.3, np.array([0, 2]))
+    assert gains[0] == gains[2] == 0.0 and len(gains) == 3
