@@ -3,8 +3,9 @@
 A 1.5k-token prefix is three windows long: at a budget of every chunk the
 Re-Prefill is the dense forward (each sliding layer over the prefix's window
 tail, its last 512 rows, only), and the default system at 10% of the chunks
-(stand-ins none: none are calibrated for this model) answers the pass key.
-The store holds the 3 global layers as extents.
+answers the pass key.  The store holds the 3 global layers as extents.  The
+stand-in calibration shipped for this model found no layer worth it: the
+default runs without stand-in rows, by calibration.
 """
 
 import pytest
@@ -14,6 +15,7 @@ from pretrained import needs_gemma3
 from engine_client.client import KVStoreClient
 from engine_client.generation import dense_generate
 from engine_client.model import zoo
+from engine_client.model.standins import packaged_standins
 from engine_client.reprefill import ModelRunner, ReprefillConfig
 from engine_client.selection import window_chunk_count
 from kvstore_tools.tasks import text
@@ -33,8 +35,11 @@ def test_full_budget_is_dense_and_ten_percent_answers_the_pass_key(daemon, gemma
     (ex,) = text.examples("passkey", gemma3.tokenizer, 1, TOKENS, stream="tune", start=1)
     assert ex.prefix_tokens[0] == gemma3.tokenizer.bos_token_id  # the model's <bos> first
     model = gemma3.decoder
+    shipped = packaged_standins(model)
+    assert shipped is not None and shipped.layers == () and shipped.calibration["task"] == "niah"
     with KVStoreClient(daemon.target) as client:
         runner = ModelRunner(model, client)
+        assert runner.standin_profile == shipped and not runner.calibrated_layers(ReprefillConfig()).missing_calibration
         handle = runner.store_prefix(ex.prefix_tokens)
         full = runner.reprefill(handle.prefix_id, ex.suffix_tokens, ReprefillConfig().replace(budget=1.0, report_attention=False))
         cfg = ReprefillConfig().replace(budget=0.10)
