@@ -84,7 +84,7 @@ from .figures import headline_ratios, summarize
 from .io_jobs import BenchError
 from .machine import machine_info
 from .trace import RecordingClient, TraceWriter, request_record, system_header
-from .zipf_memory import memory_split, probe_state_bytes
+from .zipf_memory import memory_split, probe_state_bytes, window_tail_bytes
 from .zipf_prefixes import Prefix, dense_logits, full_kv_answers, max_new_tokens, prefill_all, task_examples
 from .zipf_recompute import RecomputeRun
 
@@ -372,11 +372,8 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
     if named and named.attention.standin_layers:  # the stand-in layers' value sums, [Hkv, d] float32 each, resident per prefix
         layers = args.standin_profile.layers if named.attention.standin_layers == "calibrated" else named.attention.standin_layers
         state += len(prefixes) * len(layers) * geo.model.num_kv_heads * geo.model.head_dim * 4
-    if stored.tail is not None:  # each prefix's window tail, kept by the runner: positions (int64) and rows
-        itemsize = np.dtype(geo.model.numpy_dtype()).itemsize
-        for p in prefixes:
-            t = min(p.tokens.numel(), -(-stored.tail.recent_tokens // geo.chunk_tokens) * geo.chunk_tokens)
-            state += t * 8 + len(stored.tail.pairs) * 2 * t * geo.model.head_dim * itemsize
+    if stored.tail is not None:
+        state += sum(window_tail_bytes(geo, stored.tail, p.tokens.numel()) for p in prefixes)
     memory, reserve_fraction = memory_split(geo, args, state)
     key = f"{name}@{budget:g}"
     data_dir = os.path.join(args.directory, "zipf-store", key)

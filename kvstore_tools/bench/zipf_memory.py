@@ -36,3 +36,10 @@ def probe_state_bytes(geo, num_tokens: int, bits: int) -> int:
 
     m = geo.model
     return geo.num_groups * m.num_kv_heads * num_tokens * quantized_row_bytes(m.head_dim, bits)
+
+
+def window_tail_bytes(geo, tail, num_tokens: int) -> int:
+    """A window tail (``engine_client.reprefill.window.WindowTail``) a runner keeps resident for one prefix:
+    its row positions (int64) and each (sliding layer, KV head) pair's K and V rows in the KV dtype."""
+    rows = min(num_tokens, -(-tail.recent_tokens // geo.chunk_tokens) * geo.chunk_tokens)
+    return rows * 8 + len(tail.pairs) * 2 * rows * geo.model.head_dim * geo.model.numpy_dtype().itemsize
