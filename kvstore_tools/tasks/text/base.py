@@ -54,12 +54,15 @@ class TextExample:
 
 
 def answer_in(answer: str, text: str) -> bool:
-    """``answer`` occurs in ``text``: numbers as whole numbers (12345 is not in 123456), words case-insensitively."""
+    """``answer`` occurs in ``text``: numbers as whole numbers (12345 is not in 123456; a version
+    3.11 is not in 3.11.4), words case-insensitively."""
     answer = answer.strip()
     if not answer:
         return False
     if answer.isdigit():
         return re.search(rf"(?<!\d){answer}(?!\d)", text) is not None
+    if re.fullmatch(r"\d+(\.\d+)+", answer):
+        return re.search(rf"(?<![\d.]){re.escape(answer)}(?!\.?\d)", text) is not None
     return re.search(rf"(?<!\w){re.escape(answer)}(?!\w)", text, flags=re.IGNORECASE) is not None
 
 
