@@ -89,6 +89,9 @@ def test_cli_writes_the_file_and_refuses_in_one_line(tmp_path, capsys):
     assert prose_file.main(["--model", "no-such-model", "--tokens", "512", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: unknown model 'no-such-model'") and "\n" not in err
+    assert prose_file.main(["--model", "smollm2-135m", "--tokens", "512", "--out", str(tmp_path / "no" / "p.jsonl")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --out ") and "No such file or directory" in err and "\n" not in err
     for bad in (["--tokens", "10"], ["--tokens", "512", "--seed-base", "-1"]):
         with pytest.raises(SystemExit):
             prose_file.main([*bad, "--out", str(out)])

@@ -39,7 +39,7 @@ MAX_NEW_TOKENS = 10
 @dataclass(frozen=True)
 class Question:
     evidence: str  # a substring of exactly one haystack sentence
-    question: str  # the suffix: a question, then the words the answer follows
+    question: str  # the suffix: a statement that stops where the answer starts
     answers: tuple[str, ...]
 
 
@@ -249,11 +249,8 @@ def record(q: Question, tokenizer, num_tokens: int, depth: float, text: tuple[st
             break
         after.append(text[(e + k) % len(text)])
         used += n
-    prefix = HEADER + "".join(before).lstrip() + text[e] + "".join(after)
-    if not before:
-        prefix = HEADER + text[e].lstrip() + "".join(after)
     return {
-        "prefix": prefix,
+        "prefix": HEADER + "".join([*before, text[e], *after]).lstrip(),
         "question": q.question,
         "answers": list(q.answers),
         "needle": text[e].strip(),
@@ -296,12 +293,15 @@ def main(argv=None) -> int:
     try:
         tokenizer = Tokenizer.load(zoo.cached_checkpoint(args.model))
         rows = records(tokenizer, args.tokens, seed_base=args.seed_base)
-    except (ProseFileError, zoo.UnknownModel, zoo.ModelNotInstalled) as exc:
+    except (ProseFileError, zoo.UnknownModel, zoo.ModelNotInstalled, zoo.CorruptModelFile) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    with open(args.out, "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    try:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+    except OSError as exc:
+        print(f"error: --out {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     depths = [r["prefix"].index(r["needle"]) / len(r["prefix"]) for r in rows]
     print(
         f"wrote {len(rows)} questions, {args.tokens} tokens of {args.model} each at most, "
