@@ -283,7 +283,7 @@ def run_replay(args) -> dict:
     from .replay_report import summarize_replay
 
     profile = profile_arg(args.profile)
-    from .workload import SYSTEMS
+    from .zipf_systems import SYSTEMS
 
     header, requests = load_trace(args.trace, SYSTEMS)
     try:

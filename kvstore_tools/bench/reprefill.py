@@ -305,7 +305,7 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     from .plots import add_plot_flag
-    from .workload import SYSTEMS, systems_arg
+    from .zipf_systems import SYSTEMS, systems_arg
 
     add_plot_flag(p, "TTFT by system and budget (mean split into I/O wait, select and compute; P95 whiskers)")
 
@@ -370,7 +370,8 @@ def command_reprefill(args) -> int:
             raise BenchError(f"--profile: {exc}") from None
     if args.workload == "zipf":
         from .figures import format_zipf_report
-        from .workload import check_zipf_args, run_zipf_bench
+        from .workload import run_zipf_bench
+        from .zipf_systems import check_zipf_args
 
         check_zipf_args(args)
         report = run_zipf_bench(args)
