@@ -71,7 +71,7 @@ def run(args, client, models=None) -> dict:
     hf, tok, pm = models
     cache = KVStorePrefixCache(client, hf, tok)
     runner = ModelRunner(pm.decoder, client)
-    sparse = SparseReprefill(cache, standin_layers=runner.standin_profile)
+    sparse = SparseReprefill(cache, standin_layers=runner.standin_profile, selection_profile=runner.selection_profile)
     standins = list(getattr(runner.standin_profile, "layers", ()))  # what "auto" stand-ins read (ReprefillConfig())
     report = {"system": args.system, "tokens": args.tokens, "budgets": args.budgets, "calibrated_standins": standins, "tasks": {}}
     for task in args.task:

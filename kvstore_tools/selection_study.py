@@ -23,7 +23,13 @@ take the answer's margin, where stand-in rows go (``engine_client.standin``).
 layers, their values the mean of the rows left out per KV head (as the
 runner does) and, to compare, per 16-token chunk.
 
-A rule is ``P<period layers>[+follow]-<scorer>``, scorer one of ``exact``
+A rule is ``P<period layers>[+follow][+nolocal][+cum]-<scorer>``
+(``+nolocal``: the last chunk is not forced into the set, its place goes
+to the scores; ``+cum``: each selection ranks by the mass summed over every
+scored layer so far, each layer's normalised to one; ``+first<f>``: the
+first scored layer takes a share ``f`` of the chunk-layers, the others
+split the rest; ``+lead<n>``: only the ``n`` best chunks bring the chunk
+after them), scorer one of ``exact``
 (the layer's keys), ``int4``/``int8`` (those keys quantized per token and
 head, ``selection/probes.py``), ``summary`` (the channel min/max bound) or
 ``ch<k>`` (the ``k`` channels of largest mean magnitude per KV head, as
@@ -75,9 +81,13 @@ def head_scores(q: torch.Tensor, keys: torch.Tensor, scorer: str) -> torch.Tenso
 def parse_rule(rule: str):
     if m := re.fullmatch(r"drop(\d+)-(\d+)", rule):
         return ("drop", int(m[1]), int(m[2]))
-    if m := re.fullmatch(r"P([1-9]\d*)(\+follow)?-(exact|summary|int4|int8|ch[1-9]\d*)", rule):
-        return ("select", int(m[1]), 1 if m[2] else 0, m[3])
-    raise ValueError(f"rule {rule!r}: expected P<layers>[+follow]-<scorer> or drop<a>-<b>")
+    if m := re.fullmatch(
+        r"P([1-9]\d*)(\+follow)?(\+nolocal)?(\+cum)?(\+first0?\.\d+)?(\+lead\d)?-(exact|summary|int4|int8|ch[1-9]\d*)", rule
+    ):
+        first = float(m[5][6:]) if m[5] else None
+        lead = int(m[6][5:]) if m[6] else None
+        return ("select", int(m[1]), 1 if m[2] or lead else 0, m[7], 0 if m[3] else 1, bool(m[4]), first, lead)
+    raise ValueError(f"rule {rule!r}: expected P<layers>[+follow][+nolocal][+cum]-<scorer> or drop<a>-<b>")
 
 
 @torch.inference_mode()
@@ -141,7 +151,14 @@ def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=(),
     hidden = model.embed(toks)
     spec = parse_rule(rule)
     k = plan_periods(layers, m, budget, period_layers=1).periods[0][2]
-    chosen, loaded = None, []
+    scored = [la for la in range(layers) if model.config.window_of(la) is None]
+    if spec[0] == "select" and spec[6] is not None:  # +first<f>: the first scored layer takes f of the chunk-layers
+        first = max(1, min(m, round(spec[6] * k * len(scored))))
+        rest = max(1, (k * len(scored) - first) // max(1, len(scored) - 1))
+        ks = {la: first if i == 0 else rest for i, la in enumerate(scored)}
+    else:
+        ks = dict.fromkeys(scored, k)
+    chosen, loaded, acc = None, [], None
     for layer in range(layers):
         window = model.config.window_of(layer)
         if window is not None:  # a sliding layer sees its window's last rows, at their positions, as the runner gives them
@@ -154,7 +171,11 @@ def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=(),
         elif layer % spec[1] == 0:
             q = model.layer_queries(layer, hidden[:s], pos[:s])
             scores = aggregate_heads(head_scores(q, kv[layer, 0], spec[3]), "max")
-            chosen = select_chunks(scores, k, follow=spec[2])
+            if spec[5]:  # +cum: the mass of every scored layer so far, each layer's scores summing to one
+                scores = scores / scores.sum()
+                acc = scores if acc is None else acc + scores
+                scores = acc
+            chosen = select_chunks(scores, ks[layer], follow=spec[2], follow_top=spec[7] or 0, local_chunks=spec[4])
         loaded.append(float(np.isin(needle, chosen.numpy()).mean()))
         rows = torch.cat([torch.arange(c * CHUNK, min(n, (c + 1) * CHUNK)) for c in chosen.tolist()])
         layer_kv = kv[layer] if layer in whole else kv[layer][:, :, rows]

@@ -79,10 +79,12 @@ def unsupported(cfg: ReprefillConfig) -> tuple[str, str] | None:
 class SparseReprefill:
     """Sparse Re-Prefill and greedy decoding of a transformers model over prefixes in kvstore (module docstring)."""
 
-    def __init__(self, cache: KVStorePrefixCache, *, standin_layers=None):
+    def __init__(self, cache: KVStorePrefixCache, *, standin_layers=None, selection_profile=None):
         """``cache``: the model, client, geometry and fingerprint.  ``standin_layers``: the calibrated stand-in
         layers (``model.standins.StandinLayers``, what ``ModelRunner.standin_profile`` holds) that
-        ``standin_layers="auto"`` and ``"calibrated"`` read; None: none."""
+        ``standin_layers="auto"`` and ``"calibrated"`` read; None: none.  ``selection_profile``
+        (``model.selection_profile.SelectionProfile``, what ``ModelRunner.selection_profile`` holds): what
+        ``follow_top="auto"`` reads; None: 0."""
         kernel = cache.model.config._attn_implementation
         if kernel not in ATTENTION_KERNELS:
             raise InvalidArgument(
@@ -90,6 +92,7 @@ class SparseReprefill:
             )
         self.cache, self.model, self.client, self.geometry = cache, cache.model, cache.client, cache.geometry
         self.standin_profile = standin_layers
+        self.follow_top_auto = 0 if selection_profile is None else selection_profile.follow_top
         self.device = self.model.device
         scope = {"namespace": cache.namespace, "model_fingerprint": cache.model_fingerprint}
         self.state = ResidentState(cache.client, cache.geometry, self.device, cache.dtype, scope)
@@ -151,7 +154,7 @@ class SparseRequest:
         self.out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=self.n, prefix_id=self.prefix_id)
         self.out.standin_layers = layers.standins
         self.standins = {layer: owner.state.value_sum(self.prefix_id, layer, self.m, self.out) for layer in layers.standins}
-        self.selection = PeriodSelection(cfg, owner.state, self.prefix_id, self.m, None, self.out)
+        self.selection = PeriodSelection(cfg, owner.state, self.prefix_id, self.m, None, self.out, follow_top=owner.follow_top_auto)
         self.select_queries = cfg.selection.select_queries
         self.period_rows: torch.Tensor | None = None  # [period layers, 2, Hkv, rows, d] of the Period being run
 

@@ -74,6 +74,9 @@ class SelectionConfig:
     selector: str = "exact"  # exact | summary | full | recent (selection.SELECTORS)
     head_aggregation: str = "max"  # sum | max over query heads of each chunk's score (selection.heads)
     follow: int = 1  # each selected chunk brings this many chunks after it (selection.budget.select_chunks)
+    # > 0: only this many best-ranked chunks bring followers (0: every one); "auto": the runner's model's
+    # calibrated value (model.selection_profile), 0 for a model without one
+    follow_top: int | str = AUTO
     # page_chunks > 1: whole physical pages of that many chunks, each scored by its best chunk (LServe)
     page_chunks: int = 1
     # probe_bits 4 or 8: exact scores from probe keys quantized to that many bits, fetched once per prefix
@@ -92,6 +95,9 @@ class SelectionConfig:
             raise InvalidArgument("selector", f"unknown selector {self.selector!r}; known: {', '.join(sorted(SELECTORS))}")
         check_aggregation(self.head_aggregation)
         _int("follow", self.follow, 0)
+        top = self.follow_top
+        if top != AUTO and (isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 0):
+            raise InvalidArgument("follow_top", f'must be "auto" or an int >= 0, got {top!r}')
         _int("page_chunks", self.page_chunks, 1)
         check_probe_bits(self.probe_bits)
         _bool("per_head", self.per_head)

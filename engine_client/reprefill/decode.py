@@ -114,7 +114,7 @@ def _reselecting(runner, res, cfg: ReprefillConfig, kv, start, max_new_tokens, s
     sets = [sorted(int(c) for c in chunks.tolist()) for chunks in res.selected]
     tokens = [[min(geo.chunk_tokens, n - c * geo.chunk_tokens) for c in chunks] for chunks in sets]
     working = WorkingSet.from_loaded(res.layer_kv, [(l0, k) for l0, k, _ in plan.periods], sets, tokens)
-    selection = PeriodSelection(cfg, runner.state, prefix_id, m, runner.streaming_heads, res)
+    selection = PeriodSelection(cfg, runner.state, prefix_id, m, runner.streaming_heads, res, follow_top=runner.follow_top(cfg))
     head_sets = list(res.head_sets)  # per Period: each KV head's current chunks (per_head), on the host
     period_of = {layer: p for p, (l0, k, _) in enumerate(plan.periods) for layer in range(l0, l0 + k)}
     heads = runner.streaming_heads if cfg.attention.streaming else None

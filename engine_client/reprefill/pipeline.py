@@ -91,7 +91,9 @@ class Request:
             out.layer_kv = [None] * model.num_layers
         if cfg.attention.streaming or cfg.selection.per_head:
             out.row_masks = [None] * model.num_layers
-        self.selection = PeriodSelection(cfg, runner.state, self.prefix_id, self.m, runner.streaming_heads, out, layers=runner.layers)
+        self.selection = PeriodSelection(
+            cfg, runner.state, self.prefix_id, self.m, runner.streaming_heads, out, layers=runner.layers, follow_top=runner.follow_top(cfg)
+        )
         self.hints = bool(
             cfg.fetch.speculate and cfg.fetch.lookahead and choose is None and not self.selection.selector.loads_all and not budget.is_all
         )

@@ -37,6 +37,7 @@ from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 from ..client import KVStoreClient, as_numpy_kv
 from ..model.decoder import Decoder
+from ..model.selection_profile import packaged_selection
 from ..model.standins import packaged_standins
 from ..path_choice import PathHistory
 from ..prefill import chunked_prefill
@@ -118,6 +119,7 @@ class ModelRunner:
         probe_bits: int = 4,
         streaming_heads=None,
         standin_layers="shipped",
+        selection_profile="shipped",
         kv_quant: str = "",
         streaming_layout: bool = False,
         window_tail: bool | None = None,
@@ -133,6 +135,8 @@ class ModelRunner:
         ``standin_layers`` (``model.standins.StandinLayers``): the calibrated layers "auto" and "calibrated" read;
         by default ("shipped") the calibration the package ships for this model (matched by fingerprint), if any;
         None: none.
+        ``selection_profile`` (``model.selection_profile.SelectionProfile``): what ``follow_top="auto"``
+        reads; by default ("shipped") the profile the package ships for this model, if any; None: none.
         ``streaming_layout``: the prefixes it stores keep only the sink and recent rows of the streaming
         heads (LServe's second layout, ``stream_tail``); they serve streaming requests only.
         ``window_tail``: on a model with sliding-window layers, store its global layers as extents and each
@@ -145,6 +149,7 @@ class ModelRunner:
         self.streaming_heads = streaming_heads
         # the calibrated layers "auto" and "calibrated" read: by default those shipped for this model, if any
         self.standin_profile = packaged_standins(model) if standin_layers == "shipped" else standin_layers
+        self.selection_profile = packaged_selection(model) if selection_profile == "shipped" else selection_profile
         self.client = client
         self.namespace = namespace
         if streaming_layout and streaming_heads is None:
@@ -260,6 +265,13 @@ class ModelRunner:
                 "Re-Prefill runs without stand-in rows"
             )
         return layers
+
+    def follow_top(self, cfg: ReprefillConfig) -> int:
+        """The request's ``follow_top`` for this runner: "auto" is the model's selection profile's, 0 without one."""
+        top = cfg.selection.follow_top
+        if top != AUTO:
+            return top
+        return 0 if self.selection_profile is None else self.selection_profile.follow_top
 
     def plan(
         self, num_chunks: int, cfg: ReprefillConfig, budget: Budget, layers: Layers | None = None, *, num_tokens: int | None = None

@@ -13,21 +13,39 @@ import torch
 
 from ..selection import KEY_SUMMARIES, PROBE_KEYS, Budget, PeriodInputs, get_selector, select_chunks
 from ..selection.heads import kv_head_scores
-from .config import ReprefillConfig
+from .config import AUTO, ReprefillConfig
 from .state import ResidentState
 
 
 class PeriodSelection:
     """One request's selection, Period by Period (``cfg``'s selector over ``prefix_id``'s ``num_chunks`` chunks)."""
 
-    def __init__(self, cfg: ReprefillConfig, state: ResidentState, prefix_id: str, num_chunks: int, streaming_heads, out, *, layers=None):
-        """``layers`` (``window.StoredLayers``): the model layers the stored groups hold (every one: None)."""
+    def __init__(
+        self,
+        cfg: ReprefillConfig,
+        state: ResidentState,
+        prefix_id: str,
+        num_chunks: int,
+        streaming_heads,
+        out,
+        *,
+        layers=None,
+        follow_top=0,
+    ):
+        """``layers`` (``window.StoredLayers``): the model layers the stored groups hold (every one: None).
+        ``follow_top``: what ``follow_top="auto"`` is for the runner's model (``ModelRunner.follow_top``)."""
         sel = cfg.selection
         self.stored = (lambda layer: layer) if layers is None else layers.stored
         self.cfg, self.state, self.prefix_id, self.m, self.out = cfg, state, prefix_id, num_chunks, out
         self.selector = get_selector(sel.selector, sel.head_aggregation)
         self.streaming_heads = streaming_heads if cfg.attention.streaming else None
-        self.pick = dict(sink_chunks=sel.sink_chunks, local_chunks=sel.local_chunks, follow=sel.follow, page_chunks=sel.page_chunks)
+        self.pick = dict(
+            sink_chunks=sel.sink_chunks,
+            local_chunks=sel.local_chunks,
+            follow=sel.follow,
+            follow_top=follow_top if sel.follow_top == AUTO else sel.follow_top,
+            page_chunks=sel.page_chunks,
+        )
 
     def loads_all(self, budget: Budget) -> bool:
         return self.selector.loads_all or budget.is_all or (budget.unit == "chunks" and budget.value == self.m)

@@ -105,6 +105,11 @@ MODIFIERS: dict[str, tuple[str, object, str]] = {
     "period": ("period_layers", int, "layers sharing one selection (a multiple of the stored group)"),
     "heads": ("head_aggregation", str, "sum | max: how query heads' scores combine"),
     "follow": ("follow", int, "chunks each selected chunk brings after it"),
+    "follow-top": (
+        "follow_top",
+        lambda v: v if v == AUTO else int(v),
+        "auto | N: only the N best-ranked chunks bring followers (0: every one)",
+    ),
     "pages": ("page_chunks", int, "select whole pages of this many chunks (LServe)"),
     "probes": ("probe_bits", int, "4 | 8 | 0: probe keys quantized and resident, or full precision per Period"),
     "per-head": ("per_head", _switch, "each KV head its own set (LServe)"),

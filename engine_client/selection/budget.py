@@ -129,6 +129,7 @@ def select_chunks(
     sink_chunks: int = 1,
     local_chunks: int = 1,
     follow: int = 0,
+    follow_top: int = 0,
     page_chunks: int = 1,
 ) -> torch.Tensor:
     """Chunk ids to load, ascending ``LongTensor`` of exactly ``budget_count`` ids, on the host.
@@ -141,6 +142,10 @@ def select_chunks(
     score order, until the budget is spent.  A question's queries find the
     text that names what it asks for ("the number for Lagos is"); the answer
     is the tokens after it, often across a chunk boundary, and scores less.
+    ``follow_top = n > 0``: only the ``n`` best-ranked chunks bring theirs,
+    the rest of the budget goes to chunks by score alone (a question that
+    restates a sentence in other words needs the sentence and what scores
+    near it, not the text after each of them; docs/accuracy.md).
 
     ``page_chunks = P > 1`` (LServe's hierarchical pages): the chunks are
     logical pages, grouped into physical pages of ``P`` consecutive chunks
@@ -153,6 +158,7 @@ def select_chunks(
     if scores.dim() != 1:
         raise InvalidArgument("scores", f"expected [chunks], got shape {tuple(scores.shape)}")
     follow = _check_count("follow", follow, 0)
+    follow_top = _check_count("follow_top", follow_top, 0)
     page_chunks = _check_count("page_chunks", page_chunks, 1)
     if follow and page_chunks > 1:
         raise InvalidArgument("page_chunks", f"selects whole pages; it does not combine with follow={follow}")
@@ -176,7 +182,10 @@ def select_chunks(
     else:
         candidates = np.flatnonzero(~forced)
         ranked = candidates[np.argsort(-host[candidates], kind="stable")]  # a stable sort: ties -> lower index
-        taken = ranked[:num_rest] if follow == 0 else _with_followers(ranked.tolist(), forced.tolist(), num_rest, follow)
+        if follow == 0:
+            taken = ranked[:num_rest]
+        else:
+            taken = _with_followers(ranked.tolist(), forced.tolist(), num_rest, follow, follow_top)
     chosen = np.sort(np.concatenate([np.flatnonzero(forced), np.asarray(taken, dtype=np.int64)]))
     return torch.from_numpy(chosen.astype(np.int64))  # on the host: the ids go to the daemon
 
@@ -203,13 +212,15 @@ def page_scores(scores: torch.Tensor, page_chunks: int) -> torch.Tensor:
     return padded.reshape(-1, page_chunks).amax(dim=1)
 
 
-def _with_followers(order: list[int], forced: list[bool], num_rest: int, follow: int) -> list[int]:
-    """The first ``num_rest`` chunks of ``order``, each followed by up to ``follow`` non-forced successors."""
+def _with_followers(order: list[int], forced: list[bool], num_rest: int, follow: int, top: int = 0) -> list[int]:
+    """The first ``num_rest`` chunks of ``order``, each of its first ``top`` (every one: 0) followed by up to
+    ``follow`` non-forced successors."""
     m = len(forced)
     taken: list[int] = []
     seen = set()
-    for c in order:
-        for j in range(c, min(m, c + follow + 1)):
+    for i, c in enumerate(order):
+        last = c + follow + 1 if top == 0 or i < top else c + 1
+        for j in range(c, min(m, last)):
             if len(taken) == num_rest:
                 return taken
             if not forced[j] and j not in seen:

@@ -266,6 +266,9 @@ def run_text_accuracy(args) -> dict:
     streams = any(name == "full-streaming" for name, _, _ in paths) or any(cfg.attention.streaming for cfg in configs.values())
     args.streaming_heads = zoo.streaming_heads(pm) if streams else None
     args.standin_profile = calibrated_profile(pm, configs.values(), getattr(args, "standin_layers", None))
+    from engine_client.model.selection_profile import packaged_selection
+
+    selection = packaged_selection(pm.decoder)  # what follow_top="auto" reads in the runners below
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
     seconds = time.perf_counter() - start
@@ -314,6 +317,7 @@ def run_text_accuracy(args) -> dict:
         "seconds": seconds,
         **({"streaming_heads": _profile_summary(args.streaming_heads)} if args.streaming_heads else {}),
         **({"standin_layers": standin_summary(args.standin_profile)} if args.standin_profile else {}),
+        **({"selection_profile": {"follow_top": selection.follow_top}} if selection else {}),
         "paths": results,
     }
 

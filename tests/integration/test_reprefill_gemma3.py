@@ -15,6 +15,7 @@ from pretrained import needs_gemma3
 from engine_client.client import KVStoreClient
 from engine_client.generation import dense_generate
 from engine_client.model import zoo
+from engine_client.model.selection_profile import packaged_selection
 from engine_client.model.standins import packaged_standins
 from engine_client.reprefill import ModelRunner, ReprefillConfig
 from engine_client.selection import window_chunk_count
@@ -44,6 +45,10 @@ def test_full_budget_is_dense_and_ten_percent_answers_the_pass_key(daemon, gemma
         full = runner.reprefill(handle.prefix_id, ex.suffix_tokens, ReprefillConfig().replace(budget=1.0, report_attention=False))
         cfg = ReprefillConfig().replace(budget=0.10)
         gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, 8, tokenizer=gemma3.tokenizer)
+        # the shipped selection profile: only the best chunk of a global layer brings the chunk after it
+        assert runner.selection_profile == packaged_selection(model) and runner.follow_top(cfg) == 1
+        explicit = runner.reprefill(handle.prefix_id, ex.suffix_tokens, cfg.replace(follow_top=1, report_attention=False))
+        assert [c.tolist() for c in explicit.selected] == [c.tolist() for c in gen.reprefill.selected]
     dense = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, 8, tokenizer=gemma3.tokenizer)
     torch.testing.assert_close(full.logits, dense.first_logits, rtol=1e-4, atol=5e-4)
     assert ex.is_correct(dense.text) and ex.is_correct(gen.text), (ex.depth, dense.text, gen.text)

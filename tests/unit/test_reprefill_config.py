@@ -38,6 +38,7 @@ def test_the_default_is_the_system_that_keeps_the_answer():
     assert cfg == parse_system(DEFAULT_SYSTEM)
     sel = cfg.selection
     assert (sel.selector, sel.head_aggregation, sel.follow, sel.probe_bits) == ("exact", "max", 1, 4)
+    assert sel.follow_top == "auto"  # the model's selection profile (model.selection_profile), 0 without one
     assert cfg.schedule.period_layers == 1 and cfg.attention.standin_layers == "auto" and cfg.budget == Budget.fraction(0.05)
     assert cfg.uses_calibrated_layers and not cfg.needs_calibrated_layers  # without a calibration file: no stand-ins, said once
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -50,6 +51,9 @@ def test_the_default_is_the_system_that_keeps_the_answer():
         ({"selector": "oracle"}, "selector"),
         ({"head_aggregation": "mean"}, "head_aggregation"),
         ({"follow": -1}, "follow"),
+        ({"follow_top": -1}, "follow_top"),
+        ({"follow_top": "calibrated"}, "follow_top"),
+        ({"follow_top": True}, "follow_top"),
         ({"page_chunks": 4}, "page_chunks"),  # with the default follow=1
         ({"probe_bits": 3}, "probe_bits"),
         ({"selector": "summary"}, "probe_bits"),  # the default's 4-bit keys serve exact only: said, not ignored
@@ -105,7 +109,19 @@ def test_modifiers_set_one_thing_each_and_bases_name_the_rest():
         ReprefillConfig().fetch, speculate=False, overlap=False
     )
     assert set(BASES) >= set(SELECTORS) | {"ckv", "quest", "lserve", "loopserve"}
-    for bad in ("oracle", "ckv+nope", "ckv+follow", "ckv+query=first:3", "ckv+streaming=maybe", "", "ckv+first=half"):
+    assert parse_system("ckv+follow-top=1").selection.follow_top == 1 and parse_system("ckv+follow-top=auto") == parse_system("ckv")
+    with pytest.raises(InvalidArgument, match="follow_top"):
+        parse_system("ckv+follow-top=-1")
+    for bad in (
+        "oracle",
+        "ckv+nope",
+        "ckv+follow",
+        "ckv+follow-top=some",
+        "ckv+query=first:3",
+        "ckv+streaming=maybe",
+        "",
+        "ckv+first=half",
+    ):
         with pytest.raises(InvalidArgument) as err:
             parse_system(bad)
         assert err.value.field == "system" and "\n" not in str(err.value)

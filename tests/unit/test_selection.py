@@ -241,8 +241,11 @@ def test_select_chunks_properties(m, sink, local, data):
     assert set(chosen) - forced == set(rest[: count - len(forced)])
 
 
-def _reference_with_followers_and_pages(scores: list[float], count: int, sink: int, local: int, follow: int, page: int) -> list[int]:
-    """select_chunks spelled out in plain Python: rank by (-score, index), pages by (-max, page)."""
+def _reference_with_followers_and_pages(
+    scores: list[float], count: int, sink: int, local: int, follow: int, page: int, top: int = 0
+) -> list[int]:
+    """select_chunks spelled out in plain Python: rank by (-score, index), pages by (-max, page); with ``top``,
+    only the first ``top`` chunks of the ranking bring followers."""
     m = len(scores)
     forced = set(range(min(sink, m))) | set(range(m - min(local, m), m))
     rest = count - len(forced)
@@ -252,8 +255,10 @@ def _reference_with_followers_and_pages(scores: list[float], count: int, sink: i
         taken = order[:rest]
     else:
         taken = []
-        for c in sorted((j for j in range(m) if j not in forced), key=lambda j: (-scores[j], j)):
-            for j in range(c, min(m, c + follow + 1)):
+        ranking = sorted((j for j in range(m) if j not in forced), key=lambda j: (-scores[j], j))
+        for rank, c in enumerate(ranking):
+            brings = follow if top == 0 or rank < top else 0
+            for j in range(c, min(m, c + brings + 1)):
                 if len(taken) < rest and j not in forced and j not in taken:
                     taken.append(j)
     return sorted(forced | set(taken))
@@ -261,18 +266,26 @@ def _reference_with_followers_and_pages(scores: list[float], count: int, sink: i
 
 @settings(max_examples=300, deadline=None)
 @given(
-    m=st.integers(1, 90), sink=st.integers(0, 2), local=st.integers(0, 2), follow=st.integers(0, 2), page=st.integers(1, 4), data=st.data()
+    m=st.integers(1, 90),
+    sink=st.integers(0, 2),
+    local=st.integers(0, 2),
+    follow=st.integers(0, 2),
+    top=st.integers(0, 3),
+    page=st.integers(1, 4),
+    data=st.data(),
 )
-def test_select_chunks_with_followers_and_pages_matches_the_plain_python_reference(m, sink, local, follow, page, data):
+def test_select_chunks_with_followers_and_pages_matches_the_plain_python_reference(m, sink, local, follow, top, page, data):
     if follow and page > 1:
         page = 1
     budget = data.draw(st.integers(1, m))
     values = data.draw(st.lists(st.integers(-2, 2), min_size=m, max_size=m))  # many ties
     dtype = data.draw(st.sampled_from([torch.float32, torch.bfloat16, torch.float64]))
-    chosen = select_chunks(torch.tensor(values, dtype=dtype), budget, sink_chunks=sink, local_chunks=local, follow=follow, page_chunks=page)
+    chosen = select_chunks(
+        torch.tensor(values, dtype=dtype), budget, sink_chunks=sink, local_chunks=local, follow=follow, follow_top=top, page_chunks=page
+    )
     assert chosen.dtype == torch.long and chosen.device.type == "cpu"
     count = budget_count(m, budget, sink, local)
-    assert chosen.tolist() == _reference_with_followers_and_pages([float(v) for v in values], count, sink, local, follow, page)
+    assert chosen.tolist() == _reference_with_followers_and_pages([float(v) for v in values], count, sink, local, follow, page, top)
 
 
 @pytest.mark.parametrize("budget", [0, -1, 0.0, -0.1, 1.5, float("nan"), float("inf"), 11, True, "5%", None])

@@ -140,6 +140,18 @@ def test_follow_takes_each_top_chunk_with_the_chunk_after_it():
     assert select_chunks(scores, 5, follow=2).tolist() == [0, 3, 4, 5, 9]
 
 
+def test_follow_top_gives_followers_to_the_best_chunks_only():
+    scores = torch.tensor([0.0, 5, 1, 9, 0, 2, 3, 0, 0, 0])  # ranked 3, 1, 6, 5, 2, ...
+    assert select_chunks(scores, 6).tolist() == [0, 1, 3, 5, 6, 9]  # plain: the four best
+    assert select_chunks(scores, 6, follow=1).tolist() == [0, 1, 2, 3, 4, 9]  # 3 then 4, 1 then 2
+    assert select_chunks(scores, 6, follow=1, follow_top=1).tolist() == [0, 1, 3, 4, 6, 9]  # 3 then 4, then 1 and 6 alone
+    assert select_chunks(scores, 7, follow=1, follow_top=2).tolist() == [0, 1, 2, 3, 4, 6, 9]  # 3 then 4, 1 then 2, 6
+    assert select_chunks(scores, 6, follow=1, follow_top=0).tolist() == select_chunks(scores, 6, follow=1).tolist()
+    assert select_chunks(scores, 6, follow_top=1).tolist() == select_chunks(scores, 6).tolist()  # nothing to bring
+    with pytest.raises(InvalidArgument, match="follow_top"):
+        select_chunks(scores, 5, follow=1, follow_top=-1)
+
+
 def test_follow_never_counts_a_forced_or_repeated_chunk():
     scores = torch.tensor([0.0, 0, 0, 0, 0, 0, 7, 8, 1, 0])  # 8's follower is the local chunk
     assert select_chunks(scores, 5, follow=1).tolist() == [0, 6, 7, 8, 9]

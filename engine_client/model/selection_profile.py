@@ -1,0 +1,80 @@
+"""Per-model selection choices: how a model's Re-Prefill picks chunks where one rule does not serve every model.
+
+``SelectionConfig.follow_top`` defaults to ``"auto"``: the value calibrated
+for the runner's model, 0 (every selected chunk brings the chunk after it)
+for a model without one.  The choice differs by model, measured on tuning
+prompts (``python -m kvstore_tools.selection_study``, 5%, teacher-forced):
+
+- on Gemma 3 270M (three global layers, six chunks each at 2048 tokens),
+  pairs everywhere keep 11 of 40 prose questions against 16 for the full
+  KV, and no pairs 15, while NIAH needs the chunk after the needle's
+  (no pairs: 25 of 40, pairs: 40); pairing only the best chunk keeps 14
+  and 40 (docs/serving.md);
+- SmolLM2-135M keeps its calibrated default (pairs everywhere), which its
+  accuracy tables were measured with.
+
+``SelectionProfile`` is that choice with how it was made, a JSON file
+(``version``ed) shipped in ``calibrations/`` as
+``<model>-<dtype>.selection.json`` and matched by the model's fingerprint,
+like the stand-in layers (``model.standins``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .profile_file import ProfileError, read_profile_text
+
+PROFILE_VERSION = 1
+PACKAGED = Path(__file__).with_name("calibrations")
+
+
+@dataclass(frozen=True)
+class SelectionProfile:
+    model_fingerprint: str
+    follow_top: int  # only this many best-ranked chunks bring followers (0: every one)
+    calibration: dict = field(default_factory=dict)  # how it was chosen: tasks, seeds, tokens, budget, answers kept
+    version: int = PROFILE_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_json(cls, text: str, *, model_fingerprint: str | None = None) -> SelectionProfile:
+        try:
+            raw = json.loads(text)
+            if raw.get("version") != PROFILE_VERSION:
+                raise ProfileError(f"selection profile version {raw.get('version')!r}, this reader knows {PROFILE_VERSION}")
+            top = raw["follow_top"]
+            if isinstance(top, bool) or not isinstance(top, int) or top < 0:
+                raise ValueError(f"follow_top must be an integer >= 0, got {top!r}")
+            prof = cls(model_fingerprint=str(raw["model_fingerprint"]), follow_top=top, calibration=dict(raw.get("calibration", {})))
+        except ProfileError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise ProfileError(f"selection profile is malformed: {exc}") from None
+        if model_fingerprint and prof.model_fingerprint != model_fingerprint:
+            raise ProfileError(
+                f"selection profile was made for model {prof.model_fingerprint[:12]}, not this one ({model_fingerprint[:12]})"
+            )
+        return prof
+
+    @classmethod
+    def load(cls, path, *, model=None) -> SelectionProfile:
+        """Read ``path``; with ``model`` (a ``Decoder``), refuse a file made for another model."""
+        text = read_profile_text(path, "selection profile")
+        return cls.from_json(text, model_fingerprint=None if model is None else model.fingerprint)
+
+
+def packaged_selection(model) -> SelectionProfile | None:
+    """The selection profile shipped for ``model`` (a ``Decoder``, matched by fingerprint), or None."""
+    for path in sorted(PACKAGED.glob("*.selection.json")):
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if raw.get("model_fingerprint") == model.fingerprint:
+            return SelectionProfile.load(path, model=model)
+    return None

@@ -1,0 +1,61 @@
+"""Per-model selection choices: the shipped profile, the file's refusals, and what "auto" resolves to."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engine_client.model import zoo
+from engine_client.model.selection_profile import PACKAGED, PROFILE_VERSION, SelectionProfile, packaged_selection
+from engine_client.model.standins import ProfileError
+from engine_client.reprefill import ModelRunner, ReprefillConfig
+
+GEMMA = PACKAGED / "gemma3-270m-float32.selection.json"
+
+
+def test_the_profile_shipped_for_gemma3_pairs_only_the_best_chunk_and_says_how_it_was_chosen():
+    raw = json.loads(GEMMA.read_text())
+    standins = json.loads((PACKAGED / "gemma3-270m-float32.standin_layers.json").read_text())
+    assert raw["model_fingerprint"] == standins["model_fingerprint"]  # the same model the stand-in calibration is for
+    prof = packaged_selection(SimpleNamespace(fingerprint=raw["model_fingerprint"]))
+    assert prof is not None and prof.follow_top == 1 and prof.calibration["stream"] == "tune"
+    assert packaged_selection(SimpleNamespace(fingerprint="0" * 64)) is None
+
+
+def test_a_runner_resolves_auto_from_its_model_s_profile_and_an_explicit_value_wins():
+    pm = zoo.load("smollm2-135m", dtype=torch.float32)
+    runner = ModelRunner(pm.decoder, client=None)
+    assert runner.selection_profile is None and runner.follow_top(ReprefillConfig()) == 0  # SmolLM2: every chunk pairs
+    assert runner.follow_top(ReprefillConfig().replace(follow_top=3)) == 3
+    made = SelectionProfile(pm.decoder.fingerprint, 2)
+    runner = ModelRunner(pm.decoder, client=None, selection_profile=made)
+    assert runner.follow_top(ReprefillConfig()) == 2 and runner.follow_top(ReprefillConfig().replace(follow_top=0)) == 0
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"version": 9}, "version 9"),
+        ({"follow_top": -1}, "follow_top must be an integer >= 0"),
+        ({"follow_top": "1"}, "follow_top must be an integer >= 0"),
+        ({"follow_top": True}, "follow_top must be an integer >= 0"),
+        ({"model_fingerprint": None, "follow_top": None}, "malformed"),
+    ],
+)
+def test_a_damaged_profile_is_one_clear_error(change, message):
+    raw = {"model_fingerprint": "ab" * 32, "follow_top": 1, "calibration": {}, "version": PROFILE_VERSION, **change}
+    with pytest.raises(ProfileError, match=message):
+        SelectionProfile.from_json(json.dumps(raw))
+    with pytest.raises(ProfileError, match="malformed"):
+        SelectionProfile.from_json("{not json")
+
+
+def test_a_profile_for_another_model_is_refused(tmp_path):
+    path = tmp_path / "p.selection.json"
+    path.write_text(SelectionProfile("ab" * 32, 1).to_json())
+    assert SelectionProfile.load(path).follow_top == 1
+    with pytest.raises(ProfileError, match="made for model abababababab, not this one"):
+        SelectionProfile.load(path, model=SimpleNamespace(fingerprint="cd" * 32))
+    with pytest.raises(ProfileError, match="no selection profile file"):
+        SelectionProfile.load(tmp_path / "missing.json")
