@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -34,3 +35,19 @@ def read_profile_text(path, what: str) -> str:
         return path.read_text()
     except FileNotFoundError:
         raise ProfileError(f"no {what} file at {path}") from None
+
+
+PACKAGED = Path(__file__).with_name("calibrations")  # calibrations shipped with the package, ``<model>-<dtype>.<kind>.json``
+
+
+def packaged_path(pattern: str, fingerprint: str) -> Path | None:
+    """The shipped calibration file matching ``pattern`` (a glob in ``PACKAGED``) made for the model of
+    ``fingerprint``, or None; files that cannot be read as JSON are passed over (the loader says why)."""
+    for path in sorted(PACKAGED.glob(pattern)):
+        try:
+            raw = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(raw, dict) and raw.get("model_fingerprint") == fingerprint:
+            return path
+    return None

@@ -23,12 +23,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
-from .profile_file import ProfileError, read_profile_text
+from .profile_file import ProfileError, packaged_path, read_profile_text
 
 PROFILE_VERSION = 1
-PACKAGED = Path(__file__).with_name("calibrations")
 
 
 @dataclass(frozen=True)
@@ -70,11 +68,5 @@ class SelectionProfile:
 
 def packaged_selection(model) -> SelectionProfile | None:
     """The selection profile shipped for ``model`` (a ``Decoder``, matched by fingerprint), or None."""
-    for path in sorted(PACKAGED.glob("*.selection.json")):
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if raw.get("model_fingerprint") == model.fingerprint:
-            return SelectionProfile.load(path, model=model)
-    return None
+    path = packaged_path("*.selection.json", model.fingerprint)
+    return None if path is None else SelectionProfile.load(path, model=model)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .profile_file import ProfileError, read_profile_text, write_text_atomic
+from .profile_file import ProfileError, packaged_path, read_profile_text, write_text_atomic
 
 PROFILE_FILE = "standin_layers.json"
 PROFILE_VERSION = 1
@@ -117,9 +117,6 @@ def _check(prof: StandinLayers, fingerprint, num_layers) -> None:
         raise ProfileError(f"stand-in layers file has gains for {depth} layers, the model {num_layers}")
 
 
-PACKAGED = Path(__file__).with_name("calibrations")  # calibrations shipped with the package, ``<model>-<dtype>.standin_layers.json``
-
-
 def packaged_standins(model) -> StandinLayers | None:
     """The stand-in layers shipped for ``model`` (a ``Decoder``, matched by fingerprint), or None.
 
@@ -127,11 +124,5 @@ def packaged_standins(model) -> StandinLayers | None:
     ``calibrate-standins`` on NIAH at 2048 tokens) gets the accurate default
     with nothing to run first.
     """
-    for path in sorted(PACKAGED.glob("*.standin_layers.json")):
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if raw.get("model_fingerprint") == model.fingerprint:
-            return StandinLayers.load(path, model=model)
-    return None
+    path = packaged_path("*.standin_layers.json", model.fingerprint)
+    return None if path is None else StandinLayers.load(path, model=model)

@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from engine_client.model import zoo
-from engine_client.model.selection_profile import PACKAGED, PROFILE_VERSION, SelectionProfile, packaged_selection
+from engine_client.model.profile_file import PACKAGED
+from engine_client.model.selection_profile import PROFILE_VERSION, SelectionProfile, packaged_selection
 from engine_client.model.standins import ProfileError
 from engine_client.reprefill import ModelRunner, ReprefillConfig
 
