@@ -23,7 +23,7 @@ take the answer's margin, where stand-in rows go (``engine_client.standin``).
 layers, their values the mean of the rows left out per KV head (as the
 runner does) and, to compare, per 16-token chunk.
 
-A rule is ``P<period layers>[+follow][+nolocal][+cum]-<scorer>``
+A rule is ``P<period layers>[+follow][+nolocal][+cum][+first<f>][+lead<n>]-<scorer>``
 (``+nolocal``: the last chunk is not forced into the set, its place goes
 to the scores; ``+cum``: each selection ranks by the mass summed over every
 scored layer so far, each layer's normalised to one; ``+first<f>``: the
@@ -87,7 +87,7 @@ def parse_rule(rule: str):
         first = float(m[5][6:]) if m[5] else None
         lead = int(m[6][5:]) if m[6] else None
         return ("select", int(m[1]), 1 if m[2] or lead else 0, m[7], 0 if m[3] else 1, bool(m[4]), first, lead)
-    raise ValueError(f"rule {rule!r}: expected P<layers>[+follow][+nolocal][+cum]-<scorer> or drop<a>-<b>")
+    raise ValueError(f"rule {rule!r}: expected P<layers>[+follow][+nolocal][+cum][+first<f>][+lead<n>]-<scorer> or drop<a>-<b>")
 
 
 @torch.inference_mode()

@@ -145,7 +145,7 @@ def select_chunks(
     ``follow_top = n > 0``: only the ``n`` best-ranked chunks bring theirs,
     the rest of the budget goes to chunks by score alone (a question that
     restates a sentence in other words needs the sentence and what scores
-    near it, not the text after each of them; docs/accuracy.md).
+    near it, not the text after each of them; docs/serving.md, Gemma 3).
 
     ``page_chunks = P > 1`` (LServe's hierarchical pages): the chunks are
     logical pages, grouped into physical pages of ``P`` consecutive chunks
