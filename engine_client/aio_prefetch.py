@@ -30,6 +30,7 @@ import numpy as np
 
 from kvstore.contract import PrefetchStats, pb, prefetch_stats_from_pb
 
+from .aio_rpc import DaemonStatus
 from .prefetch import STREAM_END, PrefetchState, ended_early, hint_request, open_request
 from .rpc import KVStoreRpcError
 
@@ -78,6 +79,7 @@ class AsyncPrefetchStream(PrefetchState):
         )
         try:
             self._call = self._client.stub.Prefetch(**self._client._kw(timeout))
+            self._status = DaemonStatus(self._call)
             self._reader = asyncio.create_task(self._read(), name="kvstore-prefetch-reader")
             await self._write(req)
             self._start((await self._message()).header, session)
@@ -98,7 +100,7 @@ class AsyncPrefetchStream(PrefetchState):
         try:
             await self._call.write(req)
         except (grpc.RpcError, asyncio.InvalidStateError):
-            pass  # the call has ended: the reader has its status, raised by the next read
+            pass  # the call has ended: the reader has its status (aio_rpc.DaemonStatus), raised by the next read
 
     async def send(self, period: int, chunks) -> None:
         """This period's chunk set (any order; the daemon validates it).  Groups whose set lies within what
@@ -137,7 +139,7 @@ class AsyncPrefetchStream(PrefetchState):
                 self._inbox.put_nowait(msg)
             self._inbox.put_nowait(STREAM_END)
         except grpc.RpcError as exc:
-            self._inbox.put_nowait(KVStoreRpcError.of(exc))
+            self._inbox.put_nowait(await self._status.error(exc))
         except asyncio.CancelledError:  # the call was cancelled (``cancel``)
             self._inbox.put_nowait(KVStoreRpcError(grpc.StatusCode.CANCELLED, "the Prefetch stream was cancelled"))
         except BaseException as exc:  # noqa: BLE001 - raised in the caller's task

@@ -8,6 +8,12 @@ sends a client stream once (a put restarts whole, ``with_put_retries``);
 ``astream`` starts a server stream again only while none of its messages
 has arrived.  Every failure is ``KVStoreRpcError``; gRPC's own retries are
 off (``CHANNEL_OPTIONS``).
+
+A write that meets a call the daemon has just ended makes ``grpc.aio`` mark
+the call ``INTERNAL`` ("Internal error from Core"), and the daemon's own
+status, which may have come first, is lost to it; ``DaemonStatus`` keeps
+the daemon's, so a client stream that wrote after a refusal raises the
+refusal.
 """
 
 from __future__ import annotations
@@ -18,6 +24,48 @@ import time
 import grpc
 
 from .rpc import PUT_ATTEMPTS, KVStoreRpcError, backoff, retry_delay, retryable
+
+CORE_WRITE_ERROR = (grpc.StatusCode.INTERNAL, "Internal error from Core")
+STATUS_WAIT_S = 2.0  # bounds the wait for a status that comes after a failed write's (it comes at once)
+
+
+def _finished(coro):
+    """The value of a coroutine that returns without waiting (a finished call's ``code()``, ``details()``)."""
+    try:
+        coro.send(None)
+    except StopIteration as stop:
+        return stop.value
+    coro.close()
+    return None
+
+
+class DaemonStatus:
+    """The daemon's status for ``call``, kept as it is set.
+
+    A write that fails because the daemon has just ended the call makes
+    ``grpc.aio`` set the call's status to INTERNAL ("Internal error from
+    Core"), before or after the daemon's own status arrives; the call keeps
+    whichever came last.  Every status set runs the call's done callbacks,
+    so this one sees both and keeps the daemon's."""
+
+    def __init__(self, call):
+        self.status: tuple[grpc.StatusCode, str] | None = None
+        call.add_done_callback(self._set)
+
+    def _set(self, call) -> None:
+        status = (_finished(call.code()), _finished(call.details()) or "")
+        if self.status is None and status != CORE_WRITE_ERROR:
+            self.status = status
+
+    async def error(self, exc: grpc.RpcError) -> KVStoreRpcError:
+        """``exc`` as KVStoreRpcError, with the daemon's status in place of a failed write's."""
+        if (exc.code(), exc.details()) == CORE_WRITE_ERROR:
+            deadline = time.monotonic() + STATUS_WAIT_S
+            while self.status is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            if self.status is not None:
+                return KVStoreRpcError(*self.status)
+        return KVStoreRpcError.of(exc)
 
 
 async def acall(fn, request, *, timeout: float | None = None, metadata=None):
@@ -38,10 +86,12 @@ async def acall(fn, request, *, timeout: float | None = None, metadata=None):
 
 async def acall_once(fn, requests, *, timeout: float | None = None, metadata=None):
     """A client-streaming call, sent once (it cannot be replayed); its failure as KVStoreRpcError."""
+    call = fn(requests, timeout=timeout, metadata=metadata)
+    status = DaemonStatus(call)
     try:
-        return await fn(requests, timeout=timeout, metadata=metadata)
+        return await call
     except grpc.RpcError as exc:
-        raise KVStoreRpcError.of(exc) from None
+        raise await status.error(exc) from None
 
 
 async def astream(fn, request, *, timeout: float, metadata=None):

@@ -17,8 +17,9 @@ from test_client_recovery import SLACK_S, stalled_socket  # noqa: F401 - the sta
 from test_pages import make_pages, page_keys
 
 from engine_client.aio import AsyncKVStoreClient
+from engine_client.aio_rpc import CORE_WRITE_ERROR, DaemonStatus
 from engine_client.client import KVStoreClient, KVStoreRpcError, to_torch
-from engine_client.prefetch import PrefetchStream
+from engine_client.prefetch import PrefetchStream, hint_request, open_request
 from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 GEO = GEOMETRIES[0]  # 5 layers in groups of 2, one head, head dim 1, bf16
@@ -428,3 +429,32 @@ def test_prefetch_errors_are_the_synchronous_streams(daemon):
         assert got["unknown prefix"][0] == grpc.StatusCode.NOT_FOUND
         assert got["out of order"] == (grpc.StatusCode.INVALID_ARGUMENT, got["out of order"][1])
         assert "periods are sent in order: expected 0, got 1" in got["out of order"][1]
+
+
+def test_a_write_that_meets_a_refused_stream_leaves_the_daemons_status(daemon):
+    """grpc.aio replaces a call's status with INTERNAL ("Internal error from Core") when a write's batch
+    fails because the daemon has just ended the call; ``DaemonStatus`` keeps the daemon's refusal.  The
+    failing write is made here by grpc.aio's own step, after the refusal has arrived, as it happens
+    under load when the write was already in flight."""
+    with KVStoreClient(daemon.target) as sync:
+        pid = sync.put_prefix(make_tokens(70, 11), make_kv(GEO, 70, 11), GEO).prefix_id
+
+    async def main():
+        async with AsyncKVStoreClient(daemon.target, shm=False) as client:
+            call = client.stub.Prefetch(timeout=30)
+            status = DaemonStatus(call)
+            await call.write(open_request(pid, session_id=0, period_layers=2, speculate=False, coalesce=True, hints=False, push=False))
+            await call.write(hint_request(0, [1]))
+            with pytest.raises(grpc.RpcError) as refused:
+                while await call.read() is not grpc.aio.EOF:
+                    pass
+            call._cython_call.set_internal_error('Failed "execute_batch": (SendMessageOperation,)')
+            with pytest.raises(grpc.RpcError) as after:
+                await call.read()
+            return refused.value, after.value, await status.error(after.value)
+
+    refused, after, error = run(main())
+    want = (grpc.StatusCode.INVALID_ARGUMENT, "hint: the stream was not opened with open.hints")
+    assert (refused.code(), refused.details()) == want
+    assert (after.code(), after.details()) == CORE_WRITE_ERROR  # what the call alone would raise
+    assert (error.code, error.message) == want
