@@ -2,9 +2,10 @@
 
 Replaying a recorded Re-Prefill request against a real daemon, the client's
 CPU compute is replaced by the time an accelerator would need per layer.
-This module gives that time for one Llama/Qwen2 decoder layer
+This module gives that time for one Llama/Qwen2/Gemma 3 decoder layer
 (``ModelConfig``) running ``new_tokens`` tokens over ``context_rows`` loaded
-KV rows:
+KV rows, a sliding layer's queries each seeing at most its ``window`` rows
+(``model_seconds``: every layer of a model, each with its own kind):
 
 * ``layer_flops``: matmul FLOPs (2 per multiply-add) of the q/k/v/o
   projections, of attention (``q . k`` and ``p x v``, causal over the new
@@ -216,33 +217,47 @@ def _check_shape(config: ModelConfig, new_tokens: int, context_rows: int) -> Non
             raise InvalidArgument(field, f"must be an int >= {low}, got {value!r}")
 
 
-def attention_pairs(new_tokens: int, context_rows: int) -> int:
-    """Query-key pairs per query head: new token ``i`` sees ``context_rows + i + 1`` rows."""
-    return new_tokens * context_rows + new_tokens * (new_tokens + 1) // 2
+def attention_pairs(new_tokens: int, context_rows: int, window: int | None = None) -> int:
+    """Query-key pairs per query head: new token ``i`` sees ``context_rows + i + 1`` rows, at most ``window``
+    of them in a sliding layer."""
+    if window is None:
+        return new_tokens * context_rows + new_tokens * (new_tokens + 1) // 2
+    k = max(0, min(new_tokens, window - context_rows))  # the tokens that see fewer rows than the window
+    return k * context_rows + k * (k + 1) // 2 + (new_tokens - k) * window
 
 
-def layer_flops(config: ModelConfig, new_tokens: int, context_rows: int) -> LayerCost:
+def _window(window) -> int | None:
+    if window is not None and (isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1):
+        raise InvalidArgument("window", f"must be a positive int or None, got {window!r}")
+    return window
+
+
+def layer_flops(config: ModelConfig, new_tokens: int, context_rows: int, window: int | None = None) -> LayerCost:
     """Matmul FLOPs of one layer (2 per multiply-add); norms, RoPE, softmax, SiLU and bias adds excluded."""
     _check_shape(config, new_tokens, context_rows)
+    window = _window(window)
     c, s = config, new_tokens
     hq, hkv, d, h = c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.hidden_size
     projections = 2 * s * h * (hq + 2 * hkv) * d + 2 * s * hq * d * h
-    attention = 4 * hq * d * attention_pairs(s, context_rows)  # 2 for q . k, 2 for p x v, per pair and head dim
+    attention = 4 * hq * d * attention_pairs(s, context_rows, window)  # 2 for q . k, 2 for p x v, per pair and head dim
     mlp = 2 * s * 3 * h * c.intermediate_size
     return LayerCost(float(projections), float(attention), float(mlp))
 
 
-def layer_bytes(config: ModelConfig, new_tokens: int, context_rows: int, dtype_bytes: int = 2) -> LayerCost:
+def layer_bytes(config: ModelConfig, new_tokens: int, context_rows: int, dtype_bytes: int = 2, window: int | None = None) -> LayerCost:
     """HBM bytes of one layer: weights once, K/V read and written, matmul activations read and written once.
 
     Approximation: every matmul reads its input and writes its output once
     (no fusion, no cache reuse); attention reads q and the
     ``context_rows + new_tokens`` K/V rows of every KV head once (a fused
     kernel; GQA query heads share the read), writes its output, and writes
-    the new tokens' K/V into the cache.  Elementwise passes (norms, RoPE,
-    SiLU, residual adds) are not counted.
+    the new tokens' K/V into the cache; a sliding layer reads no row older
+    than its ``window``.  Elementwise passes (norms, RoPE, SiLU, residual
+    adds) are not counted.
     """
     _check_shape(config, new_tokens, context_rows)
+    if _window(window) is not None:
+        context_rows = min(context_rows, window - 1)
     if isinstance(dtype_bytes, bool) or not isinstance(dtype_bytes, numbers.Integral) or dtype_bytes < 1:
         raise InvalidArgument("dtype_bytes", f"must be a positive integer, got {dtype_bytes!r}")
     c, s = config, new_tokens
@@ -288,17 +303,32 @@ class LayerTime:
         return self.projections.seconds + self.attention.seconds + self.mlp.seconds + self.overhead_s
 
 
-def layer_seconds(config: ModelConfig, new_tokens: int, context_rows: int, profile: AcceleratorProfile) -> LayerTime:
+def layer_seconds(
+    config: ModelConfig, new_tokens: int, context_rows: int, profile: AcceleratorProfile, window: int | None = None
+) -> LayerTime:
     """Roofline time of one layer: per part ``max(flops / (peak x eff), bytes / (bw x mem_eff))``, plus the overhead."""
     if not isinstance(profile, AcceleratorProfile):
         raise InvalidArgument("profile", f"must be an AcceleratorProfile, got {type(profile).__name__}")
-    flops = layer_flops(config, new_tokens, context_rows)
-    nbytes = layer_bytes(config, new_tokens, context_rows, profile.dtype_bytes)
+    flops = layer_flops(config, new_tokens, context_rows, window)
+    nbytes = layer_bytes(config, new_tokens, context_rows, profile.dtype_bytes, window)
     parts = [
         PartTime(getattr(flops, part) / profile.flops_per_s, getattr(nbytes, part) / profile.bytes_per_s)
         for part in ("projections", "attention", "mlp")
     ]
     return LayerTime(*parts, overhead_s=profile.layer_overhead_s)
+
+
+def model_seconds(
+    config: ModelConfig, new_tokens: int, context_rows: int, profile: AcceleratorProfile, *, sliding_rows: int | None = None
+) -> float:
+    """Every layer of the model computing ``new_tokens``: each global layer over ``context_rows``, each
+    sliding layer over ``sliding_rows`` (default ``context_rows``) within its window (Gemma 3's 5 of 6)."""
+    sliding = len(config.sliding_layers)
+    total = (config.num_hidden_layers - sliding) * layer_seconds(config, new_tokens, context_rows, profile).total
+    if sliding:
+        rows = context_rows if sliding_rows is None else sliding_rows
+        total += sliding * layer_seconds(config, new_tokens, rows, profile, config.sliding_window).total
+    return total
 
 
 def h2d_seconds(nbytes: int | float, profile: AcceleratorProfile) -> float:

@@ -10,6 +10,10 @@ rate and the storage path's fixed cost per Period) and a request's shape,
 * full load: every stored byte of the prefix read from disk and copied to
   the device, every layer computing the suffix over every prefix row, one
   storage round trip per Period;
+* both loading paths: a model with sliding-window layers (Gemma 3) stores
+  their last window as the prefix's tail (fetched once, then resident),
+  and a sliding layer computes over that window alone, as its recompute
+  does (``compute_model.model_seconds``);
 * sparse at the budget: that fraction of the bytes, the per-request state
   (key summaries, probe keys) when not resident, each Period's selection
   (the first layer's queries and scoring), every layer computing the suffix
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .compute_model import AcceleratorProfile, h2d_seconds, layer_seconds, lm_head_seconds, query_seconds, score_seconds
+from .compute_model import AcceleratorProfile, h2d_seconds, lm_head_seconds, model_seconds, query_seconds, score_seconds
 from .model.config import ModelConfig
 
 PATHS = ("recompute", "full-load", "sparse")
@@ -50,12 +54,13 @@ class RequestShape:
     budget: float  # fraction of the prefix's chunks the sparse path loads, in (0, 1]
     state_bytes: int = 0  # per-request state the sparse path fetches (0 when resident)
     scored_rows: int = 0  # key rows a Period's selection scores (0: none)
+    tail_bytes: int = 0  # the prefix's tail pages both loading paths fetch (a window tail; 0 when resident)
 
     def __post_init__(self):
         for name in ("prefix_tokens", "suffix_tokens", "num_periods"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("kv_bytes", "state_bytes", "scored_rows"):
+        for name in ("kv_bytes", "state_bytes", "scored_rows", "tail_bytes"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
                 raise ValueError(f"{name} must be a non-negative integer, got {getattr(self, name)!r}")
         if not 0 < self.budget <= 1:
@@ -122,9 +127,12 @@ def speculation(config: ModelConfig, profile: AcceleratorProfile, shape: Request
     if profile.disk_bytes_per_s is None:
         return None
     periods = shape.num_periods
-    layers = -(-config.num_hidden_layers // periods)
     rows = max(1, round(shape.budget * shape.prefix_tokens))
-    compute = layers * layer_seconds(config, shape.suffix_tokens, rows, profile).total
+    compute = model_seconds(config, shape.suffix_tokens, rows, profile, sliding_rows=shape.prefix_tokens)
+    if config.sliding_layers:  # a Period computes its stored layers and the sliding ones after them
+        compute /= periods
+    else:
+        compute *= -(-config.num_hidden_layers // periods) / config.num_hidden_layers
     if shape.budget < 1 and shape.scored_rows:
         compute += query_seconds(config, shape.suffix_tokens, profile) + score_seconds(
             config, shape.suffix_tokens, shape.scored_rows, profile
@@ -135,18 +143,18 @@ def speculation(config: ModelConfig, profile: AcceleratorProfile, shape: Request
 
 def recompute_seconds(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape) -> float:
     tokens = shape.prefix_tokens + shape.suffix_tokens
-    return config.num_hidden_layers * layer_seconds(config, tokens, 0, profile).total + lm_head_seconds(config, profile)
+    return model_seconds(config, tokens, 0, profile) + lm_head_seconds(config, profile)
 
 
 def load_seconds(config: ModelConfig, profile: AcceleratorProfile, shape: RequestShape, fraction: float) -> float | None:
     """A loading path over ``fraction`` of the prefix; None without a disk rate in the profile."""
     if profile.disk_bytes_per_s is None:
         return None
-    nbytes = fraction * shape.kv_bytes
+    nbytes = fraction * shape.kv_bytes + shape.tail_bytes
     state = shape.state_bytes if fraction < 1 else 0
     io = (nbytes + state) / profile.disk_bytes_per_s + shape.num_periods * (profile.period_overhead_s or 0.0)
     rows = max(1, round(fraction * shape.prefix_tokens))
-    compute = h2d_seconds(nbytes, profile) + config.num_hidden_layers * layer_seconds(config, shape.suffix_tokens, rows, profile).total
+    compute = h2d_seconds(nbytes, profile) + model_seconds(config, shape.suffix_tokens, rows, profile, sliding_rows=shape.prefix_tokens)
     if fraction < 1 and shape.scored_rows:
         compute += shape.num_periods * (
             query_seconds(config, shape.suffix_tokens, profile) + score_seconds(config, shape.suffix_tokens, shape.scored_rows, profile)

@@ -105,10 +105,10 @@ def tail_pages(kv: np.ndarray, pairs: list[tuple[int, int]], sink_tokens: int, r
     return np.ascontiguousarray(rows.reshape(len(pairs), 2, 1, pages, chunk_tokens, dim).transpose(3, 0, 1, 2, 4, 5))
 
 
-def tail_bytes(geometry: StoreGeometry, sink_tokens: int, recent_tokens: int) -> int:
-    """Bytes of one prefix's tail pages as stored (whatever the prefix's length)."""
+def tail_bytes(geometry: StoreGeometry, sink_tokens: int, recent_tokens: int, pairs=None) -> int:
+    """Bytes of one prefix's tail pages as stored (whatever the prefix's length); ``pairs`` as ``tail_geometry``'s."""
     rows = tail_positions(0, sink_tokens, recent_tokens, geometry.chunk_tokens).size
-    return tail_geometry(geometry).kv_bytes(rows)
+    return tail_geometry(geometry, pairs).kv_bytes(rows)
 
 
 @dataclass(frozen=True)

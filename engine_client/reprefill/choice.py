@@ -33,7 +33,7 @@ from ..compute_model import AcceleratorProfile
 from ..path_choice import Choice, RequestShape, choose
 from ..prefill import chunked_prefill
 from ..selection.budget import budget_count
-from ..stream_tail import TailMissing
+from ..stream_tail import TailMissing, tail_bytes
 from .checks import token_tensor
 from .config import ReprefillConfig
 from .device import wait
@@ -66,14 +66,17 @@ def request_shape(runner, num_tokens: int, suffix_tokens: int, prefix_id: str, c
         state_bytes = geo.num_groups * geo.model.num_kv_heads * num_tokens * quantized_row_bytes(geo.model.head_dim, geo.probe_bits)
     else:
         state_bytes = geo.num_groups * geo.model.num_kv_heads * num_tokens * geo.model.head_dim * geo.model.itemsize
+    spec = runner.tail_spec()  # a window tail or the streaming heads' tail: fetched by either loading path
+    tail = 0 if spec is None or state.tail is not None else tail_bytes(geo, spec[0], spec[1], spec[2])
     return RequestShape(
         prefix_tokens=num_tokens,
         suffix_tokens=suffix_tokens,
         kv_bytes=int(geo.kv_bytes(num_tokens)),
-        num_periods=-(-runner.model.num_layers // cfg.schedule.period_layers),
+        num_periods=-(-len(runner.layers.layers) // cfg.schedule.period_layers),  # the stored layers' Periods
         budget=loaded / num_chunks,
         state_bytes=int(state_bytes),
         scored_rows=num_tokens,
+        tail_bytes=int(tail),
     )
 
 

@@ -175,7 +175,7 @@ class ModelRunner:
         self.staging = PinnedStaging(self.device) if self.device.type == "cuda" else None
         self.path_history = PathHistory()  # ``answer``: each path's measured time against its prediction
         self.stored_prefixes = choice.StoredPrefixes()  # ``answer``: prefixes known stored, not looked up again
-        self.tail_pairs = {pair: i for i, pair in enumerate(self._tail_spec()[2] if self._tail_spec() else [])}
+        self.tail_pairs = {pair: i for i, pair in enumerate(self.tail_spec()[2] if self.tail_spec() else [])}
         self._said_no_standins = False
 
     # ------------------------------------------------------------ prefill
@@ -195,7 +195,7 @@ class ModelRunner:
                 raise InvalidArgument("kv", f"must be {self.model.dtype} {list(want)} for these tokens, got {kv.dtype} {list(kv.shape)}")
         m = self.geometry.num_chunks(toks.numel())
         hit = self.client.lookup(toks.numpy(), self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint)
-        if hit.matched_chunks == m and (self._tail_spec() is None or self._has_tail(hit.prefix_id)):
+        if hit.matched_chunks == m and (self.tail_spec() is None or self._has_tail(hit.prefix_id)):
             return PrefixHandle(hit.prefix_id, toks.numel(), m, cache_hit=True)
         t0 = time.perf_counter()
         if kv is None:
@@ -206,7 +206,7 @@ class ModelRunner:
             toks.numpy(), stored, self.geometry, namespace=self.namespace, model_fingerprint=self.model.fingerprint
         )
         written, batch = res.bytes_written, ""
-        spec = self._tail_spec()
+        spec = self.tail_spec()
         if spec is not None:  # after the prefix: a put cut short between the two is healed by the next store
             sink, recent, pairs = spec
             tail = put_tail(self.client, res.prefix_id, arr, self.geometry, sink, recent, pairs=pairs, **self._page_scope())
@@ -216,7 +216,7 @@ class ModelRunner:
     def _page_scope(self) -> dict:
         return {"namespace": self.namespace, "model_fingerprint": self.model.fingerprint}
 
-    def _tail_spec(self) -> tuple[int, int, list] | None:
+    def tail_spec(self) -> tuple[int, int, list] | None:
         """(sink tokens, recent tokens, pairs) of the tail pages this runner's prefixes keep, or None."""
         if self.window is not None:
             return self.window.sink_tokens, self.window.recent_tokens, list(self.window.pairs)
@@ -226,13 +226,13 @@ class ModelRunner:
         return None
 
     def _has_tail(self, prefix_id: str) -> bool:
-        sink, recent, pairs = self._tail_spec()
+        sink, recent, pairs = self.tail_spec()
         return has_tail(self.client, prefix_id, self.geometry, sink, recent, pairs=pairs, **self._page_scope())
 
     def tail(self, prefix_id: str, num_tokens: int, out) -> tuple[torch.Tensor, torch.Tensor]:
         """The prefix's tail (streaming layout or window tail): positions on the host and rows
         ``[pairs, 2, t, d]`` on the device, fetched once and kept (``state``)."""
-        return self.state.tail(prefix_id, num_tokens, self._tail_spec(), out)
+        return self.state.tail(prefix_id, num_tokens, self.tail_spec(), out)
 
     # ------------------------------------------------------------ re-prefill
     def check_request(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig):

@@ -317,3 +317,20 @@ def test_the_decode_bench_names_the_systems_sliding_layers_cannot_run(gemma):
     for name, what in (("quest", "re-selecting while decoding"), ("lserve-kv4", "streaming heads"), ("loopserve", "re-selecting")):
         with pytest.raises(BenchError, match=f"--systems {name}: {what}.* not supported on a model with sliding-window layers"):
             refuse(f"dense,{name}")
+
+
+def test_the_choice_prices_the_stored_layers_periods_and_a_tail_not_yet_fetched(daemon, gemma):
+    from engine_client.reprefill.choice import request_shape
+
+    gen = torch.Generator().manual_seed(12)
+    prefix, suffix = torch.randint(0, 96, (N,), generator=gen), torch.randint(0, 96, (S,), generator=gen)
+    with KVStoreClient(daemon.target) as client:
+        runner = ModelRunner(gemma, client, probe_bits=4)
+        handle = runner.store_prefix(prefix)
+        before = request_shape(runner, N, S, handle.prefix_id, CFG)
+        runner.reprefill(handle.prefix_id, suffix, CFG)
+        after = request_shape(runner, N, S, handle.prefix_id, CFG)
+    assert before.num_periods == after.num_periods == 1  # layer 1 is the one stored layer
+    assert before.kv_bytes == runner.geometry.kv_bytes(N) == N * 2 * 2 * 16 * 4  # its K and V, 2 KV heads, float32
+    assert before.tail_bytes == TAIL_ROWS * 4 * 2 * 16 * 4  # 2 sliding layers x 2 KV heads, K and V
+    assert after.tail_bytes == 0  # resident once fetched

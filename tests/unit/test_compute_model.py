@@ -4,15 +4,19 @@ import dataclasses
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
 from engine_client.compute_model import (
     PROFILES,
     AcceleratorProfile,
+    attention_pairs,
     h2d_seconds,
     layer_bytes,
     layer_flops,
     layer_seconds,
+    model_seconds,
     parse_profile,
 )
 from engine_client.model.config import ModelConfig
@@ -166,3 +170,42 @@ def test_profile_fields_are_validated(field, value):
     with pytest.raises(InvalidArgument) as err:
         dataclasses.replace(PROFILES["h100"], **{field: value})
     assert err.value.field == field
+
+
+def gemma3_270m(layer_types=True) -> ModelConfig:
+    """Gemma 3 270M's shape: 18 layers, every 6th global, the others sliding over 512 positions."""
+    kinds = tuple("full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18))
+    return ModelConfig(
+        "Gemma3ForCausalLM", 262144, 640, 2048, 18, 4, 1, 256, 1e6, 1e-6, 32768, True, False, hidden_act="gelu_pytorch_tanh",
+        layer_types=kinds if layer_types else None, sliding_window=512 if layer_types else None,
+        rope_local_theta=1e4 if layer_types else None, query_pre_attn_scalar=256,
+    )  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 200), st.integers(0, 300), st.integers(1, 400))
+def test_a_sliding_layers_pairs_are_a_direct_count(new_tokens, context_rows, window):
+    direct = sum(min(context_rows + i + 1, window) for i in range(new_tokens))
+    assert attention_pairs(new_tokens, context_rows, window) == direct
+    assert attention_pairs(new_tokens, context_rows) == sum(context_rows + i + 1 for i in range(new_tokens))
+
+
+def test_a_model_prices_each_layer_by_its_kind():
+    h100 = PROFILES["h100"]
+    llama = big_config()
+    assert model_seconds(llama, 64, 4096, h100) == 32 * layer_seconds(llama, 64, 4096, h100).total
+    gemma, unwindowed = gemma3_270m(), gemma3_270m(layer_types=False)
+    assert layer_flops(gemma, 2048, 0, window=512).attention == 4 * 4 * 256 * sum(min(i + 1, 512) for i in range(2048))
+    assert layer_bytes(gemma, 64, 32768, window=512).attention == layer_bytes(gemma, 64, 511).attention  # no row before the window
+    for tokens in (2048, 8192, 32768):  # a recompute: 3 global layers grow with the square, 15 sliding ones linearly
+        want = 3 * layer_seconds(gemma, tokens, 0, h100).total + 15 * layer_seconds(gemma, tokens, 0, h100, window=512).total
+        assert model_seconds(gemma, tokens, 0, h100) == pytest.approx(want)
+    short, long = (model_seconds(gemma, n, 0, h100) / model_seconds(unwindowed, n, 0, h100) for n in (2048, 32768))
+    assert long < short < 1  # the window saves more the longer the prompt
+    # a Re-Prefill: the global layers over the loaded rows, the sliding ones over their window tail whatever the budget
+    loaded = model_seconds(gemma, 64, 1638, h100, sliding_rows=32768)
+    sliding = layer_seconds(gemma, 64, 32768, h100, window=512).total
+    assert loaded == pytest.approx(3 * layer_seconds(gemma, 64, 1638, h100).total + 15 * sliding)
+    assert sliding == layer_seconds(gemma, 64, 4096, h100, window=512).total > layer_seconds(gemma, 64, 100, h100, window=512).total
+    with pytest.raises(InvalidArgument, match="window"):
+        layer_flops(gemma, 8, 0, window=0)

@@ -145,3 +145,22 @@ def test_the_history_keeps_a_ratio_per_profile_and_request_class_and_mixes_the_l
     assert history.ratios_for(H200, small)["sparse"] == 3.0
     history.record(H200, "sparse", small, 0.0, 2.0)  # nothing to scale: ignored
     assert history.ratios_for(H200, small)["sparse"] == 3.0
+
+
+def test_a_sliding_window_model_is_priced_by_its_layers_and_its_tail():
+    """Gemma 3 270M at 32k tokens: recompute's 15 sliding layers see 512 positions, a loading path reads the
+    global layers' bytes and, once per prefix, the sliding layers' window tail."""
+    from test_compute_model import gemma3_270m
+
+    gemma, unwindowed = gemma3_270m(), gemma3_270m(layer_types=False)
+    n = 32768
+    stored = 3 * 2 * 1 * 256 * 2 * n  # the global layers' extents (window-tail layout)
+    tail = 15 * 2 * 1 * 256 * 2 * 512
+    shape = RequestShape(n, 64, stored, 3, 0.05, scored_rows=n, tail_bytes=tail)
+    p, flat = predict(gemma, H200, shape), predict(unwindowed, H200, shape)
+    assert p["recompute"] < flat["recompute"] / 2  # 3 of 18 layers grow with the square of the prompt
+    assert p["sparse"] < flat["sparse"] and p["full-load"] < flat["full-load"]
+    resident = predict(gemma, H200, dataclasses.replace(shape, tail_bytes=0))
+    for path in ("full-load", "sparse"):
+        assert p[path] - resident[path] >= tail / H200.disk_bytes_per_s * 0.99
+    assert p["recompute"] == resident["recompute"]
