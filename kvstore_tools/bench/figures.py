@@ -104,7 +104,8 @@ def format_zipf_report(report: dict) -> str:
         f"{'MB disk':>9}{'state MB':>9}{'hit':>6}{'spec MB':>8}{'waste':>7}{'pushed':>7}{'top1':>6}{'KL':>8}{'acc':>6}{'full':>6}",
     ]
     if w.get("task"):
-        lines.insert(1, f"task {w['task']}: each prefix a held-out example (seeds {w['task_seeds']}), each request its question")
+        asks = "one of its keys, drawn per request" if w.get("ask") == "any-key" else "its question"
+        lines.insert(1, f"task {w['task']}: each prefix a held-out example (seeds {w['task_seeds']}), each request {asks}")
 
     def num(v, scale=1.0, spec=".2f"):
         return "-" if v is None else format(v * scale, spec)

@@ -324,6 +324,13 @@ def add_reprefill_parser(sub) -> None:
     )
     z.add_argument("--task-start", type=int, default=0, help="--task: offset into the evaluation seeds")
     z.add_argument(
+        "--ask",
+        choices=("prefix", "any-key"),
+        default="prefix",
+        help="--task: each request asks its prefix's question (prefix), or about one of the keys its prefix holds, "
+        "drawn per request from --seed (any-key: multikey's four needles), so requests on one prefix need different chunks",
+    )
+    z.add_argument(
         "--standin-layers",
         metavar="PATH",
         help="the stand-in layers file of contiguouskv-standin (default: the one next to the checkpoint, "

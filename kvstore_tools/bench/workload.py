@@ -20,7 +20,9 @@ Fidelity is measured against full attention over the in-memory prefix KV
 (top-1 agreement, KL of the next-token distribution).  With a pretrained
 model and ``--task``, each prefix is a held-out real-text example
 (``kvstore_tools.tasks.text``), each request asks that example's question
-and decodes its answer greedily after the Re-Prefill, and every system's
+(or, ``--ask any-key``, about one of the keys it holds: multikey's four
+needles, so requests on one prefix need different chunks) and decodes its
+answer greedily after the Re-Prefill, and every system's
 accuracy is reported next to the full KV's on the same requests (decoding
 is not part of TTFT).  Figures and ratios:
 ``figures.py``.
@@ -44,7 +46,7 @@ from .io_jobs import BenchError
 from .machine import machine_info
 from .trace import RecordingClient, TraceWriter, request_record, system_header
 from .zipf_memory import memory_split, probe_state_bytes, window_tail_bytes
-from .zipf_prefixes import Prefix, dense_logits, full_kv_answers, max_new_tokens, prefill_all, task_examples
+from .zipf_prefixes import Prefix, dense_logits, full_kv_answers, max_new_tokens, prefill_all, request_examples, task_examples
 from .zipf_recompute import RecomputeRun
 from .zipf_systems import NAMED_SELECTION, SYSTEMS, System, refuse_on_sliding_windows, standin_profile
 
@@ -72,20 +74,21 @@ def run_zipf_bench(args) -> dict:
         suffix_tokens=args.suffix_tokens,
         vocab_size=vocab,
     )
-    if examples:  # each request asks its prefix's question
-        requests = [dataclasses.replace(r, suffix=examples[r.prefix].suffix_tokens.copy()) for r in requests]
+    table, keys = request_examples(args, tokenizer, examples, requests) if examples else (None, None)
+    if table:  # each request asks its prefix's question, or one of its keys (--ask any-key)
+        requests = [dataclasses.replace(r, suffix=table[r.prefix][k].suffix_tokens.copy()) for r, k in zip(requests, keys)]
     t0 = time.perf_counter()
     prefixes = prefill_all(model, args, examples)
     prefill_s = time.perf_counter() - t0
     references = [dense_logits(model, prefixes[r.prefix].kv, torch.as_tensor(r.suffix)) for r in requests]
-    full_kv = full_kv_answers(model, prefixes, examples, tokenizer) if examples else None
-    systems, records = _run_interleaved(model, prefixes, requests, references, args, (examples, tokenizer))
+    full_kv = full_kv_answers(model, prefixes, table, tokenizer) if table else None
+    systems, records = _run_interleaved(model, prefixes, requests, references, args, (table, keys, tokenizer))
     if getattr(args, "trace_out", None):
         print(f"trace written to {args.trace_out}", file=sys.stderr, flush=True)
     if full_kv is not None:
         for key, rows in records.items():
             for row in rows:
-                row["full_kv_correct"] = full_kv[row["prefix"]]
+                row["full_kv_correct"] = full_kv[row["prefix"]][keys[row["request"]]]
             systems[key]["full_kv_accuracy"] = float(np.mean([row["full_kv_correct"] for row in rows])) if rows else None
     report = {"systems": systems, "requests": records}
     report["workload"] = {
@@ -100,7 +103,9 @@ def run_zipf_bench(args) -> dict:
         "prefill_s": prefill_s,
         "task": args.task,
         "task_seeds": [ex.seed for ex in examples] if examples else None,
-        "full_kv_correct": full_kv,
+        "ask": getattr(args, "ask", "prefix") if examples else None,
+        # per prefix (--ask prefix), or per prefix and key (--ask any-key; each row names its "key")
+        "full_kv_correct": None if full_kv is None else [k[0] for k in full_kv] if getattr(args, "ask", "prefix") == "prefix" else full_kv,
     }
     report["params"] = {
         k: getattr(args, k) for k in ("model", "dtype", "budgets", "period_layers", "group_layers", "seed", "systems", "selector")
@@ -132,13 +137,13 @@ class _Run:
     last_result: object = None  # the latest request's ReprefillResult (for --trace-out)
 
 
-def _run_interleaved(model, prefixes, requests, references, args, task=(None, None)) -> tuple[dict, dict]:
+def _run_interleaved(model, prefixes, requests, references, args, task=(None, None, None)) -> tuple[dict, dict]:
     """Every system x budget on its own daemon and data directory, all up at
     once; each request goes to every system in turn (rotating who goes first),
     so background load on the machine falls on all of them alike.
-    ``task``: ``(examples, tokenizer)`` when each request asks a question.
+    ``task``: ``(per prefix its questions, per request the one it asks, tokenizer)`` when requests ask one.
     Returns ``(rows by system, timed request records by system)``."""
-    examples, tokenizer = task
+    examples, keys, tokenizer = task
     runs: list[_Run] = []
     tracer = None
     try:
@@ -161,7 +166,7 @@ def _run_interleaved(model, prefixes, requests, references, args, task=(None, No
                     if i >= args.warmup:
                         recompute.rows.append({"request": i, "prefix": req.prefix, **row})
                     continue
-                example = examples[req.prefix] if examples else None
+                example = examples[req.prefix][keys[i]] if examples else None
                 if tracer is not None:
                     run.runner.client.begin()
                 row = _one_request(run, prefixes[req.prefix], req, references[i], example, tokenizer)
@@ -169,7 +174,8 @@ def _run_interleaved(model, prefixes, requests, references, args, task=(None, No
                     events = run.runner.client.take()
                     tracer.request(request_record(run, i, i < args.warmup, req.prefix, req.suffix, run.last_result, events))
                 if i >= args.warmup:
-                    run.rows.append({"request": i, "prefix": req.prefix, **row})
+                    asked = {"key": keys[i]} if examples and getattr(args, "ask", "prefix") != "prefix" else {}
+                    run.rows.append({"request": i, "prefix": req.prefix, **asked, **row})
             if (i + 1) % 10 == 0:
                 print(f"{i + 1}/{len(requests)} requests", file=sys.stderr, flush=True)
         systems = {}
@@ -218,6 +224,7 @@ def _start_trace(model, prefixes, runs, args):
             "backend": args.backend,
             "iodepth": args.iodepth,
             "task": args.task,
+            "ask": getattr(args, "ask", "prefix") if args.task else None,
         },
     }
     writer = TraceWriter(args.trace_out)

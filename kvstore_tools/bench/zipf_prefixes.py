@@ -37,18 +37,40 @@ def task_examples(args, checkpoint: str) -> tuple:
         raise BenchError(f"--task: {exc}") from None
 
 
+def request_examples(args, tokenizer, examples, requests) -> tuple[list[list], list[int]]:
+    """``(per prefix: the examples its requests may ask, per request: the index of the one it asks)``: the
+    prefix's own question (``--ask prefix``), or one of its keys drawn per request from ``--seed``
+    (``--ask any-key``: the same prefix asked about each needle)."""
+    if getattr(args, "ask", "prefix") == "prefix":
+        return [[ex] for ex in examples], [0] * len(requests)
+    import numpy as np
+
+    from kvstore_tools.tasks import text
+
+    try:
+        table = text.key_variants(args.task, tokenizer, args.prefixes, args.prefix_tokens, start=args.task_start)
+    except ValueError as exc:
+        raise BenchError(f"--ask {args.ask}: {exc}") from None
+    rng = np.random.default_rng([args.seed, 0xA5])  # its own stream: the request order and suffixes are --seed's
+    return table, [int(k) for k in rng.integers(0, len(table[0]), len(requests))]
+
+
 def max_new_tokens(ex) -> int:
     return int(ex.meta.get("max_new_tokens", 16))
 
 
-def full_kv_answers(model, prefixes, examples, tokenizer) -> list[bool]:
-    """Per prefix: whether greedy decoding over its full KV answers its question (the accuracy to keep)."""
+def full_kv_answers(model, prefixes, table, tokenizer) -> list[list[bool]]:
+    """Per prefix and question it may be asked (``request_examples``): whether greedy decoding over its full
+    KV answers it (the accuracy to keep)."""
     from engine_client.generation import dense_generate
 
     out = []
-    for p, ex in zip(prefixes, examples):
-        gen = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, max_new_tokens(ex), tokenizer=tokenizer, prefix_kv=p.kv)
-        out.append(bool(ex.is_correct(gen.text)))
+    for p, asked in zip(prefixes, table):
+        row = []
+        for ex in asked:
+            gen = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, max_new_tokens(ex), tokenizer=tokenizer, prefix_kv=p.kv)
+            row.append(bool(ex.is_correct(gen.text)))
+        out.append(row)
     return out
 
 

@@ -138,6 +138,12 @@ def check_zipf_args(args) -> None:
 
     if args.task and args.model not in zoo.MODELS:
         raise BenchError(f"--task needs a pretrained model ({', '.join(zoo.MODELS)}): random weights answer nothing")
+    if getattr(args, "ask", "prefix") != "prefix":
+        from kvstore_tools.tasks.text import TASKS
+
+        keyed = [n for n, m in TASKS.items() if hasattr(m, "KEYS")]
+        if args.task not in keyed:
+            raise BenchError(f"--ask {args.ask} needs --task {' or '.join(keyed)} (a prefix holding several keys), got --task {args.task}")
     if any(SYSTEMS[n].selection in NAMED_SELECTION for n in args.systems) and args.group_layers != 1:
         named = [n for n in args.systems if SYSTEMS[n].selection in NAMED_SELECTION]
         raise BenchError(f"{', '.join(named)} select at every layer: they need --group-layers 1")

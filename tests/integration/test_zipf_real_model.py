@@ -103,6 +103,28 @@ def test_the_standin_system_attends_to_every_row_left_out_at_its_two_layers(repo
         assert all(r["standin_rows"] == 0 for r in report["requests"][key])
 
 
+@needs_smollm2
+def test_asking_any_key_gives_requests_on_one_prefix_different_questions(tmp_path):
+    proc = run_bench(
+        "reprefill", "--workload", "zipf", "--model", "smollm2-135m", "--dtype", "float32", "--task", "multikey",
+        "--ask", "any-key", "--systems", "contiguouskv-perlayer", "--prefix-tokens", "256", "--prefixes", "2",
+        "--requests", "6", "--warmup", "0", "--budgets", "0.25", "--period-layers", "8", "--group-layers", "1",
+        "--threads", "2", "--directory", str(tmp_path), "--json", timeout=600,
+    )  # fmt: skip
+    report = json.loads(proc.stdout)
+    w = report["workload"]
+    assert w["ask"] == "any-key" and len(w["full_kv_correct"]) == 2
+    assert all(len(keys) == 4 and all(isinstance(c, bool) for c in keys) for keys in w["full_kv_correct"])
+    rows = report["requests"]["contiguouskv-perlayer@0.25"]
+    assert len(rows) == 6 and {r["key"] for r in rows} <= {0, 1, 2, 3}
+    for r in rows:
+        assert r["full_kv_correct"] == w["full_kv_correct"][r["prefix"]][r["key"]]
+    by_prefix = {}
+    for r in rows:
+        by_prefix.setdefault(r["prefix"], set()).add(r["key"])
+    assert any(len(keys) > 1 for keys in by_prefix.values())  # one prefix asked about two of its needles
+
+
 def _refusal(*args):
     import subprocess
     import sys
@@ -116,6 +138,18 @@ def _refusal(*args):
         cwd=data_root(),
         timeout=120,
     )
+
+
+@needs_smollm2
+def test_any_key_on_a_task_with_one_question_is_refused_in_one_line(tmp_path):
+    proc = _refusal("--model", "smollm2-135m", "--task", "passkey", "--ask", "any-key", "--directory", str(tmp_path))
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert (
+        proc.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--ask any-key needs --task multikey (a prefix holding several keys), got --task passkey")
+    )
+    assert not any(tmp_path.iterdir())  # refused before any prefill
 
 
 def test_a_task_on_random_weights_is_refused_in_one_line(tmp_path):

@@ -63,4 +63,19 @@ def examples(
     return out
 
 
-__all__ = ["EVAL_SEED_START", "TASKS", "TUNING_SEED_LIMIT", "TextExample", "answer_in", "examples", "get_task", "seeds"]
+def key_variants(task: str, tokenizer, num_examples: int, num_tokens: int, *, start: int = 0) -> list[list]:
+    """Per evaluation example of ``task``, the same prefix asked about each of its keys (a task with ``KEYS``:
+    multikey's four needles); ValueError naming the task for one whose prefix answers one question."""
+    module = get_task(task) if not task.startswith("file:") else None
+    if module is None or not hasattr(module, "KEYS"):
+        raise ValueError(
+            f"{task} asks one question per prefix (tasks with several keys: {', '.join(n for n, m in TASKS.items() if hasattr(m, 'KEYS'))})"
+        )
+    encode = Encoder(tokenizer)
+    return [
+        [module.example(tokenizer, seed, num_tokens, None, encoder=encode, ask=k) for k in range(module.KEYS)]
+        for seed in seeds(num_examples, "eval", start)
+    ]
+
+
+__all__ = ["EVAL_SEED_START", "TASKS", "TUNING_SEED_LIMIT", "TextExample", "answer_in", "examples", "get_task", "key_variants", "seeds"]
