@@ -73,6 +73,27 @@ def run(req: Request) -> ReprefillResult:
     return req.out
 
 
+def warm(runner, desc, cfg, plan, layers) -> int:
+    """What ``Request`` and its Periods fetch into the runner's resident state for ``desc``'s prefix under
+    ``cfg`` (``ModelRunner.warm``), fetched now; the bytes fetched."""
+    out = ReprefillResult(logits=torch.empty(0), ttft_s=0.0, selected=[], num_prefix_tokens=desc.num_tokens, prefix_id=desc.prefix_id)
+    state, stored, pid = runner.state, runner.layers.stored, desc.prefix_id
+    state.prefix(pid).stored_probe_bits = desc.geometry.probe_bits
+    selection = PeriodSelection(
+        cfg, state, pid, desc.num_chunks, runner.streaming_heads, out, layers=runner.layers, follow_top=runner.follow_top(cfg)
+    )
+    for layer in layers.standins:
+        state.value_sum(pid, stored(layer), desc.num_chunks, out)
+    if runner.geometry.streaming_heads or (runner.window is not None and plan.windowed):
+        runner.tail(pid, desc.num_tokens, out)
+    for l0, _, count in plan.periods:
+        if l0 in layers.standins:
+            state.probe(pid, stored(l0) // runner.geometry.group_layers, cfg.selection.probe_bits, out)
+        if l0 not in plan.windowed:
+            selection.warm(l0, Budget.chunks(count))
+    return out.state_bytes_fetched + out.probe_bytes
+
+
 class Request:
     """One Re-Prefill's state: the runner's parts it uses, its plan and its result (``runner.ModelRunner.reprefill``)."""
 

@@ -358,6 +358,19 @@ class ModelRunner:
         )
 
     # ------------------------------------------------------------ resident state
+    def warm(self, prefix_id: str, cfg: ReprefillConfig = DEFAULT_CONFIG) -> int:
+        """Fetch and keep the per-prefix state a Re-Prefill of ``prefix_id`` under ``cfg`` reads (each Period's
+        probe keys or key summaries, the stand-in layers' value sums, a tail), so that its first request
+        fetches none: for a worker about to serve a stored prefix it did not store.  The bytes fetched
+        (0 when all of it was resident)."""
+        if not isinstance(cfg, ReprefillConfig):
+            raise InvalidArgument("cfg", f"must be a ReprefillConfig, got {type(cfg).__name__}")
+        check_runner(cfg, self.geometry, self.streaming_heads)
+        layers = self.calibrated_layers(cfg)
+        desc = describe(self.client, prefix_id)
+        plan = self.plan(desc.num_chunks, cfg, cfg.budget, layers, num_tokens=desc.num_tokens)
+        return pipeline.warm(self, desc, cfg, plan, layers)
+
     def summaries(self, prefix_id: str, period_layers: int, out: ReprefillResult | None = None) -> torch.Tensor:
         """Key summaries of each Period's first layer, ``[chunks, periods, kv_heads, 2, head_dim]``, kept resident."""
         return self.state.summaries(prefix_id, period_layers, out)

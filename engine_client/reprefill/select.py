@@ -68,6 +68,17 @@ class PeriodSelection:
             inputs = PeriodInputs.from_store_summaries(q, summ, stored // period, chunk_tokens=geo.chunk_tokens, chunk_count=self.m)
         return inputs
 
+    def warm(self, l0: int, budget: Budget) -> None:
+        """Fetch what the Period at ``l0`` scores from where it is kept between requests (quantized probe
+        keys, key summaries; full-precision probe keys are fetched per Period and not kept)."""
+        if self.loads_all(budget):
+            return
+        geo, cfg, needs = self.state.geometry, self.cfg, self.selector.needs
+        if PROBE_KEYS in needs and cfg.selection.probe_bits:
+            self.state.probe(self.prefix_id, self.stored(l0) // geo.group_layers, cfg.selection.probe_bits, self.out)
+        if KEY_SUMMARIES in needs:
+            self.state.summaries(self.prefix_id, cfg.schedule.period_layers, self.out)
+
     def choose(self, q: torch.Tensor, l0: int, budget: Budget, head_sets: list | None = None) -> torch.Tensor:
         """Ascending chunk ids on the queries' device; with ``per_head`` the union of each KV head's set,
         the sets put in ``head_sets``."""

@@ -331,6 +331,12 @@ def add_reprefill_parser(sub) -> None:
         "drawn per request from --seed (any-key: multikey's four needles), so requests on one prefix need different chunks",
     )
     z.add_argument(
+        "--warm-state",
+        action="store_true",
+        help="each system's client state (key summaries, probe keys, value sums, a tail) is fetched when its prefixes "
+        "are stored (ModelRunner.warm), as IMPRESS's probe keys are made then, so no timed request pays a first fetch",
+    )
+    z.add_argument(
         "--standin-layers",
         metavar="PATH",
         help="the stand-in layers file of contiguouskv-standin (default: the one next to the checkpoint, "

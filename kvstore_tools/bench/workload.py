@@ -99,6 +99,7 @@ def run_zipf_bench(args) -> dict:
         "warmup": args.warmup,
         "alpha": args.alpha,
         "memory_fraction": args.memory_fraction,
+        "warm_state": bool(getattr(args, "warm_state", False)),
         "prefix_popularity": np.bincount([r.prefix for r in requests[args.warmup :]], minlength=args.prefixes).tolist(),
         "prefill_s": prefill_s,
         "task": args.task,
@@ -225,6 +226,7 @@ def _start_trace(model, prefixes, runs, args):
             "iodepth": args.iodepth,
             "task": args.task,
             "ask": getattr(args, "ask", "prefix") if args.task else None,
+            "warm_state": bool(getattr(args, "warm_state", False)),
         },
     }
     writer = TraceWriter(args.trace_out)
@@ -297,6 +299,9 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
             continue
         kv = stored_layout(p, args.period_layers)[0] if sysdef.reordered else p.kv
         ids.append(client.put_prefix(p.tokens.numpy(), _np_kv(kv), geo, model_fingerprint=model.fingerprint).prefix_id)
+    if getattr(args, "warm_state", False):  # what IMPRESS's probe keys are from the start: resident before any request
+        for pid in ids:
+            runner.warm(pid, cfg)
     return _Run(key, sysdef, budget, daemon, client, runner, cfg, ids, probes, state, [], flags)
 
 

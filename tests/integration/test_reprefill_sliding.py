@@ -334,3 +334,16 @@ def test_the_choice_prices_the_stored_layers_periods_and_a_tail_not_yet_fetched(
     assert before.kv_bytes == runner.geometry.kv_bytes(N) == N * 2 * 2 * 16 * 4  # its K and V, 2 KV heads, float32
     assert before.tail_bytes == TAIL_ROWS * 4 * 2 * 16 * 4  # 2 sliding layers x 2 KV heads, K and V
     assert after.tail_bytes == 0  # resident once fetched
+
+
+def test_warming_a_window_tail_prefix_fetches_its_tail_and_probes_ahead(daemon, gemma):
+    gen = torch.Generator().manual_seed(13)
+    prefix, suffix = torch.randint(0, 96, (N,), generator=gen), torch.randint(0, 96, (S,), generator=gen)
+    with KVStoreClient(daemon.target) as client:
+        cold, warm = ModelRunner(gemma, client, probe_bits=4), ModelRunner(gemma, client, probe_bits=4)
+        pid = cold.store_prefix(prefix).prefix_id
+        fetched = warm.warm(pid, CFG)
+        a, b = cold.reprefill(pid, suffix, CFG), warm.reprefill(pid, suffix, CFG)
+    assert fetched == a.state_bytes_fetched + a.probe_bytes >= TAIL_ROWS * 4 * 2 * 16 * 4  # the tail, and layer 1's probe keys
+    assert b.state_bytes_fetched == b.probe_bytes == 0
+    torch.testing.assert_close(a.logits, b.logits, atol=0, rtol=0)
