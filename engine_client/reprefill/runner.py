@@ -56,6 +56,7 @@ log = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 DEFAULT_CONFIG = ReprefillConfig()
+DEFAULT_STATE_LIMIT = 1 << 30  # 1 GiB of device memory: about 160 SmolLM2-135M prefixes of 2k tokens with 4-bit probe keys
 
 
 def window_periods(config, period_layers: int) -> tuple[int, ...]:
@@ -124,6 +125,7 @@ class ModelRunner:
         streaming_layout: bool = False,
         window_tail: bool | None = None,
         device=None,
+        state_limit_bytes: int | None = DEFAULT_STATE_LIMIT,
     ):
         """``group_layers``: the layers of a stored group (1: every layer can select its own chunks, what
         ``ReprefillConfig()`` does).  ``probe_bits`` 4 or 8: the prefixes this runner stores keep their probe
@@ -143,7 +145,9 @@ class ModelRunner:
         sliding layer's last window per prefix (``window``); None (the default): whenever the model has
         sliding layers and no streaming layout is asked for; False: every layer stored whole.
         ``device``: where the runner computes and keeps its state; the model's (its weights') by default,
-        and it must be the model's when given."""
+        and it must be the model's when given.
+        ``state_limit_bytes``: what the per-prefix state kept between requests may take (``state``: the
+        prefixes used least recently are dropped past it and fetched again when asked for); None: no limit."""
         self.model = model
         self.device = resolve_device(model.device, device)
         self.streaming_heads = streaming_heads
@@ -169,7 +173,7 @@ class ModelRunner:
             streaming_heads=streaming_heads if streaming_layout else None,
             layers=self.layers,
         )
-        self.state = ResidentState(client, self.geometry, self.device, model.dtype, self._page_scope())
+        self.state = ResidentState(client, self.geometry, self.device, model.dtype, self._page_scope(), state_limit_bytes)
         # on CUDA, delivered rows are gathered into pinned buffers and copied on their own stream (staging.py);
         # None: gathered into host arrays and copied at the pageable rate
         self.staging = PinnedStaging(self.device) if self.device.type == "cuda" else None

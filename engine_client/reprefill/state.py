@@ -3,18 +3,23 @@
 A request fetches a piece of state the first time it needs it, charges the
 bytes to its result (``probe_bytes``, ``state_bytes_fetched``) and leaves it
 for the next request; ``forget`` drops a prefix's, ``nbytes`` counts all of
-it.  Every tensor is on the model's device, copied there once per prefix
+it.  With ``limit_bytes`` the prefixes used least recently are dropped
+(``evicted``) once the whole passes the limit, never the one being filled:
+a worker serving many prefixes keeps a bounded share of its device memory,
+and a dropped prefix is fetched again by its next request.  Every tensor is on the model's device, copied there once per prefix
 (the tail's row positions stay on the host: they index, they are not
 computed on).
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from kvstore.contract import InvalidArgument
 from kvstore.contract.geometry import StoreGeometry
 
 from ..selection.probes import QuantizedKeys, quantize_keys
@@ -49,16 +54,36 @@ def summary_bytes(geometry: StoreGeometry, num_tokens: int, period_layers: int) 
 class ResidentState:
     """The runner's ``PrefixState``s, and the fetches that fill them (``client``: the runner's)."""
 
-    def __init__(self, client, geometry: StoreGeometry, device: torch.device, dtype: torch.dtype, page_scope: dict):
+    def __init__(
+        self, client, geometry: StoreGeometry, device: torch.device, dtype: torch.dtype, page_scope: dict, limit_bytes: int | None = None
+    ):
+        if limit_bytes is not None and (isinstance(limit_bytes, bool) or not isinstance(limit_bytes, int) or limit_bytes < 1):
+            raise InvalidArgument("state_limit_bytes", f"must be a positive int or None, got {limit_bytes!r}")
         self.client, self.geometry, self.device, self.dtype = client, geometry, device, dtype
         self._page_scope = page_scope
-        self._prefixes: dict[str, PrefixState] = {}
+        self.limit_bytes = limit_bytes
+        self.evicted = 0  # prefixes whose state was dropped for the limit
+        self._prefixes: OrderedDict[str, PrefixState] = OrderedDict()  # least recently used first
 
     def prefix(self, prefix_id: str) -> PrefixState:
-        return self._prefixes.setdefault(prefix_id, PrefixState())
+        state = self._prefixes.setdefault(prefix_id, PrefixState())
+        self._prefixes.move_to_end(prefix_id)
+        return state
 
     def forget(self, prefix_id: str) -> None:
         self._prefixes.pop(prefix_id, None)
+
+    def _trim(self, keep: str) -> None:
+        """Drop the least recently used prefixes' state (not ``keep``'s) while the whole is over the limit."""
+        if self.limit_bytes is None:
+            return
+        total = self.nbytes
+        for pid in list(self._prefixes):
+            if total <= self.limit_bytes:
+                return
+            if pid != keep:
+                total -= self._prefixes.pop(pid).nbytes
+                self.evicted += 1
 
     @property
     def nbytes(self) -> int:
@@ -75,6 +100,7 @@ class ResidentState:
             if out is not None:
                 out.state_bytes_fetched += firsts.nbytes
             state.summaries[period_layers] = torch.from_numpy(firsts).to(self.device, self.dtype)
+            self._trim(prefix_id)
         return state.summaries[period_layers]
 
     def probe(self, prefix_id: str, group: int, bits: int, out) -> QuantizedKeys:
@@ -92,6 +118,7 @@ class ResidentState:
             else:
                 keys = quantize_keys(to_device(probe, self.geometry.model.dtype, torch.device("cpu")), bits).to(self.device)
             state.probes[(group, bits)] = keys
+            self._trim(prefix_id)
         return state.probes[(group, bits)]
 
     def full_probe(self, prefix_id: str, group: int, out) -> torch.Tensor:
@@ -110,6 +137,7 @@ class ResidentState:
                 values = to_device(read.group_kv(group), geo.model.dtype, torch.device("cpu"))[layer - group * geo.group_layers, 1]
                 state.value_sums[layer] = value_sum(values).to(self.device)  # [Hkv, n, d] summed on the host, once
                 out.state_bytes_fetched += read.bytes_useful
+            self._trim(prefix_id)
         return state.value_sums[layer]
 
     def tail(self, prefix_id: str, num_tokens: int, spec, out) -> tuple[torch.Tensor, torch.Tensor]:
@@ -121,4 +149,5 @@ class ResidentState:
             tail = get_tail(self.client, prefix_id, num_tokens, self.geometry, sink, recent, pairs=pairs, **self._page_scope)
             out.state_bytes_fetched += tail.rows.nbytes
             state.tail = (torch.from_numpy(tail.positions), self._rows(tail.rows))
+            self._trim(prefix_id)
         return state.tail
