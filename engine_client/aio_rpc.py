@@ -54,7 +54,7 @@ class DaemonStatus:
 
     def _set(self, call) -> None:
         status = (_finished(call.code()), _finished(call.details()) or "")
-        if self.status is None and status != CORE_WRITE_ERROR:
+        if self.status is None and status[0] is not None and status != CORE_WRITE_ERROR:
             self.status = status
 
     async def error(self, exc: grpc.RpcError) -> KVStoreRpcError:
