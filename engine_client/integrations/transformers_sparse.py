@@ -42,7 +42,7 @@ from ..reprefill.config import ReprefillConfig
 from ..reprefill.period import row_positions
 from ..reprefill.result import ReprefillResult
 from ..reprefill.select import PeriodSelection
-from ..reprefill.state import ResidentState
+from ..reprefill.state import DEFAULT_STATE_LIMIT, ResidentState
 from ..selection import Budget, plan_periods
 from ..standin import standin_kv
 from .transformers_cache import KVStorePrefixCache, layer_batches, read_kv
@@ -79,12 +79,13 @@ def unsupported(cfg: ReprefillConfig) -> tuple[str, str] | None:
 class SparseReprefill:
     """Sparse Re-Prefill and greedy decoding of a transformers model over prefixes in kvstore (module docstring)."""
 
-    def __init__(self, cache: KVStorePrefixCache, *, standin_layers=None, selection_profile=None):
+    def __init__(self, cache: KVStorePrefixCache, *, standin_layers=None, selection_profile=None, state_limit_bytes=DEFAULT_STATE_LIMIT):
         """``cache``: the model, client, geometry and fingerprint.  ``standin_layers``: the calibrated stand-in
         layers (``model.standins.StandinLayers``, what ``ModelRunner.standin_profile`` holds) that
         ``standin_layers="auto"`` and ``"calibrated"`` read; None: none.  ``selection_profile``
         (``model.selection_profile.SelectionProfile``, what ``ModelRunner.selection_profile`` holds): what
-        ``follow_top="auto"`` reads; None: 0."""
+        ``follow_top="auto"`` reads; None: 0.  ``state_limit_bytes``: as ``ModelRunner``'s, the per-prefix
+        state kept between requests (least recently used dropped past it); None: no limit."""
         kernel = cache.model.config._attn_implementation
         if kernel not in ATTENTION_KERNELS:
             raise InvalidArgument(
@@ -95,7 +96,7 @@ class SparseReprefill:
         self.follow_top_auto = 0 if selection_profile is None else selection_profile.follow_top
         self.device = self.model.device
         scope = {"namespace": cache.namespace, "model_fingerprint": cache.model_fingerprint}
-        self.state = ResidentState(cache.client, cache.geometry, self.device, cache.dtype, scope)
+        self.state = ResidentState(cache.client, cache.geometry, self.device, cache.dtype, scope, state_limit_bytes)
         self.attention = [layer.self_attn for layer in self.model.get_decoder().layers]  # Llama/Qwen2 decoder layers
 
     def check(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig):

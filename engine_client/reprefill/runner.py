@@ -49,14 +49,13 @@ from .config import AUTO, CALIBRATED, ReprefillConfig
 from .device import resolve_device, wait
 from .result import PrefixHandle, ReprefillResult
 from .staging import PinnedStaging
-from .state import ResidentState, summary_bytes
+from .state import DEFAULT_STATE_LIMIT, ResidentState, summary_bytes
 from .window import StoredLayers, stored_layers
 
 log = logging.getLogger(__name__)
 
 _TORCH_DTYPES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
 DEFAULT_CONFIG = ReprefillConfig()
-DEFAULT_STATE_LIMIT = 1 << 30  # 1 GiB of device memory: about 160 SmolLM2-135M prefixes of 2k tokens with 4-bit probe keys
 
 
 def window_periods(config, period_layers: int) -> tuple[int, ...]:

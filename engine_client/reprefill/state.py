@@ -27,6 +27,8 @@ from ..standin import value_sum
 from ..stream_tail import get_tail
 from .device import to_device
 
+DEFAULT_STATE_LIMIT = 1 << 30  # 1 GiB of device memory: about 160 SmolLM2-135M prefixes of 2k tokens with 4-bit probe keys
+
 
 @dataclass
 class PrefixState:
