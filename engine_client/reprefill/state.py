@@ -6,9 +6,9 @@ for the next request; ``forget`` drops a prefix's, ``nbytes`` counts all of
 it.  With ``limit_bytes`` the prefixes used least recently are dropped
 (``evicted``) once the whole passes the limit, never the one being filled:
 a worker serving many prefixes keeps a bounded share of its device memory,
-and a dropped prefix is fetched again by its next request.  Every tensor is on the model's device, copied there once per prefix
-(the tail's row positions stay on the host: they index, they are not
-computed on).
+and a dropped prefix is fetched again by its next request.  Every tensor is
+on the model's device, copied there once per prefix (the tail's row
+positions stay on the host: they index, they are not computed on).
 """
 
 from __future__ import annotations
