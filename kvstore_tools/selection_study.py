@@ -23,9 +23,10 @@ take the answer's margin, where stand-in rows go (``engine_client.standin``).
 layers, their values the mean of the rows left out per KV head (as the
 runner does) and, to compare, per 16-token chunk.
 
-A rule is ``P<period layers>[+follow][+nolocal][+cum][+first<f>][+lead<n>]-<scorer>``
-(``+nolocal``: the last chunk is not forced into the set, its place goes
-to the scores; ``+cum``: each selection ranks by the mass summed over every
+A rule is ``P<period layers>[+follow][+nolocal][+nosink][+cum][+first<f>][+lead<n>][+tail<n>][+hsum]-<scorer>``
+(``+nolocal``/``+nosink``: the last/first chunk is not forced into the set, its place goes
+to the scores; ``+tail<n>``: only the question's last ``n`` queries score; ``+hsum``: query heads' mass
+summed instead of each head's normalised maximum; ``+cum``: each selection ranks by the mass summed over every
 scored layer so far, each layer's normalised to one; ``+first<f>``: the
 first scored layer takes a share ``f`` of the chunk-layers, the others
 split the rest; ``+lead<n>``: only the ``n`` best chunks bring the chunk
@@ -33,7 +34,7 @@ after them), scorer one of ``exact``
 (the layer's keys), ``int4``/``int8`` (those keys quantized per token and
 head, ``selection/probes.py``), ``summary`` (the channel min/max bound) or
 ``ch<k>`` (the ``k`` channels of largest mean magnitude per KV head, as
-IMPRESS's partial probes).  Scores are the maximum over query heads of each
+IMPRESS's partial probes).  Scores are the maximum (``+hsum``: the sum) over query heads of each
 head's softmax mass (``head_aggregation="max"``).  ``drop<a>-<b>``: the full
 KV but the needle's chunks in layers ``[a, b)``, to see which layers need it.
 
@@ -79,15 +80,33 @@ def head_scores(q: torch.Tensor, keys: torch.Tensor, scorer: str) -> torch.Tenso
 
 
 def parse_rule(rule: str):
+    """``("drop", a, b)`` or ``("select", period, follow, scorer, local, cum, first, lead, sink, tail, heads)``."""
     if m := re.fullmatch(r"drop(\d+)-(\d+)", rule):
         return ("drop", int(m[1]), int(m[2]))
     if m := re.fullmatch(
-        r"P([1-9]\d*)(\+follow)?(\+nolocal)?(\+cum)?(\+first0?\.\d+)?(\+lead\d)?-(exact|summary|int4|int8|ch[1-9]\d*)", rule
+        r"P([1-9]\d*)(\+follow)?(\+nolocal)?(\+nosink)?(\+cum)?(\+first0?\.\d+)?(\+lead\d)?(\+tail[1-9]\d*)?(\+hsum)?"
+        r"-(exact|summary|int4|int8|ch[1-9]\d*)",
+        rule,
     ):
-        first = float(m[5][6:]) if m[5] else None
-        lead = int(m[6][5:]) if m[6] else None
-        return ("select", int(m[1]), 1 if m[2] or lead else 0, m[7], 0 if m[3] else 1, bool(m[4]), first, lead)
-    raise ValueError(f"rule {rule!r}: expected P<layers>[+follow][+nolocal][+cum][+first<f>][+lead<n>]-<scorer> or drop<a>-<b>")
+        first = float(m[6][6:]) if m[6] else None
+        lead = int(m[7][5:]) if m[7] else None
+        tail = int(m[8][5:]) if m[8] else None
+        return (
+            "select",
+            int(m[1]),
+            1 if m[2] or lead else 0,
+            m[10],
+            0 if m[3] else 1,
+            bool(m[5]),
+            first,
+            lead,
+            0 if m[4] else 1,
+            tail,
+            "sum" if m[9] else "max",
+        )
+    raise ValueError(
+        f"rule {rule!r}: expected P<layers>[+follow][+nolocal][+nosink][+cum][+first<f>][+lead<n>][+tail<n>][+hsum]-<scorer> or drop<a>-<b>"
+    )
 
 
 @torch.inference_mode()
@@ -170,12 +189,14 @@ def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=(),
             chosen = torch.tensor([c for c in range(m) if not (spec[1] <= layer < spec[2] and c in needle)])
         elif layer % spec[1] == 0:
             q = model.layer_queries(layer, hidden[:s], pos[:s])
-            scores = aggregate_heads(head_scores(q, kv[layer, 0], spec[3]), "max")
+            if spec[9]:  # +tail<n>: only the question's last n queries score
+                q = q[:, -spec[9] :]
+            scores = aggregate_heads(head_scores(q, kv[layer, 0], spec[3]), spec[10])
             if spec[5]:  # +cum: the mass of every scored layer so far, each layer's scores summing to one
                 scores = scores / scores.sum()
                 acc = scores if acc is None else acc + scores
                 scores = acc
-            chosen = select_chunks(scores, ks[layer], follow=spec[2], follow_top=spec[7] or 0, local_chunks=spec[4])
+            chosen = select_chunks(scores, ks[layer], follow=spec[2], follow_top=spec[7] or 0, local_chunks=spec[4], sink_chunks=spec[8])
         loaded.append(float(np.isin(needle, chosen.numpy()).mean()))
         rows = torch.cat([torch.arange(c * CHUNK, min(n, (c + 1) * CHUNK)) for c in chosen.tolist()])
         layer_kv = kv[layer] if layer in whole else kv[layer][:, :, rows]
