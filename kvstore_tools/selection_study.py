@@ -26,7 +26,9 @@ runner does) and, to compare, per 16-token chunk.
 A rule is ``P<period layers>[+follow][+nolocal][+nosink][+cum][+first<f>][+lead<n>][+tail<n>][+hsum]-<scorer>``
 (``+nolocal``/``+nosink``: the last/first chunk is not forced into the set, its place goes
 to the scores; ``+tail<n>``: only the question's last ``n`` queries score; ``+hsum``: query heads' mass
-summed instead of each head's normalised maximum; ``+cum``: each selection ranks by the mass summed over every
+summed instead of each head's normalised maximum; ``+oracle``: the
+evidence's chunks ranked first at every scored layer, a bound on what
+finding it is worth, not a rule a runner can follow; ``+cum``: each selection ranks by the mass summed over every
 scored layer so far, each layer's normalised to one; ``+first<f>``: the
 first scored layer takes a share ``f`` of the chunk-layers, the others
 split the rest; ``+lead<n>``: only the ``n`` best chunks bring the chunk
@@ -80,11 +82,11 @@ def head_scores(q: torch.Tensor, keys: torch.Tensor, scorer: str) -> torch.Tenso
 
 
 def parse_rule(rule: str):
-    """``("drop", a, b)`` or ``("select", period, follow, scorer, local, cum, first, lead, sink, tail, heads)``."""
+    """``("drop", a, b)`` or ``("select", period, follow, scorer, local, cum, first, lead, sink, tail, heads, oracle)``."""
     if m := re.fullmatch(r"drop(\d+)-(\d+)", rule):
         return ("drop", int(m[1]), int(m[2]))
     if m := re.fullmatch(
-        r"P([1-9]\d*)(\+follow)?(\+nolocal)?(\+nosink)?(\+cum)?(\+first0?\.\d+)?(\+lead\d)?(\+tail[1-9]\d*)?(\+hsum)?"
+        r"P([1-9]\d*)(\+follow)?(\+nolocal)?(\+nosink)?(\+cum)?(\+first0?\.\d+)?(\+lead\d)?(\+tail[1-9]\d*)?(\+hsum)?(\+oracle)?"
         r"-(exact|summary|int4|int8|ch[1-9]\d*)",
         rule,
     ):
@@ -95,7 +97,7 @@ def parse_rule(rule: str):
             "select",
             int(m[1]),
             1 if m[2] or lead else 0,
-            m[10],
+            m[11],
             0 if m[3] else 1,
             bool(m[5]),
             first,
@@ -103,9 +105,11 @@ def parse_rule(rule: str):
             0 if m[4] else 1,
             tail,
             "sum" if m[9] else "max",
+            bool(m[10]),
         )
     raise ValueError(
-        f"rule {rule!r}: expected P<layers>[+follow][+nolocal][+nosink][+cum][+first<f>][+lead<n>][+tail<n>][+hsum]-<scorer> or drop<a>-<b>"
+        f"rule {rule!r}: expected P<layers>[+follow][+nolocal][+nosink][+cum][+first<f>][+lead<n>][+tail<n>][+hsum][+oracle]-<scorer>"
+        " or drop<a>-<b>"
     )
 
 
@@ -196,6 +200,9 @@ def _teacher_forced(model, kv, question, answer, rule, budget, needle, whole=(),
                 scores = scores / scores.sum()
                 acc = scores if acc is None else acc + scores
                 scores = acc
+            if spec[11]:  # +oracle: the evidence's chunks first, whatever they score (what finding it is worth)
+                scores = scores.clone()
+                scores[torch.as_tensor(needle, dtype=torch.long)] = float("inf")
             chosen = select_chunks(scores, ks[layer], follow=spec[2], follow_top=spec[7] or 0, local_chunks=spec[4], sink_chunks=spec[8])
         loaded.append(float(np.isin(needle, chosen.numpy()).mean()))
         rows = torch.cat([torch.arange(c * CHUNK, min(n, (c + 1) * CHUNK)) for c in chosen.tolist()])

@@ -37,7 +37,7 @@ from transformers import DynamicCache
 from kvstore.contract import InvalidArgument
 
 from ..generation import check_max_new_tokens, eos_ids
-from ..reprefill.checks import check_prefix, check_runner, describe, resolve_layers
+from ..reprefill.checks import check_prefix, check_runner, describe, resolve_layers, resolve_selection
 from ..reprefill.config import ReprefillConfig
 from ..reprefill.period import row_positions
 from ..reprefill.result import ReprefillResult
@@ -84,7 +84,7 @@ class SparseReprefill:
         layers (``model.standins.StandinLayers``, what ``ModelRunner.standin_profile`` holds) that
         ``standin_layers="auto"`` and ``"calibrated"`` read; None: none.  ``selection_profile``
         (``model.selection_profile.SelectionProfile``, what ``ModelRunner.selection_profile`` holds): what
-        ``follow_top="auto"`` reads; None: 0.  ``state_limit_bytes``: as ``ModelRunner``'s, the per-prefix
+        ``follow_top``, ``probe_bits`` and ``local_chunks`` "auto" read; None: 0, 4 bits and one chunk.  ``state_limit_bytes``: as ``ModelRunner``'s, the per-prefix
         state kept between requests (least recently used dropped past it); None: no limit."""
         kernel = cache.model.config._attn_implementation
         if kernel not in ATTENTION_KERNELS:
@@ -93,6 +93,7 @@ class SparseReprefill:
             )
         self.cache, self.model, self.client, self.geometry = cache, cache.model, cache.client, cache.geometry
         self.standin_profile = standin_layers
+        self.selection_profile = selection_profile
         self.follow_top_auto = 0 if selection_profile is None else selection_profile.follow_top
         self.device = self.model.device
         scope = {"namespace": cache.namespace, "model_fingerprint": cache.model_fingerprint}
@@ -119,7 +120,7 @@ class SparseReprefill:
     ) -> SparseGeneration:
         """Re-Prefill of ``suffix_tokens`` after the stored prefix, then greedy decoding of up to ``max_new_tokens``
         tokens (the first included), stopping at an EOS id (the tokenizer's unless ``eos_token_ids``)."""
-        cfg = ReprefillConfig() if cfg is None else cfg
+        cfg = resolve_selection(ReprefillConfig() if cfg is None else cfg, self.selection_profile)
         max_new_tokens = check_max_new_tokens(max_new_tokens)
         desc, suffix, layers = self.check(prefix_id, suffix_tokens, cfg)
         req = SparseRequest(self, desc, suffix, cfg, layers)

@@ -31,6 +31,26 @@ class Layers:
     missing_calibration: bool = False  # "auto" asked for stand-ins and the runner has no calibration file
 
 
+def resolve_selection(cfg: ReprefillConfig, profile) -> ReprefillConfig:
+    """``cfg`` with its "auto" probe-key width and local chunks read from ``profile``
+    (``model.selection_profile.SelectionProfile`` or None: 4 bits and one chunk), and no probe keys for a
+    selector that reads none.  A runner resolves every request with it first, so nothing below it sees
+    "auto" there (``follow_top`` is read where a Period selects)."""
+    if not isinstance(cfg, ReprefillConfig):
+        raise InvalidArgument("cfg", f"must be a ReprefillConfig, got {type(cfg).__name__}")
+
+    def profiled(name: str, default: int) -> int:
+        value = None if profile is None else getattr(profile, name)
+        return default if value is None else value
+
+    sel, changes = cfg.selection, {}
+    if sel.probe_bits == AUTO:
+        changes["probe_bits"] = profiled("probe_bits", 4) if PROBE_KEYS in SELECTORS[sel.selector].needs else 0
+    if sel.local_chunks == AUTO:
+        changes["local_chunks"] = profiled("local_chunks", 1)
+    return cfg.replace(**changes) if changes else cfg
+
+
 def resolve_layers(cfg: ReprefillConfig, profile, num_layers: int, group_layers: int) -> Layers:
     """``standin_layers`` and ``whole_layers`` of ``cfg`` with "calibrated" / "auto" read from ``profile``
     (``model.standins.StandinLayers`` or None), checked against the runner."""

@@ -54,6 +54,7 @@ class Answer:
 
 def request_shape(runner, num_tokens: int, suffix_tokens: int, prefix_id: str, cfg: ReprefillConfig) -> RequestShape:
     """What ``path_choice`` needs of this request on ``runner``'s layout."""
+    cfg = runner.resolve(cfg)
     geo = runner.geometry
     num_chunks = geo.num_chunks(num_tokens)
     sel = cfg.selection

@@ -2,11 +2,15 @@
 
 ``ReprefillConfig()`` is the system measured to keep the answer (docs/accuracy.md,
 "Where the target stands"): every layer selects its own chunks (1-layer Periods)
-by exact softmax mass over 4-bit probe keys kept resident, a chunk ranked by the
-query head that wants it most and taken with the chunk after it, and at the
+by exact softmax mass over quantized probe keys kept resident, a chunk ranked by
+the query head that wants it most and taken with the chunk after it, and at the
 model's calibrated layers the rows not loaded stand in (``standin_layers="auto"``:
 when the runner has a calibration file; without one it runs without them and
 says so once).  It needs 1-layer stored groups, ``ModelRunner``'s default.
+The probe keys' width, how many chunks bring followers and how many last
+chunks are always loaded are the model's calibrated values ("auto",
+``model.selection_profile``): 4 bits, every chunk and one without a profile
+(SmolLM2-135M); 8 bits, the best chunk and none on Gemma 3 270M.
 
 The sub-configs, each one stage of the pipeline:
 
@@ -80,15 +84,18 @@ class SelectionConfig:
     # page_chunks > 1: whole physical pages of that many chunks, each scored by its best chunk (LServe)
     page_chunks: int = 1
     # probe_bits 4 or 8: exact scores from probe keys quantized to that many bits, fetched once per prefix
-    # and kept resident (selection.probes); 0: full-precision keys fetched at every Period
-    probe_bits: int = 4
+    # and kept resident (selection.probes); 0: full-precision keys fetched at every Period; "auto": the
+    # runner's model's calibrated width (model.selection_profile), 4 without one, 0 for a selector that
+    # reads no probe keys
+    probe_bits: int | str = AUTO
     # per_head (LServe): each KV head chooses its own chunks at the budget and attends only to them; the
     # Period loads their union
     per_head: bool = False
     # select_queries > 0: the first token's selection scores with the suffix's last this many tokens only
     select_queries: int = 0
     sink_chunks: int = 1
-    local_chunks: int = 1
+    # the last chunks always loaded; "auto": the runner's model's calibrated count, 1 without one
+    local_chunks: int | str = AUTO
 
     def __post_init__(self):
         if self.selector not in SELECTORS:
@@ -99,15 +106,17 @@ class SelectionConfig:
         if top != AUTO and (isinstance(top, bool) or not isinstance(top, numbers.Integral) or top < 0):
             raise InvalidArgument("follow_top", f'must be "auto" or an int >= 0, got {top!r}')
         _int("page_chunks", self.page_chunks, 1)
-        check_probe_bits(self.probe_bits)
+        if self.probe_bits != AUTO:
+            check_probe_bits(self.probe_bits)
         _bool("per_head", self.per_head)
         _int("select_queries", self.select_queries, 0)
         _int("sink_chunks", self.sink_chunks, 0)
-        _int("local_chunks", self.local_chunks, 0)
+        if self.local_chunks != AUTO:
+            _int("local_chunks", self.local_chunks, 0)
         if self.page_chunks > 1 and self.follow:
             raise InvalidArgument("page_chunks", f"selects whole pages; it does not combine with follow={self.follow} (set follow=0)")
         cls = SELECTORS[self.selector]
-        if self.probe_bits and PROBE_KEYS not in cls.needs:
+        if self.probe_bits not in (0, AUTO) and PROBE_KEYS not in cls.needs:
             raise InvalidArgument(
                 "probe_bits", f"quantized probe keys serve the exact selector only, not {self.selector!r} (set probe_bits=0)"
             )

@@ -9,9 +9,10 @@ cheapest path (recompute, whole load or sparse) for a machine's profile
 (``choice``).  What the runner keeps between requests is per prefix, in
 ``state``.
 
-By default a runner stores 1-layer groups with 4-bit probe keys: the layout
-``ReprefillConfig()`` selects over (every layer its own set, from resident
-4-bit keys).  Everything it keeps and computes is on the model's device.
+By default a runner stores 1-layer groups with probe keys at the width
+``ReprefillConfig()`` reads (every layer its own set, from resident keys of
+4 bits, or the model's selection profile's width: 8 on Gemma 3).
+Everything it keeps and computes is on the model's device.
 
 A model with sliding-window layers (Gemma 3) is stored, by default, in the
 window-tail layout (``window``): extents hold its global layers only, and
@@ -22,6 +23,10 @@ budget, with no selection, read, stand-in rows or attention report.  With
 the last chunks its window still sees (``selection.window_chunk_count``).
 The global layers' Periods select as usual.  Periods must not mix the two
 kinds.
+
+Why one file of ~410 lines: it is the worker's one public object, each
+entry point a few lines that check and resolve a request and hand it to the
+module that runs it (``pipeline``, ``decode``, ``choice``, ``state``).
 """
 
 from __future__ import annotations
@@ -37,14 +42,14 @@ from kvstore.contract.geometry import ModelSpec, StoreGeometry
 
 from ..client import KVStoreClient, as_numpy_kv
 from ..model.decoder import Decoder
-from ..model.selection_profile import packaged_selection
+from ..model.selection_profile import calibrated_probe_bits, packaged_selection
 from ..model.standins import packaged_standins
 from ..path_choice import PathHistory
 from ..prefill import chunked_prefill
 from ..selection import Budget, PeriodPlan, plan_periods, window_chunk_count
 from ..stream_tail import has_tail, left_out_heads, put_tail, tail_pairs
 from . import choice, decode, pipeline
-from .checks import Layers, check_prefix, check_runner, describe, resolve_layers, token_tensor
+from .checks import Layers, check_prefix, check_runner, describe, resolve_layers, resolve_selection, token_tensor
 from .config import AUTO, CALIBRATED, ReprefillConfig
 from .device import resolve_device, wait
 from .result import PrefixHandle, ReprefillResult
@@ -116,7 +121,7 @@ class ModelRunner:
         namespace: str = "",
         chunk_tokens: int = 16,
         group_layers: int = 1,
-        probe_bits: int = 4,
+        probe_bits: int | str = AUTO,
         streaming_heads=None,
         standin_layers="shipped",
         selection_profile="shipped",
@@ -129,15 +134,17 @@ class ModelRunner:
         """``group_layers``: the layers of a stored group (1: every layer can select its own chunks, what
         ``ReprefillConfig()`` does).  ``probe_bits`` 4 or 8: the prefixes this runner stores keep their probe
         keys quantized (``StoreGeometry.probe_bits``), what ``SelectionConfig.probe_bits`` of the same width
-        reads (0: in the KV dtype, which exact selection at any width can read).
+        reads (0: in the KV dtype, which exact selection at any width can read); "auto" (the default): the
+        model's calibrated width (``selection_profile``), 4 without one, what ``probe_bits="auto"`` asks for.
         ``kv_quant``: the prefixes it stores hold their KV quantized (``StoreGeometry.kv_quant``); every
         read dequantizes to the model's dtype.
         ``streaming_heads`` (``model.streaming.StreamingHeads``): what ``AttentionConfig.streaming`` uses.
         ``standin_layers`` (``model.standins.StandinLayers``): the calibrated layers "auto" and "calibrated" read;
         by default ("shipped") the calibration the package ships for this model (matched by fingerprint), if any;
         None: none.
-        ``selection_profile`` (``model.selection_profile.SelectionProfile``): what ``follow_top="auto"``
-        reads; by default ("shipped") the profile the package ships for this model, if any; None: none.
+        ``selection_profile`` (``model.selection_profile.SelectionProfile``): what ``follow_top``,
+        ``probe_bits`` and ``local_chunks`` "auto" read; by default ("shipped") the profile the package ships
+        for this model, if any; None: none.
         ``streaming_layout``: the prefixes it stores keep only the sink and recent rows of the streaming
         heads (LServe's second layout, ``stream_tail``); they serve streaming requests only.
         ``window_tail``: on a model with sliding-window layers, store its global layers as extents and each
@@ -153,6 +160,8 @@ class ModelRunner:
         # the calibrated layers "auto" and "calibrated" read: by default those shipped for this model, if any
         self.standin_profile = packaged_standins(model) if standin_layers == "shipped" else standin_layers
         self.selection_profile = packaged_selection(model) if selection_profile == "shipped" else selection_profile
+        # stored at the width a request's "auto" reads, so that the default request reads the keys as stored
+        probe_bits = calibrated_probe_bits(model, self.selection_profile) if probe_bits == AUTO else probe_bits
         self.client = client
         self.namespace = namespace
         if streaming_layout and streaming_heads is None:
@@ -240,8 +249,7 @@ class ModelRunner:
     # ------------------------------------------------------------ re-prefill
     def check_request(self, prefix_id: str, suffix_tokens, cfg: ReprefillConfig):
         """Validate everything before any work; returns (description, suffix tensor, resolved layers)."""
-        if not isinstance(cfg, ReprefillConfig):
-            raise InvalidArgument("cfg", f"must be a ReprefillConfig, got {type(cfg).__name__}")
+        cfg = self.resolve(cfg)
         check_runner(cfg, self.geometry, self.streaming_heads)
         layers = self.calibrated_layers(cfg)
         suffix = token_tensor(suffix_tokens, field_name="suffix_tokens")
@@ -269,6 +277,11 @@ class ModelRunner:
             )
         return layers
 
+    def resolve(self, cfg: ReprefillConfig) -> ReprefillConfig:
+        """``cfg`` with its "auto" probe-key width and local chunks this runner's model's
+        (``checks.resolve_selection``); every entry point resolves its request first."""
+        return resolve_selection(cfg, self.selection_profile)
+
     def follow_top(self, cfg: ReprefillConfig) -> int:
         """The request's ``follow_top`` for this runner: "auto" is the model's selection profile's, 0 without one."""
         top = cfg.selection.follow_top
@@ -281,6 +294,7 @@ class ModelRunner:
     ) -> PeriodPlan:
         """The request's Periods and the chunks each loads (``selection.schedule.plan_periods``);
         ``num_tokens`` (the prefix's) places the sliding layers' windows, on a model that has them."""
+        cfg = self.resolve(cfg)
         layers = self.calibrated_layers(cfg) if layers is None else layers
         sel = cfg.selection
         window = window_periods(self.model.config, cfg.schedule.period_layers)
@@ -311,6 +325,7 @@ class ModelRunner:
         (what ``generate`` decodes over).
         """
         t_start = time.perf_counter()  # TTFT counts the request's checks (a Describe) and its plan
+        cfg = self.resolve(cfg)
         desc, suffix, layers = self.check_request(prefix_id, suffix_tokens, cfg)
         budget = Budget.fraction(1.0) if cfg.decode.first_token_full else cfg.budget  # the budget is then the decoding steps'
         plan = self.plan(desc.num_chunks, cfg, budget, layers, num_tokens=desc.num_tokens)
@@ -322,7 +337,7 @@ class ModelRunner:
         whole stored prefix, or sparse Re-Prefill with ``cfg``; a prefix not stored is recomputed and, with
         ``store``, its KV stored after the first token.  ``profile``: ``compute_model.parse_profile(...)`` (a
         named accelerator, or ``file:PATH`` from ``kvstore-bench calibrate``, which costs the loading paths)."""
-        return choice.answer(self, prefix_tokens, suffix_tokens, cfg, profile, store=store)
+        return choice.answer(self, prefix_tokens, suffix_tokens, self.resolve(cfg), profile, store=store)
 
     # ------------------------------------------------------------ generation
     def generate(
@@ -352,7 +367,7 @@ class ModelRunner:
             self,
             prefix_id,
             suffix_tokens,
-            cfg,
+            self.resolve(cfg),
             max_new_tokens,
             tokenizer=tokenizer,
             eos_token_ids=eos_token_ids,
@@ -366,8 +381,7 @@ class ModelRunner:
         probe keys or key summaries, the stand-in layers' value sums, a tail), so that its first request
         fetches none: for a worker about to serve a stored prefix it did not store.  The bytes fetched
         (0 when all of it was resident)."""
-        if not isinstance(cfg, ReprefillConfig):
-            raise InvalidArgument("cfg", f"must be a ReprefillConfig, got {type(cfg).__name__}")
+        cfg = self.resolve(cfg)
         check_runner(cfg, self.geometry, self.streaming_heads)
         layers = self.calibrated_layers(cfg)
         desc = describe(self.client, prefix_id)

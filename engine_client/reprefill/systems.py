@@ -1,6 +1,6 @@
 """Named Re-Prefill systems: a base name plus modifiers, parsed into a ``ReprefillConfig``.
 
-    parse_system("ckv+int4-probes+standins", budget=Budget.fraction(0.05))
+    parse_system("ckv+probes+standins", budget=Budget.fraction(0.05))
 
 A name is ``BASE[+MODIFIER...]``; each modifier sets one thing of the base
 (``period=2``, ``int4-probes``, ``standins=19``, ``query=last:16``, ...), later
@@ -17,8 +17,12 @@ Bases (``BASES``):
   groups) by exact softmax mass, a chunk ranked by the query head that wants
   it most and taken with the chunk after it (the answer follows the sentence
   that names it).  Its probe keys are read in full at every layer; with
-  ``int4-probes`` they are fetched once per prefix at 4 bits and kept (7% of
-  a float32 KV).  ``ckv+int4-probes+standins`` is ``ReprefillConfig()``;
+  ``probes`` they are fetched once per prefix and kept, quantized to the
+  model's calibrated width (``model.selection_profile``: 4 bits, 7% of a
+  float32 KV, without a profile; 8 on Gemma 3 270M), with ``int4-probes`` or
+  ``int8-probes`` to that width whatever the model.  ``ckv+probes+standins``
+  is ``ReprefillConfig()``; on a model without a selection profile it is
+  ``ckv+int4-probes+standins``, the name its earlier tables give;
 - ``quest``, ``lserve``, ``loopserve``: the decode-side systems
   ``kvstore-bench decode`` compares (below).
 
@@ -37,11 +41,11 @@ from kvstore.contract import InvalidArgument
 from ..selection import Budget
 from .config import AUTO, CALIBRATED, AttentionConfig, DecodeConfig, ReprefillConfig, ScheduleConfig, SelectionConfig
 
-DEFAULT_SYSTEM = "ckv+int4-probes+standins"
+DEFAULT_SYSTEM = "ckv+probes+standins"
 
 
 def _plain(selector: str) -> ReprefillConfig:
-    selection = SelectionConfig(selector=selector, head_aggregation="sum", follow=0, probe_bits=0)
+    selection = SelectionConfig(selector=selector, head_aggregation="sum", follow=0, probe_bits=0, local_chunks=1)
     return ReprefillConfig(selection=selection, schedule=ScheduleConfig(period_layers=8), attention=AttentionConfig(standin_layers=()))
 
 
@@ -49,7 +53,7 @@ _PER_LAYER = ScheduleConfig(period_layers=1)
 _NO_STANDINS = AttentionConfig(standin_layers=())
 # Quest: every layer, every generated token, chunks (16-token pages) ranked by their min/max key bound
 _QUEST = ReprefillConfig(
-    selection=SelectionConfig(selector="summary", follow=0, probe_bits=0),
+    selection=SelectionConfig(selector="summary", follow=0, probe_bits=0, local_chunks=1),
     schedule=_PER_LAYER,
     attention=_NO_STANDINS,
     decode=DecodeConfig(reselect_every=1),
@@ -72,7 +76,10 @@ BASES: dict[str, ReprefillConfig] = {
     # LoopServe: re-selected every 4 generated tokens from those tokens' queries against the keys
     # themselves (4-bit resident probes), no follower chunks
     "loopserve": ReprefillConfig(
-        selection=SelectionConfig(follow=0), schedule=_PER_LAYER, attention=_NO_STANDINS, decode=DecodeConfig(reselect_every=4)
+        selection=SelectionConfig(follow=0, probe_bits=4, local_chunks=1),
+        schedule=_PER_LAYER,
+        attention=_NO_STANDINS,
+        decode=DecodeConfig(reselect_every=4),
     ),
 }
 
@@ -111,11 +118,15 @@ MODIFIERS: dict[str, tuple[str, object, str]] = {
         "auto | N: only the N best-ranked chunks bring followers (0: every one)",
     ),
     "pages": ("page_chunks", int, "select whole pages of this many chunks (LServe)"),
-    "probes": ("probe_bits", int, "4 | 8 | 0: probe keys quantized and resident, or full precision per Period"),
+    "probes": (
+        "probe_bits",
+        lambda v: v if v == AUTO else int(v),
+        "auto | 4 | 8 | 0: probe keys quantized (auto: the model's calibrated width) and resident, or full precision per Period",
+    ),
     "per-head": ("per_head", _switch, "each KV head its own set (LServe)"),
     "query": ("select_queries", _query, "last:N | all: which suffix tokens' queries choose"),
     "sink": ("sink_chunks", int, "first chunks always loaded"),
-    "local": ("local_chunks", int, "last chunks always loaded"),
+    "local": ("local_chunks", lambda v: v if v == AUTO else int(v), "auto | N: last chunks always loaded (auto: the model's count)"),
     "full-layers": ("full_layers", int, "the first layers load every chunk, within the budget"),
     "whole": ("whole_layers", _layers, "calibrated | L/L/...: these layers load every chunk, on top of the budget"),
     "standins": ("standin_layers", _layers, "auto | calibrated | none | L/L/...: rows not loaded stand in at these layers"),
@@ -129,6 +140,7 @@ MODIFIERS: dict[str, tuple[str, object, str]] = {
     "push": ("push", _switch, "on | off: speculative groups handed over unasked"),
 }
 FLAGS = {
+    "probes": ("probes", AUTO),
     "int4-probes": ("probes", "4"),
     "int8-probes": ("probes", "8"),
     "fp-probes": ("probes", "0"),

@@ -76,6 +76,7 @@ def run_reprefill_bench(args) -> dict:
     from engine_client.client import KVStoreClient
     from engine_client.compute_model import parse_profile
     from engine_client.model.loader import load_checkpoint
+    from engine_client.model.selection_profile import calibrated_probe_bits
     from engine_client.reprefill import ModelRunner, parse_system, window_periods
     from engine_client.selection import exact_chunk_scores
     from kvstore_tools.bench.fidelity import chunk_recall, compare_logits
@@ -90,6 +91,7 @@ def run_reprefill_bench(args) -> dict:
         model = seeded_model(args.model, device, dtype, args.seed)
     else:
         model = load_checkpoint(checkpoint_path(args), dtype=dtype, device=device)
+    args.store_probe_bits = calibrated_probe_bits(model) if args.store_probe_bits == "auto" else args.store_probe_bits
     try:  # before the prefill: Periods that mix sliding-window and global layers are refused
         for period in {args.period_layers, parse_system(args.system).schedule.period_layers if args.system else args.period_layers}:
             window_periods(model.config, period)
@@ -283,10 +285,10 @@ def add_reprefill_parser(sub) -> None:
     p.add_argument("--group-layers", type=int, default=4, help="stored period group (SubPeriod)")
     p.add_argument(
         "--store-probe-bits",
-        type=int,
-        choices=(0, 4, 8),
+        type=lambda v: v if v == "auto" else int(v),
+        choices=(0, 4, 8, "auto"),
         default=0,
-        help="the stored prefix keeps its probe keys quantized to this many bits (0: in the KV dtype)",
+        help="the stored prefix keeps its probe keys quantized to this many bits (0: in the KV dtype; auto: the model's)",
     )
     p.add_argument(
         "--profile",

@@ -101,8 +101,8 @@ def check_store_probe_bits(paths, store_bits: int, period_layers: int) -> None:
     if not store_bits:
         return
     for name, cfg in path_configs(paths, period_layers).items():
-        bits = cfg.selection.probe_bits
-        if cfg.selection.selector == "exact" and bits != store_bits:
+        bits = cfg.selection.probe_bits  # "auto" is the model's width: the runner checks it per request
+        if cfg.selection.selector == "exact" and bits not in (store_bits, "auto"):
             raise ValueError(
                 f"--store-probe-bits {store_bits}: path {name} scores with probe_bits={bits}; exact paths need probe_bits={store_bits}"
             )
@@ -268,7 +268,7 @@ def run_text_accuracy(args) -> dict:
     args.standin_profile = calibrated_profile(pm, configs.values(), getattr(args, "standin_layers", None))
     from engine_client.model.selection_profile import packaged_selection
 
-    selection = packaged_selection(pm.decoder)  # what follow_top="auto" reads in the runners below
+    selection = packaged_selection(pm.decoder)  # what "auto" follow_top, probe_bits and local_chunks read below
     start = time.perf_counter()
     rows = evaluate(pm.decoder, pm.tokenizer, examples, paths, args)
     seconds = time.perf_counter() - start
@@ -317,7 +317,7 @@ def run_text_accuracy(args) -> dict:
         "seconds": seconds,
         **({"streaming_heads": _profile_summary(args.streaming_heads)} if args.streaming_heads else {}),
         **({"standin_layers": standin_summary(args.standin_profile)} if args.standin_profile else {}),
-        **({"selection_profile": {"follow_top": selection.follow_top}} if selection else {}),
+        **({"selection_profile": {k: getattr(selection, k) for k in ("follow_top", "probe_bits", "local_chunks")}} if selection else {}),
         "paths": results,
     }
 

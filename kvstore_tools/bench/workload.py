@@ -236,6 +236,7 @@ def _start_trace(model, prefixes, runs, args):
 
 def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _Run:
     from engine_client.client import KVStoreClient
+    from engine_client.model.selection_profile import calibrated_probe_bits
     from engine_client.reprefill import ModelRunner, model_geometry, parse_system
     from engine_client.reprefill.window import stored_layers
 
@@ -243,6 +244,8 @@ def _start(model, name: str, sysdef: System, budget: float, prefixes, args) -> _
 
     named = parse_system(sysdef.selection) if sysdef.selection in NAMED_SELECTION else None
     store_bits = named.selection.probe_bits if named else 0  # a system scoring with quantized probe keys stores them so
+    if store_bits == "auto":  # at the model's calibrated width (model.selection_profile)
+        store_bits = calibrated_probe_bits(model)
     # the runner's layout: on a model with sliding-window layers, the window tail (its global layers as extents)
     stored = stored_layers(model.config, window_tail=bool(model.config.sliding_layers), group_layers=args.group_layers)
     geo = model_geometry(model, chunk_tokens=sysdef.chunk_tokens, group_layers=args.group_layers, probe_bits=store_bits, layers=stored)

@@ -9,14 +9,15 @@ refuse, before any prefill, a system the model or the arguments cannot run.
   (period i+1's queries of the hidden state at period i's start, twice the
   budget), speculative groups pushed to the client as they arrive;
 * ``contiguouskv-perlayer``: the product with the selection that keeps
-  the answer on a pretrained model (``perlayer-follow-int4``: every layer
-  its own Period, exact scores on 4-bit resident probe keys, which its
-  store keeps 4-bit too (``StoreGeometry.probe_bits``), max over heads, the
-  previous layer's choice followed; needs ``--group-layers 1``);
+  the answer on a pretrained model (``ckv+probes``: every layer its own
+  Period, exact scores on resident probe keys quantized to the model's
+  calibrated width (4 bits, 8 on Gemma 3 270M), which its store keeps at
+  that width too (``StoreGeometry.probe_bits``), max over heads, the
+  chunks after the best followed; needs ``--group-layers 1``);
 * ``contiguouskv-standin``: ``contiguouskv-perlayer`` with stand-in rows at
-  the model's calibrated layers (``perlayer-follow-int4-standin``; 8 and 19
+  the model's calibrated layers (``ckv+probes+standins=calibrated``; 8 and 19
   on SmolLM2-135M, ``--standin-layers``): every prefix row not loaded there
-  attends through its 4-bit probe key and the mean value of the rows left
+  attends through its probe key and the mean value of the rows left
   out; those layers' value sums are read once per prefix (counted as client
   state fetched) and kept resident (charged to memory);
 * ``contiguouskv-noprefetch`` / ``contiguouskv-lfu``: ablations (no
@@ -62,13 +63,13 @@ class System:
 
 LOOKAHEAD = 2.0  # contiguouskv's speculative guess: twice the budget, scored one period ahead
 # System.selection values that are named Re-Prefill systems (engine_client.reprefill.systems)
-NAMED_SELECTION = ("ckv+int4-probes", "ckv+int4-probes+standins=calibrated")
+NAMED_SELECTION = ("ckv+probes", "ckv+probes+standins=calibrated")
 
 SYSTEMS = {
     "contiguouskv-paper": System(16, "summary", "score", speculate=True, push=False),
     "contiguouskv": System(16, "summary", "score", speculate=True, lookahead=LOOKAHEAD),
-    "contiguouskv-perlayer": System(16, "ckv+int4-probes", "score", speculate=True, lookahead=LOOKAHEAD),
-    "contiguouskv-standin": System(16, "ckv+int4-probes+standins=calibrated", "score", speculate=True, lookahead=LOOKAHEAD),
+    "contiguouskv-perlayer": System(16, "ckv+probes", "score", speculate=True, lookahead=LOOKAHEAD),
+    "contiguouskv-standin": System(16, "ckv+probes+standins=calibrated", "score", speculate=True, lookahead=LOOKAHEAD),
     "contiguouskv-noprefetch": System(16, "summary", "score", speculate=False, overlap=False),
     "contiguouskv-lfu": System(16, "summary", "lfu", speculate=True, lookahead=LOOKAHEAD),
     "impress": System(64, "impress", "impress", reordered=True),

@@ -18,7 +18,9 @@ from engine_client.model import zoo
 from engine_client.model.selection_profile import packaged_selection
 from engine_client.model.standins import packaged_standins
 from engine_client.reprefill import ModelRunner, ReprefillConfig
+from engine_client.reprefill.checks import describe
 from engine_client.selection import window_chunk_count
+from kvstore.contract import InvalidArgument
 from kvstore_tools.tasks import text
 
 # the 270M model's export (~40 s on a fresh machine) and a 1.5k-token dense reference on 2 cores
@@ -45,10 +47,16 @@ def test_full_budget_is_dense_and_ten_percent_answers_the_pass_key(daemon, gemma
         full = runner.reprefill(handle.prefix_id, ex.suffix_tokens, ReprefillConfig().replace(budget=1.0, report_attention=False))
         cfg = ReprefillConfig().replace(budget=0.10)
         gen = runner.generate(handle.prefix_id, ex.suffix_tokens, cfg, 8, tokenizer=gemma3.tokenizer)
-        # the shipped selection profile: only the best chunk of a global layer brings the chunk after it
+        # the shipped selection profile: only the best chunk of a global layer brings the chunk after it, 8-bit
+        # probe keys (stored so by the runner), and no last chunk forced into a global layer's set
         assert runner.selection_profile == packaged_selection(model) and runner.follow_top(cfg) == 1
-        explicit = runner.reprefill(handle.prefix_id, ex.suffix_tokens, cfg.replace(follow_top=1, report_attention=False))
+        assert runner.geometry.probe_bits == 8 and describe(client, handle.prefix_id).geometry.probe_bits == 8
+        explicit = runner.reprefill(
+            handle.prefix_id, ex.suffix_tokens, cfg.replace(follow_top=1, probe_bits=8, local_chunks=0, report_attention=False)
+        )
         assert [c.tolist() for c in explicit.selected] == [c.tolist() for c in gen.reprefill.selected]
+        with pytest.raises(InvalidArgument, match="probe_bits"):  # the store's 8-bit keys are not 4-bit ones
+            runner.reprefill(handle.prefix_id, ex.suffix_tokens, cfg.replace(probe_bits=4))
     dense = dense_generate(model, ex.prefix_tokens, ex.suffix_tokens, 8, tokenizer=gemma3.tokenizer)
     torch.testing.assert_close(full.logits, dense.first_logits, rtol=1e-4, atol=5e-4)
     assert ex.is_correct(dense.text) and ex.is_correct(gen.text), (ex.depth, dense.text, gen.text)

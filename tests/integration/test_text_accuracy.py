@@ -64,7 +64,7 @@ def test_naming_no_path_runs_the_default_system_over_the_layout_it_needs(tmp_pat
     r = run_text_accuracy(
         passkey_args(tmp_path, path=None, examples=1, depths="0.5", group_layers=None, standin_layers=str(tmp_path / "none.json"))
     )
-    name = "ckv+int4-probes+standins@0.05"
+    name = "ckv+probes+standins@0.05"  # the probe keys at the model's width: 4 bits on this one
     assert list(r["paths"]) == [name] and r["group_layers"] == 1 and "standin_layers" not in r  # no calibration file: none
     row = r["paths"][name]["rows"][0]
     assert len(row["needle_loaded"]) == 30 and row["standin_rows"] == 0  # a selection at every layer, no stand-ins

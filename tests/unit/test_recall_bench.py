@@ -32,7 +32,7 @@ def test_paths_name_selectors_and_systems_old_names_included():
         ("summary@0.1", "summary", 0.1),
     ]
     assert parse_paths("ckv+int4-probes+standins@0.05") == [("ckv+int4-probes+standins@0.05", "ckv+int4-probes+standins", 0.05)]
-    assert parse_paths(None) == [("ckv+int4-probes+standins@0.05", "ckv+int4-probes+standins", 0.05)]  # the default system
+    assert parse_paths(None) == [("ckv+probes+standins@0.05", "ckv+probes+standins", 0.05)]  # the default system
     with pytest.raises(ValueError, match="SYSTEM@BUDGET.*layerwise"):
         parse_paths("bogus@0.05")
     with pytest.raises(InvalidArgument, match="system"):

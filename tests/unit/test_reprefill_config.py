@@ -37,8 +37,9 @@ def test_the_default_is_the_system_that_keeps_the_answer():
     cfg = ReprefillConfig()
     assert cfg == parse_system(DEFAULT_SYSTEM)
     sel = cfg.selection
-    assert (sel.selector, sel.head_aggregation, sel.follow, sel.probe_bits) == ("exact", "max", 1, 4)
-    assert sel.follow_top == "auto"  # the model's selection profile (model.selection_profile), 0 without one
+    assert (sel.selector, sel.head_aggregation, sel.follow, sel.sink_chunks) == ("exact", "max", 1, 1)
+    # the model's selection profile (model.selection_profile); without one: every chunk pairs, 4 bits, one local chunk
+    assert sel.follow_top == sel.probe_bits == sel.local_chunks == "auto"
     assert cfg.schedule.period_layers == 1 and cfg.attention.standin_layers == "auto" and cfg.budget == Budget.fraction(0.05)
     assert cfg.uses_calibrated_layers and not cfg.needs_calibrated_layers  # without a calibration file: no stand-ins, said once
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -56,7 +57,10 @@ def test_the_default_is_the_system_that_keeps_the_answer():
         ({"follow_top": True}, "follow_top"),
         ({"page_chunks": 4}, "page_chunks"),  # with the default follow=1
         ({"probe_bits": 3}, "probe_bits"),
-        ({"selector": "summary"}, "probe_bits"),  # the default's 4-bit keys serve exact only: said, not ignored
+        ({"selector": "summary", "probe_bits": 4}, "probe_bits"),  # quantized keys serve exact only: said, not ignored
+        ({"probe_bits": "some"}, "probe_bits"),
+        ({"local_chunks": "some"}, "local_chunks"),
+        ({"local_chunks": -1}, "local_chunks"),
         ({"selector": "recent", "probe_bits": 0, "per_head": True}, "per_head"),
         ({"period_layers": 0}, "period_layers"),
         ({"whole_layers": (1, 1)}, "whole_layers"),
