@@ -23,7 +23,7 @@ take the answer's margin, where stand-in rows go (``engine_client.standin``).
 layers, their values the mean of the rows left out per KV head (as the
 runner does) and, to compare, per 16-token chunk.
 
-A rule is ``P<period layers>[+follow][+nolocal][+nosink][+cum][+first<f>][+lead<n>][+tail<n>][+hsum]-<scorer>``
+A rule is ``P<period layers>[+follow][+nolocal][+nosink][+cum][+first<f>][+lead<n>][+tail<n>][+hsum][+oracle]-<scorer>``
 (``+nolocal``/``+nosink``: the last/first chunk is not forced into the set, its place goes
 to the scores; ``+tail<n>``: only the question's last ``n`` queries score; ``+hsum``: query heads' mass
 summed instead of each head's normalised maximum; ``+oracle``: the
