@@ -97,6 +97,6 @@ def packaged_selection(model) -> SelectionProfile | None:
 
 def calibrated_probe_bits(model, profile: SelectionProfile | None | str = "shipped") -> int:
     """The probe-key width ``probe_bits="auto"`` reads for ``model``: its profile's (by default the shipped
-    one), 4 without one."""
+    one; a profile given needs no model), 4 without one."""
     profile = packaged_selection(model) if profile == "shipped" else profile
     return 4 if profile is None or profile.probe_bits is None else profile.probe_bits

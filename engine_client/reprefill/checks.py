@@ -17,6 +17,7 @@ import torch
 from kvstore.contract import InvalidArgument, NotFound
 from kvstore.contract.geometry import StoreGeometry
 
+from ..model.selection_profile import calibrated_probe_bits
 from ..rpc import KVStoreRpcError
 from ..selection import PROBE_KEYS, SELECTORS
 from .config import AUTO, CALIBRATED, ReprefillConfig
@@ -39,15 +40,11 @@ def resolve_selection(cfg: ReprefillConfig, profile) -> ReprefillConfig:
     if not isinstance(cfg, ReprefillConfig):
         raise InvalidArgument("cfg", f"must be a ReprefillConfig, got {type(cfg).__name__}")
 
-    def profiled(name: str, default: int) -> int:
-        value = None if profile is None else getattr(profile, name)
-        return default if value is None else value
-
     sel, changes = cfg.selection, {}
     if sel.probe_bits == AUTO:
-        changes["probe_bits"] = profiled("probe_bits", 4) if PROBE_KEYS in SELECTORS[sel.selector].needs else 0
+        changes["probe_bits"] = calibrated_probe_bits(None, profile) if PROBE_KEYS in SELECTORS[sel.selector].needs else 0
     if sel.local_chunks == AUTO:
-        changes["local_chunks"] = profiled("local_chunks", 1)
+        changes["local_chunks"] = 1 if profile is None or profile.local_chunks is None else profile.local_chunks
     return cfg.replace(**changes) if changes else cfg
 
 
